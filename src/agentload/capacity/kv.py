@@ -1,0 +1,141 @@
+"""The one place that computes KV bytes per token, the block layout, pool blocks and blocks per session.
+
+vLLM's hybrid allocator splits layers into KV cache groups of equal size; every group draws blocks from one
+shared pool, and a block of group g holds ``block_size`` tokens for all of g's layers. A full-attention group
+needs ceil(ctx / block_size) blocks per request; a sliding-window group only about ceil((W - 1) / block_size) + 1
+(domain.md §3). Dense and MLA models have a single full-attention group holding every layer. Sparse-read
+attention (DSA) limits what is read, not what is stored, so it does not change anything here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from agentload.capacity.models import AttentionKind, ModelSpec
+from agentload.errors import ConfigError
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class KVDtype(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+    @property
+    def nbytes(self) -> int:
+        return 1 if self is KVDtype.FP8 else 2
+
+
+def parse_kv_dtype(text: str) -> KVDtype:
+    """Accept vLLM's spellings (auto, bfloat16, fp8, fp8_e4m3, ...)."""
+    t = text.strip().lower()
+    if t in ("auto", "bf16", "bfloat16"):
+        return KVDtype.BF16
+    if t in ("fp16", "float16", "half"):
+        return KVDtype.FP16
+    if t.startswith("fp8"):
+        return KVDtype.FP8
+    raise ConfigError(f"unknown kv cache dtype {text!r}; use bf16, fp16 or fp8")
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroup:
+    """One KV cache group: ``window`` is None for full attention, else the sliding window in tokens."""
+
+    layers: int
+    window: int | None
+
+    def blocks_for(self, tokens: int, block_size: int) -> int:
+        """Blocks a request with ``tokens`` of computed context holds in this group."""
+        full = -(-tokens // block_size)
+        if self.window is None:
+            return full
+        return min(full, -(-(self.window - 1) // block_size) + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """How a model's KV cache is laid out in blocks for one dtype and block size."""
+
+    model: ModelSpec
+    dtype: KVDtype
+    block_size: int
+    groups: tuple[KVGroup, ...]
+    layers_per_group: int
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        return self.model.kv_values_per_token_per_layer() * self.dtype.nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one more token of context costs when every layer keeps it (the dense figure)."""
+        return self.bytes_per_token_per_layer * self.model.num_layers
+
+    @property
+    def growing_bytes_per_token(self) -> int:
+        """KV bytes one more token costs once sliding windows are full (full-attention layers only)."""
+        return self.bytes_per_token_per_layer * self.model.num_full_layers
+
+    @property
+    def fixed_bytes_per_session(self) -> int:
+        """Bytes a long session's sliding-window layers hold regardless of context length."""
+        if self.model.attention is not AttentionKind.HYBRID:
+            return 0
+        assert self.model.sliding_window is not None
+        blocks = KVGroup(1, self.model.sliding_window).blocks_for(10**12, self.block_size)
+        return blocks * self.block_size * self.bytes_per_token_per_layer * self.model.num_sliding_layers
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block (one group's layers, ``block_size`` tokens)."""
+        return self.block_size * self.layers_per_group * self.bytes_per_token_per_layer
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def full_groups(self) -> int:
+        return sum(1 for g in self.groups if g.window is None)
+
+    def blocks_per_request(self, tokens: int) -> int:
+        """Blocks across all groups that one request with ``tokens`` of context holds."""
+        return sum(g.blocks_for(tokens, self.block_size) for g in self.groups)
+
+    def num_blocks_for_bytes(self, pool_bytes: float) -> int:
+        return max(0, int(pool_bytes // self.page_bytes))
+
+    def num_blocks_for_logged_tokens(self, pool_tokens: int) -> int:
+        """Inverse of vLLM's logged 'KV cache size: N tokens' (= num_blocks // num_groups * block_size)."""
+        return (pool_tokens // self.block_size) * self.num_groups
+
+    def logged_pool_tokens(self, num_blocks: int) -> int:
+        """What vLLM prints as 'GPU KV cache size: N tokens' for a pool of ``num_blocks`` blocks."""
+        return num_blocks // self.num_groups * self.block_size
+
+    def max_concurrency(self, num_blocks: int, tokens_per_request: int) -> float:
+        """vLLM's 'Maximum concurrency for L tokens per request' (blocks ÷ blocks one full request needs)."""
+        return num_blocks / self.blocks_per_request(tokens_per_request)
+
+    def naive_sessions(self, num_blocks: int, context: int) -> float:
+        """The article's rule: logged pool tokens ÷ context per session (exact only for dense attention)."""
+        return self.logged_pool_tokens(num_blocks) / context
+
+
+def kv_layout(model: ModelSpec, dtype: KVDtype, block_size: int = DEFAULT_BLOCK_SIZE) -> KVLayout:
+    """Group the model's layers the way vLLM's hybrid KV cache manager does (equal-sized groups)."""
+    if block_size <= 0:
+        raise ConfigError(f"block size must be positive, got {block_size}")
+    if model.attention is not AttentionKind.HYBRID:
+        return KVLayout(model, dtype, block_size, (KVGroup(model.num_layers, None),), model.num_layers)
+    full, sliding = model.num_full_layers, model.num_sliding_layers
+    # vLLM picks the smaller layer count as the group size, so each group has the same page size; the larger
+    # kind is split into ceil(n / size) groups (the last one padded).
+    size = min(full, sliding)
+    groups = [KVGroup(size, None) for _ in range(math.ceil(full / size))]
+    groups += [KVGroup(size, model.sliding_window) for _ in range(math.ceil(sliding / size))]
+    return KVLayout(model, dtype, block_size, tuple(groups), size)

@@ -1,0 +1,85 @@
+"""What a model's architecture means for serving: the config.json fields that set KV size and step time.
+
+Only the fields that matter for capacity are kept. ``ModelSpec`` is immutable and validated by pydantic, so a
+catalogue entry or a Hugging Face config.json with a missing or impossible field fails with the field's name.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class AttentionKind(StrEnum):
+    DENSE = "dense"  # MHA or GQA: every layer keeps K and V for every token
+    MLA = "mla"  # multi-head latent attention (DeepSeek V2/V3): one compressed latent per token per layer
+    HYBRID = "hybrid"  # some layers full attention, the others a sliding window
+
+
+class ModelSpec(BaseModel):
+    """A model as the serving engine sees it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    attention: AttentionKind = AttentionKind.DENSE
+    # MLA: per-token latent = kv_lora_rank + qk_rope_head_dim values per layer.
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    # Hybrid: this many layers use a sliding window of ``sliding_window`` tokens; the rest attend to everything.
+    sliding_window: int | None = Field(default=None, gt=0)
+    num_sliding_layers: int = Field(default=0, ge=0)
+    # Sparse-read attention (DeepSeek V3.2 DSA) limits what each step *reads*, not what is stored.
+    sparse_read_tokens: int | None = Field(default=None, gt=0)
+    total_params: float = Field(gt=0, description="all parameters, in parameters (not billions)")
+    active_params: float = Field(gt=0, description="parameters used per token (MoE: shared + routed experts)")
+    num_experts: int = Field(default=0, ge=0)
+    experts_per_token: int = Field(default=0, ge=0)
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> ModelSpec:
+        if self.attention is AttentionKind.MLA and (self.kv_lora_rank is None or self.qk_rope_head_dim is None):
+            raise ValueError("attention 'mla' needs kv_lora_rank and qk_rope_head_dim")
+        if self.attention is AttentionKind.HYBRID:
+            if self.sliding_window is None or self.num_sliding_layers == 0:
+                raise ValueError("attention 'hybrid' needs sliding_window and num_sliding_layers > 0")
+            if self.num_sliding_layers >= self.num_layers:
+                raise ValueError("num_sliding_layers must leave at least one full-attention layer")
+        if self.active_params > self.total_params:
+            raise ValueError("active_params cannot exceed total_params")
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError("experts_per_token must be in 1..num_experts for a MoE model")
+        return self
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def kv_values_per_token_per_layer(self) -> int:
+        """K and V values one token leaves in one layer's cache."""
+        if self.attention is AttentionKind.MLA:
+            assert self.kv_lora_rank is not None and self.qk_rope_head_dim is not None
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def expert_split(self) -> tuple[float, float]:
+        """(always-read parameters, parameters of one routed expert summed over layers).
+
+        Derived from total and active counts: total = shared + E·e and active = shared + k·e.
+        """
+        if not self.is_moe:
+            return self.total_params, 0.0
+        per_expert = (self.total_params - self.active_params) / (self.num_experts - self.experts_per_token)
+        shared = self.active_params - self.experts_per_token * per_expert
+        return max(shared, 0.0), per_expert

@@ -1,0 +1,259 @@
+"""A serving profile: one model on some hardware with one engine configuration — what the simulator runs.
+
+Profiles are TOML files (the built-ins live in ``agentload/data/profiles``; ``agentload calibrate`` writes new
+ones). A profile names a catalogue model or embeds a ``[model]`` table, names a catalogue GPU (or embeds a
+``[gpu]`` table), and states the KV pool either directly (``[kv_pool] tokens``, as vLLM logs it) or as the
+memory to derive it from (``gpu_memory_utilization``). Step-time coefficients are derived from the GPU × model
+pair; any of them can be pinned in ``[step]`` (calibration pins all of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentload.capacity import catalog
+from agentload.capacity.hardware import GpuSpec
+from agentload.capacity.kv import DEFAULT_BLOCK_SIZE, KVDtype, KVLayout, kv_layout, parse_kv_dtype
+from agentload.capacity.models import ModelSpec
+from agentload.capacity.steptime import StepCoefficients, StepTimeModel
+from agentload.errors import ConfigError, UnknownNameError
+
+WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5, "int4": 0.5}
+
+
+class KVPoolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int | None = Field(default=None, gt=0, description="pool as vLLM logs it ('KV cache size: N tokens')")
+    num_blocks: int | None = Field(default=None, gt=0, description="pool in blocks (as cache_config_info states)")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    activation_gib: float = Field(default=2.0, ge=0, description="activation peak + runtime overhead per GPU")
+
+
+class OffloadSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gib: float = Field(default=0.0, ge=0, description="CPU tier size (vLLM --kv-offloading-size)")
+    load_gbps: float | None = Field(default=None, gt=0, description="host->device load bandwidth; GPU's if unset")
+
+
+class StepSpec(BaseModel):
+    """Knobs for deriving coefficients, and optional pinned coefficients."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mfu: float = Field(default=0.45, gt=0, le=1)
+    bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1)
+    step_s: float = Field(default=1e-4, ge=0)
+    request_s: float = Field(default=4e-6, ge=0)
+    layer_s: float = Field(default=0.0, ge=0)
+    api_overhead_s: float = Field(default=0.015, ge=0)
+    pinned: dict[str, float] = Field(default_factory=dict, description="coefficients fitted by calibration")
+
+
+class ProfileFile(BaseModel):
+    """The TOML schema of a profile."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    model: str | dict[str, Any]
+    served_model_name: str | None = None
+    gpu: str | dict[str, Any]
+    num_gpus: int = Field(default=1, gt=0)
+    weight_dtype: str = "bf16"
+    kv_cache_dtype: str = "auto"
+    block_size: int = Field(default=DEFAULT_BLOCK_SIZE, gt=0)
+    max_model_len: int = Field(gt=0)
+    max_num_batched_tokens: int = Field(default=8192, gt=0)
+    max_num_seqs: int = Field(default=1024, gt=0)
+    enable_prefix_caching: bool = True
+    kv_pool: KVPoolSpec = Field(default_factory=KVPoolSpec)
+    offload: OffloadSpec = Field(default_factory=OffloadSpec)
+    step: StepSpec = Field(default_factory=StepSpec)
+
+    @model_validator(mode="after")
+    def _check(self) -> ProfileFile:
+        if self.weight_dtype not in WEIGHT_BYTES:
+            raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_BYTES)}")
+        parse_kv_dtype(self.kv_cache_dtype)
+        return self
+
+
+@dataclass(frozen=True)
+class ServingProfile:
+    """A resolved profile: everything the engine and the planner need, with the pool in blocks."""
+
+    name: str
+    description: str
+    model: ModelSpec
+    served_model_name: str
+    gpu: GpuSpec
+    num_gpus: int
+    weight_bytes_per_param: float
+    layout: KVLayout
+    num_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enable_prefix_caching: bool
+    offload_blocks: int
+    offload_load_bytes_per_s: float
+    coefficients: StepCoefficients
+    gpu_memory_utilization: float
+    pool_source: str  # how the pool was obtained, for honest reporting
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    @property
+    def kv_dtype(self) -> KVDtype:
+        return self.layout.dtype
+
+    @cached_property
+    def step_model(self) -> StepTimeModel:
+        return StepTimeModel(self.coefficients, self.model)
+
+    @property
+    def pool_tokens(self) -> int:
+        """The pool as vLLM logs it."""
+        return self.layout.logged_pool_tokens(self.num_blocks)
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.layout.max_concurrency(self.num_blocks, self.max_model_len)
+
+    def startup_lines(self, device: str = "GPU") -> list[str]:
+        """vLLM's two capacity lines, formatted as vLLM formats them."""
+        return [
+            f"{device} KV cache size: {self.pool_tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
+        ]
+
+
+def weights_bytes(model: ModelSpec, weight_bytes_per_param: float) -> float:
+    return model.total_params * weight_bytes_per_param
+
+
+def resolve(spec: ProfileFile, source: str) -> ServingProfile:
+    """Turn a parsed profile into numbers: look up names, size the pool, derive the step coefficients."""
+    model = (
+        catalog.get_model(spec.model)
+        if isinstance(spec.model, str)
+        else catalog.model_from_mapping(str(spec.model.get("name", spec.name)), _without_name(spec.model), source)
+    )
+    if isinstance(spec.gpu, str):
+        gpu = catalog.get_gpu(spec.gpu)
+    else:
+        try:
+            gpu = GpuSpec(**{"name": spec.name, **spec.gpu})
+        except ValidationError as exc:
+            raise ConfigError(f"{source} [gpu]: {catalog.validation_message(exc)}") from exc
+    wbytes = WEIGHT_BYTES[spec.weight_dtype]
+    layout = kv_layout(model, parse_kv_dtype(spec.kv_cache_dtype), spec.block_size)
+    pool = spec.kv_pool
+    if pool.num_blocks is not None:
+        num_blocks, pool_source = pool.num_blocks, "stated in blocks by the profile"
+    elif pool.tokens is not None:
+        num_blocks = layout.num_blocks_for_logged_tokens(pool.tokens)
+        pool_source = f"stated by the profile as {pool.tokens:,} tokens"
+    else:
+        free = (
+            spec.num_gpus * (gpu.memory_gb * 1e9 * pool.gpu_memory_utilization - pool.activation_gib * 2**30)
+            - weights_bytes(model, wbytes)
+        )
+        if free <= 0:
+            raise ConfigError(
+                f"{source}: the weights ({weights_bytes(model, wbytes) / 1e9:.1f} GB) do not fit in "
+                f"{spec.num_gpus} × {gpu.memory_gb:g} GB at gpu_memory_utilization {pool.gpu_memory_utilization}"
+            )
+        num_blocks = layout.num_blocks_for_bytes(free)
+        pool_source = "estimated from GPU memory (often 20-30% off; calibrate from the server)"
+    blocks_for_one = layout.blocks_per_request(spec.max_model_len)
+    if num_blocks < blocks_for_one:
+        raise ConfigError(
+            f"{source}: the KV pool ({num_blocks} blocks) cannot hold one request of max_model_len "
+            f"{spec.max_model_len} ({blocks_for_one} blocks); lower max_model_len"
+        )
+    st = spec.step
+    coefficients = StepCoefficients.derive(
+        model,
+        gpu,
+        layout,
+        num_gpus=spec.num_gpus,
+        weight_bytes_per_param=wbytes,
+        mfu=st.mfu,
+        bandwidth_efficiency=st.bandwidth_efficiency,
+        step_s=st.step_s,
+        request_s=st.request_s,
+        layer_s=st.layer_s,
+        api_overhead_s=st.api_overhead_s,
+    )
+    if st.pinned:
+        unknown = set(st.pinned) - set(StepCoefficients.model_fields)
+        if unknown:
+            raise ConfigError(f"{source} [step.pinned]: unknown coefficients {', '.join(sorted(unknown))}")
+        coefficients = coefficients.model_copy(update=st.pinned)
+    load_gbps = spec.offload.load_gbps or gpu.host_link_gbps
+    return ServingProfile(
+        name=spec.name,
+        description=spec.description,
+        model=model,
+        served_model_name=spec.served_model_name or model.name,
+        gpu=gpu,
+        num_gpus=spec.num_gpus,
+        weight_bytes_per_param=wbytes,
+        layout=layout,
+        num_blocks=num_blocks,
+        max_model_len=spec.max_model_len,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        offload_blocks=int(spec.offload.gib * 2**30 // layout.page_bytes),
+        offload_load_bytes_per_s=load_gbps * 1e9,
+        coefficients=coefficients,
+        gpu_memory_utilization=pool.gpu_memory_utilization,
+        pool_source=pool_source,
+    )
+
+
+def _without_name(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if k != "name"}
+
+
+def parse_profile(text: str, source: str) -> ServingProfile:
+    raw = catalog.read_toml_text(text, source)
+    try:
+        spec = ProfileFile(**raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {catalog.validation_message(exc)}") from exc
+    return resolve(spec, source)
+
+
+def builtin_profiles() -> list[str]:
+    folder = resources.files("agentload.data").joinpath("profiles")
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_profile(name_or_path: str) -> ServingProfile:
+    """A built-in profile by name, or a TOML file by path."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        path = Path(name_or_path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read profile {name_or_path}: {exc.strerror or exc}") from exc
+        return parse_profile(text, str(path))
+    known = builtin_profiles()
+    if name_or_path not in known:
+        raise UnknownNameError("profile", name_or_path, known)
+    text = resources.files("agentload.data").joinpath("profiles", f"{name_or_path}.toml").read_text("utf-8")
+    return parse_profile(text, f"profile {name_or_path}")
