@@ -1,0 +1,1 @@
+"""The simulated vLLM-style server: engine (scheduler, paged KV, prefix cache, preemption, offload), HTTP front."""

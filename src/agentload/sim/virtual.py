@@ -1,0 +1,237 @@
+"""Closed-loop agent sessions against the engine in virtual time: the simulator without sockets.
+
+Each session is one agent: it sends a turn, waits for the whole reply, "runs tools" for ``think_s``, then sends
+the next turn, whose prompt repeats the conversation so far (prefix reuse) plus the reply and a tool result.
+``growth="grow"`` lets the context grow turn by turn (restarting, like a compaction, when the next turn would
+pass ``max_context``); ``growth="hold"`` keeps the context near a fixed size — a stable long prefix plus the last
+exchange — which is how a sweep holds sessions "near 40k tokens" to find the KV knee.
+
+Throughput is counted over a measurement window after a warm-up, so the burst of first prefills does not
+dominate; the engine's counters are diffed across the window.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from agentload.capacity.profile import ServingProfile
+from agentload.clock import PRIORITY_ENGINE, VirtualClock
+from agentload.errors import ConfigError, SimulationError
+from agentload.sim.engine import Engine, EngineStats, SimRequest, StepResult
+from agentload.sim.tokens import VOCAB_SIZE, extend_block_hashes
+
+
+@dataclass(frozen=True)
+class SessionShape:
+    """What one agent's conversation looks like, in tokens and seconds."""
+
+    context: int = 40_000  # context the session holds (hold) or may reach (grow)
+    system_tokens: int = 2_000  # shared by every session
+    turn_input_tokens: int = 1_000  # tool result appended per turn
+    output_tokens: int = 400
+    think_s: float = 2.0
+    growth: Literal["hold", "grow"] = "hold"
+    start_context: int | None = None  # grow: first-turn prompt (default: a quarter of ``context``)
+
+    def check(self, max_model_len: int) -> None:
+        if self.context + self.output_tokens > max_model_len:
+            raise ConfigError(
+                f"context {self.context} + output {self.output_tokens} exceeds max_model_len {max_model_len}"
+            )
+        if self.system_tokens + self.turn_input_tokens + self.output_tokens >= self.context:
+            raise ConfigError("context must exceed system prompt + one turn's input and output")
+
+
+@dataclass(frozen=True)
+class VirtualRunResult:
+    """What a virtual-time run measured over its window."""
+
+    sessions: int
+    window_s: float
+    output_tokens: int
+    prefill_tokens: int
+    recomputed_tokens: int
+    prefix_queries: int
+    prefix_hits: int
+    preemptions: int
+    turns_completed: int
+    ttft_s: list[float] = field(repr=False)
+    mean_kv_usage: float
+    peak_kv_usage: float
+    mean_running: float
+    mean_waiting: float
+    wall_events: int
+
+    @property
+    def output_tps(self) -> float:
+        return self.output_tokens / self.window_s if self.window_s > 0 else 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefill_tokens / self.window_s if self.window_s > 0 else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def ttft_percentile(self, q: float) -> float:
+        return float(np.percentile(self.ttft_s, q)) if self.ttft_s else float("nan")
+
+
+class _Session:
+    def __init__(self, index: int, shape: SessionShape, system: list[int], system_hashes: list[int], bs: int):
+        self.index = index
+        self.shape = shape
+        self.rng = random.Random(1_000_003 * (index + 1))
+        self.bs = bs
+        self.system = system
+        self.system_hashes = system_hashes
+        self.turn = 0
+        self.restart()
+
+    def _fresh(self, n: int) -> list[int]:
+        r = self.rng.randrange
+        return [r(VOCAB_SIZE) for _ in range(n)]
+
+    def restart(self) -> None:
+        """Start a new conversation (first turn, or after a compaction)."""
+        s = self.shape
+        if s.growth == "hold":
+            base_len = s.context - s.turn_input_tokens - s.output_tokens
+        else:
+            base_len = s.start_context or max(s.context // 4, s.system_tokens + s.turn_input_tokens)
+        self.base = self.system + self._fresh(base_len - len(self.system))
+        self.base_hashes = extend_block_hashes(list(self.system_hashes), self.base, self.bs)
+        self.tokens: list[int] = list(self.base)
+        self.hashes: list[int] = list(self.base_hashes)
+
+    def next_prompt(self, last_output: list[int] | None) -> tuple[list[int], list[int]]:
+        """The prompt for the next turn and the block hashes already known for it."""
+        s = self.shape
+        tool = self._fresh(s.turn_input_tokens)
+        if last_output is None:
+            return self.tokens, list(self.hashes)
+        if s.growth == "hold":
+            self.tokens = self.base + last_output + tool
+            return self.tokens, list(self.base_hashes)
+        if len(self.tokens) + len(last_output) + len(tool) + s.output_tokens > s.context:
+            self.restart()
+            return self.tokens, list(self.hashes)
+        self.tokens = self.tokens + last_output + tool
+        extend_block_hashes(self.hashes, self.tokens, self.bs)
+        return self.tokens, list(self.hashes)
+
+
+def run_sessions(
+    profile: ServingProfile,
+    sessions: int,
+    shape: SessionShape,
+    *,
+    duration_s: float = 600.0,
+    warmup_s: float = 120.0,
+    stagger_s: float = 1.0,
+    on_step: Callable[[StepResult], None] | None = None,
+) -> VirtualRunResult:
+    """Drive ``sessions`` closed-loop agents for ``duration_s`` of virtual time; measure after ``warmup_s``."""
+    if sessions <= 0:
+        raise ConfigError("sessions must be positive")
+    if not 0 <= warmup_s < duration_s:
+        raise ConfigError("warm-up must be shorter than the run")
+    shape.check(profile.max_model_len)
+    engine = Engine(profile)
+    clock = VirtualClock()
+    bs = profile.block_size
+    sys_rng = random.Random(42)
+    system = [sys_rng.randrange(VOCAB_SIZE) for _ in range(shape.system_tokens)]
+    system_hashes = extend_block_hashes([], system, bs)
+    agents = [_Session(i, shape, system, system_hashes, bs) for i in range(sessions)]
+    overhead = profile.coefficients.api_overhead_s
+    state = {"stepping": False, "events": 0}
+    ttfts: list[float] = []
+    turns = [0]
+    snap: dict[str, EngineStats] = {}
+    usage_sum = [0.0, 0.0, 0.0, 0.0]  # time-weighted kv usage, running, waiting, peak
+    counter = [0]
+
+    def submit(agent: _Session, last_output: list[int] | None) -> None:
+        prompt, known = agent.next_prompt(last_output)
+        out = [agent.rng.randrange(VOCAB_SIZE) for _ in range(shape.output_tokens)]
+        counter[0] += 1
+        req = SimRequest(f"s{agent.index}-{counter[0]}", prompt, out, clock.now(), hashes=known, handle=agent)
+        req.finish_reason = "stop"
+
+        def arrive() -> None:
+            engine.add(req)
+            kick()
+
+        clock.call_later(overhead, arrive)
+
+    def kick() -> None:
+        if not state["stepping"] and engine.has_work():
+            state["stepping"] = True
+            clock.call_at(clock.now(), do_step, PRIORITY_ENGINE)
+
+    def do_step() -> None:
+        now = clock.now()
+        res = engine.step(now)
+        state["events"] += 1
+        if res.batch.num_requests == 0:
+            if not engine.running:
+                raise SimulationError("the head of the waiting queue can never be admitted (pool too small)")
+            raise SimulationError("an engine step scheduled nothing while requests were running")
+        if now >= warmup_s:
+            d = res.duration
+            usage_sum[0] += engine.kv.usage * d
+            usage_sum[1] += engine.num_running * d
+            usage_sum[2] += engine.num_waiting * d
+            usage_sum[3] = max(usage_sum[3], engine.kv.usage)
+        if on_step is not None:
+            on_step(res)
+        clock.call_at(res.end, lambda: deliver(res), PRIORITY_ENGINE)
+
+    def deliver(res: StepResult) -> None:
+        now = clock.now()
+        for req in res.finished:
+            agent = req.handle
+            assert isinstance(agent, _Session)
+            if now >= warmup_s:
+                turns[0] += 1
+                assert req.first_token is not None
+                ttfts.append(req.first_token - req.arrival)
+            out = list(req.output)
+            clock.call_later(shape.think_s, lambda a=agent, o=out: submit(a, o))  # type: ignore[misc]
+        state["stepping"] = False
+        kick()
+
+    def take_snapshot(key: str) -> None:
+        snap[key] = replace(engine.stats, finished=dict(engine.stats.finished))
+
+    for i, agent in enumerate(agents):
+        clock.call_at(stagger_s * i / max(1, sessions), lambda a=agent: submit(a, None))  # type: ignore[misc]
+    clock.call_at(warmup_s, lambda: take_snapshot("start"), PRIORITY_ENGINE)
+    clock.run(until=duration_s)
+    take_snapshot("end")
+    a, b = snap["start"], snap["end"]
+    window = duration_s - warmup_s
+    return VirtualRunResult(
+        sessions=sessions,
+        window_s=window,
+        output_tokens=b.generation_tokens - a.generation_tokens,
+        prefill_tokens=b.prefill_tokens_computed - a.prefill_tokens_computed,
+        recomputed_tokens=b.recomputed_tokens - a.recomputed_tokens,
+        prefix_queries=b.prefix_queries - a.prefix_queries,
+        prefix_hits=b.prefix_hits - a.prefix_hits,
+        preemptions=b.preemptions - a.preemptions,
+        turns_completed=turns[0],
+        ttft_s=ttfts,
+        mean_kv_usage=usage_sum[0] / window,
+        peak_kv_usage=usage_sum[3],
+        mean_running=usage_sum[1] / window,
+        mean_waiting=usage_sum[2] / window,
+        wall_events=state["events"],
+    )
