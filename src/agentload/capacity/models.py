@@ -69,7 +69,8 @@ class ModelSpec(BaseModel):
     def kv_values_per_token_per_layer(self) -> int:
         """K and V values one token leaves in one layer's cache."""
         if self.attention is AttentionKind.MLA:
-            assert self.kv_lora_rank is not None and self.qk_rope_head_dim is not None
+            assert self.kv_lora_rank is not None
+            assert self.qk_rope_head_dim is not None
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.num_kv_heads * self.head_dim
 

@@ -166,10 +166,9 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         num_blocks = layout.num_blocks_for_logged_tokens(pool.tokens)
         pool_source = f"stated by the profile as {pool.tokens:,} tokens"
     else:
-        free = (
-            spec.num_gpus * (gpu.memory_gb * 1e9 * pool.gpu_memory_utilization - pool.activation_gib * 2**30)
-            - weights_bytes(model, wbytes)
-        )
+        free = spec.num_gpus * (
+            gpu.memory_gb * 1e9 * pool.gpu_memory_utilization - pool.activation_gib * 2**30
+        ) - weights_bytes(model, wbytes)
         if free <= 0:
             raise ConfigError(
                 f"{source}: the weights ({weights_bytes(model, wbytes) / 1e9:.1f} GB) do not fit in "

@@ -105,9 +105,7 @@ class Engine:
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
         self._num_groups = profile.layout.num_groups
-        self._load_s_per_block = (
-            profile.layout.page_bytes * len(self.kv.full_groups) / profile.offload_load_bytes_per_s
-        )
+        self._load_s_per_block = profile.layout.page_bytes * len(self.kv.full_groups) / profile.offload_load_bytes_per_s
 
     # -- intake --------------------------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -282,7 +280,7 @@ class _Tokens(Sequence[int]):
     def __len__(self) -> int:
         return self._req.total_tokens
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def,override]  # Sequence's overloads
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]  # Sequence has overloads; one untyped body serves both
         req = self._req
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))

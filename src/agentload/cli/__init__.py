@@ -1,0 +1,1 @@
+"""The typer command line: one module per command; each parses, calls the library, prints."""

@@ -1,0 +1,34 @@
+"""The ``agentload`` command: registers one module per command."""
+
+from __future__ import annotations
+
+import typer
+
+from agentload import __version__
+from agentload.cli import profiles as profiles_cmd
+from agentload.cli import sim as sim_cmd
+
+app = typer.Typer(
+    name="agentload",
+    help="How many AI agents can this LLM deployment really carry? Measure, explain, plan and simulate it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"agentload {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """agentload: capacity of LLM servers for AI agents."""
+
+
+app.command("sim")(sim_cmd.sim)
+app.command("profiles")(profiles_cmd.profiles)
