@@ -1,11 +1,118 @@
-"""``agentload sim``: the simulated vLLM-style server over HTTP on 127.0.0.1."""
+"""``agentload sim``: the simulated vLLM-style server over HTTP, bound to 127.0.0.1 by default."""
 
 from __future__ import annotations
 
-from agentload.cli.common import reports_errors
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from typing import Annotated
+
+import typer
+from aiohttp import web
+
+from agentload.capacity.profile import ServingProfile, load_profile
+from agentload.cli.common import console, err_console, reports_errors
+from agentload.errors import ConfigError
+from agentload.sim.behaviour import Behaviour, FillerBehaviour, OracleBehaviour
+from agentload.sim.faults import parse_fault
+from agentload.sim.scenarios import default_book
+from agentload.sim.server import SimConfig, SimServer
+
+
+def with_max_model_len(profile: ServingProfile, max_model_len: int) -> ServingProfile:
+    """The profile served at another --max-model-len (the pool stays; one request must still fit in it)."""
+    if max_model_len <= 0:
+        raise ConfigError("--max-model-len must be positive")
+    need = profile.layout.blocks_per_request(max_model_len)
+    if need > profile.num_blocks:
+        raise ConfigError(
+            f"--max-model-len {max_model_len} needs {need} KV blocks per request but the pool has "
+            f"{profile.num_blocks}; lower it"
+        )
+    return dataclasses.replace(profile, max_model_len=max_model_len)
+
+
+def make_behaviour(kind: str, error_rate: float, known_bad: str | None) -> Behaviour:
+    if kind == "filler":
+        if known_bad is not None or error_rate:
+            raise ConfigError("--known-bad and --oracle-error-rate need --behaviour oracle")
+        return FillerBehaviour()
+    if kind == "oracle":
+        return OracleBehaviour(default_book(), error_rate=error_rate, known_bad=known_bad)
+    raise ConfigError(f"--behaviour {kind!r}: use filler or oracle")
+
+
+async def serve(server: SimServer, host: str, port: int, ready_line: bool = True) -> None:
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=2048)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    bound = runner.addresses[0][1] if runner.addresses else port  # the real port when --port 0
+    if ready_line:
+        console.print(f"Serving {server.model_name} on http://{host}:{bound} (Ctrl-C to stop)")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 @reports_errors
-def sim() -> None:
-    """Serve a simulated vLLM-style OpenAI-compatible server (work in progress)."""
-    raise SystemExit("not yet")
+def sim(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="Built-in profile name or a profile TOML file.")] = (
+        "laptop"
+    ),
+    host: Annotated[str, typer.Option(help="Address to bind. Keep the default unless you mean to expose it.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")] = 8000,
+    max_model_len: Annotated[int | None, typer.Option(help="Override the profile's max-model-len.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Model id to serve (default: the profile's).")] = None,
+    cold_start: Annotated[
+        float, typer.Option(min=0.0, help="Seconds of warm-up: /health not ready, requests get no bytes.")
+    ] = 0.0,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(help="Inject KIND:RATE[:SECONDS]; kinds stall, reset, http500, http503, http429, malformed."),
+    ] = None,
+    behaviour: Annotated[str, typer.Option(help="What the model says: filler (load) or oracle (suite).")] = "filler",
+    oracle_error_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Oracle: share of wrong replies.")] = 0.0,
+    known_bad: Annotated[str | None, typer.Option(help="Oracle: always play this known-bad behaviour.")] = None,
+    prompt_tokens_details: Annotated[
+        bool, typer.Option(help="Report usage.prompt_tokens_details.cached_tokens (vLLM needs a flag for it).")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed for sampled output lengths and fault draws.")] = 0,
+) -> None:
+    """Serve a simulated vLLM-style, OpenAI-compatible server: continuous batching, paged KV, prefix cache."""
+    prof = load_profile(profile)
+    if max_model_len is not None:
+        prof = with_max_model_len(prof, max_model_len)
+    config = SimConfig(
+        profile=prof,
+        behaviour=make_behaviour(behaviour, oracle_error_rate, known_bad),
+        served_model_name=served_model_name,
+        cold_start_s=cold_start,
+        faults=[parse_fault(f) for f in fault or []],
+        seed=seed,
+        prompt_tokens_details=prompt_tokens_details,
+    )
+    server = SimServer(config)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for line in prof.startup_lines():
+        console.print(line)
+    err_console.print(f"[dim]profile {prof.name}: {prof.model.name} on {prof.num_gpus}× {prof.gpu.name}; "
+                      f"pool {prof.pool_source}[/]")  # fmt: skip
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err_console.print(f"[yellow]warning:[/] binding {host}: the simulator is reachable beyond this machine")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(server, host, port))

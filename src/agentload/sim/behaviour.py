@@ -1,0 +1,262 @@
+"""What the simulated model says: a pluggable behaviour.
+
+* ``FillerBehaviour`` — load: filler text of the requested length (or a lognormal sample when the request sets
+  no limit), and a syntactically valid tool call when the request forces one.
+* ``OracleBehaviour`` — the hook for the behaviour suite: a conversation whose system prompt carries the marker
+  ``[agentload:scenario=ID]`` is answered by the scenario registered under ID in a ``ScenarioBook`` —
+  correctly, or, with probability ``error_rate`` or always when ``known_bad`` names one, by one of the
+  scenario's named known-bad behaviours, so every scorer can be shown to fail when it should. Conversations
+  without a marker get filler.
+
+A reply becomes a list of token pieces; each piece is one generated token (the engine emits one per step), and
+its text is what the tokenizer would cut from the rendered reply, so the next turn's prompt re-hits the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from agentload.errors import ConfigError
+from agentload.sim.chat import Message, Tool
+from agentload.sim.tokens import split_tokens
+
+# Plain English filler: every word is one token of the simulator's tokenizer ("word ").
+_WORDS = [
+    "the",
+    "agent",
+    "reads",
+    "the",
+    "file",
+    "and",
+    "then",
+    "runs",
+    "a",
+    "test",
+    "to",
+    "check",
+    "the",
+    "result",
+    "before",
+    "it",
+    "writes",
+    "a",
+    "patch",
+    "for",
+    "the",
+    "failing",
+    "build",
+    "so",
+    "that",
+    "every",
+    "step",
+    "of",
+    "the",
+    "plan",
+    "is",
+    "verified",
+    "with",
+    "tools",
+    "and",
+    "logs",
+    "while",
+    "the",
+    "context",
+    "grows",
+    "with",
+    "each",
+    "turn",
+    "of",
+    "the",
+    "session",
+    "until",
+    "the",
+    "task",
+    "is",
+    "done",
+]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token: content text, the start of a tool call (carries its name), or argument text."""
+
+    kind: Literal["content", "call_start", "call_args"]
+    text: str
+    call_index: int = 0
+    name: str = ""  # the tool's name, on a call_start piece
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    name: str
+    arguments: str  # a JSON object as text
+
+
+@dataclass
+class Reply:
+    content: str = ""
+    tool_calls: list[PlannedCall] = field(default_factory=list)
+
+    def pieces(self) -> list[Piece]:
+        out = [Piece("content", p) for p in split_tokens(self.content)] if self.content else []
+        for i, call in enumerate(self.tool_calls):
+            # The call's opening tag and name are one token; its arguments are tokenized like any text.
+            out.append(Piece("call_start", f'<tool_call>\n{{"name": "{call.name}", "arguments": ', i, call.name))
+            out.extend(Piece("call_args", p, i) for p in split_tokens(call.arguments or "{}"))
+        return out
+
+
+@dataclass
+class Turn:
+    """What a behaviour sees of one request."""
+
+    messages: list[Message]
+    tools: list[Tool]
+    tool_choice: str | dict[str, Any] | None
+    max_tokens: int | None  # what the request asked for
+    max_output: int  # the hard cap: max_model_len − prompt tokens
+    rng: random.Random
+
+    def system_text(self) -> str:
+        return "\n".join(m.text() for m in self.messages if m.role in ("system", "developer"))
+
+    def last_user_text(self) -> str:
+        for m in reversed(self.messages):
+            if m.role == "user":
+                return m.text()
+        return ""
+
+    def forced_tool(self) -> str | None:
+        tc = self.tool_choice
+        if isinstance(tc, dict):
+            fn = tc.get("function")
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                return str(fn["name"])
+        if tc == "required" and self.tools:
+            return self.tools[0].function.name
+        return None
+
+
+class Behaviour(Protocol):
+    name: str
+
+    def reply(self, turn: Turn) -> Reply: ...
+
+
+def _placeholder_args(tool: Tool | None) -> str:
+    """Arguments for a forced call: every required property gets a value of its declared type."""
+    if tool is None:
+        return "{}"
+    params = tool.function.parameters or {}
+    props = params.get("properties", {}) if isinstance(params, dict) else {}
+    required = params.get("required", list(props)) if isinstance(params, dict) else []
+    defaults = {"string": "example", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
+    args = {k: defaults.get(str(props.get(k, {}).get("type", "string")), "example") for k in required if k in props}
+    return json.dumps(args)
+
+
+@dataclass
+class FillerBehaviour:
+    """Filler of the requested length; lognormal lengths (median ``median_tokens``) when no limit is set."""
+
+    median_tokens: int = 256
+    sigma: float = 0.7
+    name: str = "filler"
+
+    def length(self, turn: Turn) -> int:
+        if turn.max_tokens is not None:
+            return max(1, min(turn.max_tokens, turn.max_output))
+        sampled = int(turn.rng.lognormvariate(0.0, self.sigma) * self.median_tokens)
+        return max(1, min(sampled, turn.max_output))
+
+    def reply(self, turn: Turn) -> Reply:
+        forced = turn.forced_tool()
+        if forced is not None:
+            tool = next((t for t in turn.tools if t.function.name == forced), None)
+            return Reply(tool_calls=[PlannedCall(forced, _placeholder_args(tool))])
+        n = self.length(turn)
+        words = turn.rng.choices(_WORDS, k=n)
+        return Reply(content=" ".join(words) + " ")
+
+
+ScenarioFn = Callable[[Turn], Reply]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One behaviour-suite test as the oracle plays it: the correct reply and named known-bad replies."""
+
+    id: str
+    correct: ScenarioFn
+    bad: Mapping[str, ScenarioFn] = field(default_factory=dict)
+
+
+class ScenarioBook:
+    """The scenarios an oracle knows; the behaviour suite registers its tests here."""
+
+    def __init__(self, scenarios: Iterable[Scenario] = ()) -> None:
+        self._by_id: dict[str, Scenario] = {}
+        for s in scenarios:
+            self.register(s)
+
+    def register(self, scenario: Scenario) -> None:
+        if scenario.id in self._by_id:
+            raise ConfigError(f"scenario {scenario.id!r} is registered twice")
+        self._by_id[scenario.id] = scenario
+
+    def get(self, scenario_id: str) -> Scenario | None:
+        return self._by_id.get(scenario_id)
+
+    def ids(self) -> list[str]:
+        return sorted(self._by_id)
+
+    def bad_names(self) -> set[str]:
+        return {name for s in self._by_id.values() for name in s.bad}
+
+
+MARKER = re.compile(r"\[agentload:scenario=([A-Za-z0-9_.:-]+)\]")
+
+
+def _refuse(turn: Turn) -> Reply:
+    """The generic known-bad reply: prose that calls no tool and answers nothing."""
+    return Reply(content="I am not able to help with that right now. ")
+
+
+@dataclass
+class OracleBehaviour:
+    book: ScenarioBook
+    error_rate: float = 0.0
+    known_bad: str | None = None
+    fallback: Behaviour = field(default_factory=FillerBehaviour)
+    name: str = "oracle"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ConfigError(f"oracle error rate must be in [0, 1], got {self.error_rate}")
+        known = self.book.bad_names() | {"refuse"}
+        if self.known_bad is not None and self.known_bad not in known:
+            raise ConfigError(f"unknown known-bad behaviour {self.known_bad!r}; known: {', '.join(sorted(known))}")
+
+    def reply(self, turn: Turn) -> Reply:
+        found = MARKER.search(turn.system_text())
+        scenario = self.book.get(found.group(1)) if found else None
+        if scenario is None:
+            return self.fallback.reply(turn)
+        if self.known_bad is not None:
+            return scenario.bad.get(self.known_bad, _refuse)(turn)
+        if self.error_rate and turn.rng.random() < self.error_rate:
+            names = sorted(scenario.bad)
+            return scenario.bad[turn.rng.choice(names)](turn) if names else _refuse(turn)
+        return scenario.correct(turn)
+
+
+def truncate(pieces: list[Piece], limit: int) -> tuple[list[Piece], bool]:
+    """Cut a reply at ``limit`` tokens; True when it was cut (finish_reason "length")."""
+    if len(pieces) <= limit:
+        return pieces, False
+    return pieces[:limit], True

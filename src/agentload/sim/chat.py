@@ -1,0 +1,173 @@
+"""OpenAI request bodies, validated, and the chat template that turns messages into prompt text.
+
+The template is ChatML as Qwen models use it (tools listed in the system turn, calls as ``<tool_call>`` JSON,
+results as ``<tool_response>``), so prompts look like a real server's and a conversation's earlier turns render
+to the very same text — and so the same tokens and cached blocks — every time they are resent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agentload.errors import BadRequestError
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = ""
+    type: str = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The message's text; content parts of type text are joined, other parts are ignored."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(str(p.get("text", "")) for p in self.content if p.get("type") in ("text", "input_text"))
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Common(BaseModel):
+    # Unknown OpenAI parameters (temperature, top_p, ...) are accepted and ignored, as vLLM does.
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1)
+    seed: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+
+    @field_validator("n")
+    @classmethod
+    def _only_one(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("the simulator returns one choice (n must be 1)")
+        return v
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def forced_tool(self) -> str | None:
+        """The tool the caller forces by name, if any."""
+        tc = self.tool_choice
+        if isinstance(tc, dict):
+            fn = tc.get("function")
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                return str(fn["name"])
+        return None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int]
+
+    def prompt_text(self) -> str:
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if all(isinstance(x, str) for x in p):
+            if len(p) != 1:
+                raise BadRequestError("the simulator takes one prompt per request", param="prompt")
+            return str(p[0])
+        raise BadRequestError("token-id prompts are not supported; send text", param="prompt")
+
+
+def parse_body(model: type[BaseModel], raw: bytes) -> Any:
+    """Validate a JSON body into ``model``; any problem becomes one BadRequestError naming the field."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequestError("request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BadRequestError(f"{where}: {first['msg']}", param=where or None) from exc
+
+
+def render_tool_call(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments or "{}"}}}\n</tool_call>'
+
+
+def render_chat(req: ChatRequest) -> str:
+    """The prompt text the model would see, ending with the assistant generation prompt."""
+    parts: list[str] = []
+    messages = list(req.messages)
+    system = ""
+    if messages and messages[0].role in ("system", "developer"):
+        system = messages.pop(0).text()
+    if req.tools:
+        listing = "\n".join(json.dumps(t.model_dump(exclude_none=True), sort_keys=True) for t in req.tools)
+        system = (system + "\n\n" if system else "") + (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            f"<tools>\n{listing}\n</tools>\n\nFor each function call, return a json object within "
+            "<tool_call></tool_call> XML tags."
+        )
+    if system:
+        parts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
+    for m in messages:
+        if m.role == "assistant":
+            body = m.text()
+            for call in m.tool_calls or []:
+                body += ("\n" if body else "") + render_tool_call(call.function.name, call.function.arguments)
+            parts.append(f"<|im_start|>assistant\n{body}<|im_end|>\n")
+        elif m.role in ("tool", "function"):
+            parts.append(f"<|im_start|>user\n<tool_response>\n{m.text()}\n</tool_response><|im_end|>\n")
+        else:
+            role = "system" if m.role == "developer" else m.role
+            parts.append(f"<|im_start|>{role}\n{m.text()}<|im_end|>\n")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)

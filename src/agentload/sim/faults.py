@@ -1,0 +1,62 @@
+"""Fault injection for reliability tests: each ``--fault KIND:RATE[:SECONDS]`` hits that share of requests.
+
+Kinds: ``stall`` (stop sending mid-stream for SECONDS, default 600, keeping the connection open), ``reset``
+(abort the TCP connection mid-stream), ``http500``, ``http503``, ``http429`` (with ``Retry-After: SECONDS``,
+default 1), ``malformed`` (one malformed SSE line mid-stream). Draws come from a seeded generator, so a run
+with the same seed and request order injects the same faults.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from agentload.errors import ConfigError
+
+FaultKind = Literal["stall", "reset", "http500", "http503", "http429", "malformed"]
+KINDS: tuple[FaultKind, ...] = ("stall", "reset", "http500", "http503", "http429", "malformed")
+DEFAULT_SECONDS: dict[str, float] = {"stall": 600.0, "http429": 1.0}
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: FaultKind
+    rate: float
+    seconds: float = 0.0
+
+
+def parse_fault(text: str) -> FaultSpec:
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in KINDS:
+        raise ConfigError(f"--fault {text!r}: expected KIND:RATE[:SECONDS] with KIND one of {', '.join(KINDS)}")
+    kind = next(k for k in KINDS if k == parts[0])
+    try:
+        rate = float(parts[1])
+        seconds = float(parts[2]) if len(parts) == 3 else DEFAULT_SECONDS.get(kind, 0.0)
+    except ValueError as exc:
+        raise ConfigError(f"--fault {text!r}: RATE and SECONDS must be numbers") from exc
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"--fault {text!r}: RATE must be between 0 and 1")
+    if seconds < 0:
+        raise ConfigError(f"--fault {text!r}: SECONDS must not be negative")
+    return FaultSpec(kind, rate, seconds)
+
+
+class FaultInjector:
+    def __init__(self, specs: list[FaultSpec], seed: int = 0) -> None:
+        self.specs = specs
+        self._rng = random.Random(seed)
+        self.injected: dict[str, int] = {}
+
+    def draw(self) -> FaultSpec | None:
+        """At most one fault per request: the first kind whose draw hits."""
+        for spec in self.specs:
+            if spec.rate > 0 and self._rng.random() < spec.rate:
+                self.injected[spec.kind] = self.injected.get(spec.kind, 0) + 1
+                return spec
+        return None
+
+    def mid_stream_point(self, total_tokens: int) -> int:
+        """After how many tokens a mid-stream fault strikes."""
+        return self._rng.randint(0, max(0, total_tokens - 1))

@@ -1,0 +1,415 @@
+"""The simulated server's HTTP front (aiohttp.web): an OpenAI-compatible API shaped like vLLM's.
+
+Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming SSE and not), ``GET /v1/models``,
+``GET /health``, ``POST /tokenize``, ``GET /metrics``. Bad input gets an OpenAI-style JSON error with the right
+status and the server keeps serving; nothing the client sends can make it print a traceback into a response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from agentload.capacity.profile import ServingProfile
+from agentload.errors import BadRequestError, ContextLengthError, ModelNotFoundError, RequestError
+from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, truncate
+from agentload.sim.chat import ChatRequest, CompletionRequest, Message, _Common, parse_body, render_chat
+from agentload.sim.engine import Engine, SimRequest, StepResult
+from agentload.sim.faults import FaultInjector, FaultSpec
+from agentload.sim.metrics import SimMetrics
+from agentload.sim.runner import Delivery, EngineRunner
+from agentload.sim.tokens import token_id, tokenize
+
+log = logging.getLogger("agentload.sim")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class SimConfig:
+    profile: ServingProfile
+    behaviour: Behaviour = field(default_factory=FillerBehaviour)
+    served_model_name: str | None = None
+    cold_start_s: float = 0.0
+    faults: list[FaultSpec] = field(default_factory=list)
+    seed: int = 0
+    # vLLM fills usage.prompt_tokens_details only with --enable-prompt-tokens-details; the simulator does by
+    # default because agentload's measurements want it, and can mimic the default-off server.
+    prompt_tokens_details: bool = True
+
+
+def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, err_type, param), status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return error_response(exc.status, str(exc), type(exc).__name__, exc.param)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason, type(exc).__name__)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception("internal error while serving %s %s", request.method, request.path)
+        return error_response(500, "internal error in the simulated server", "InternalServerError")
+
+
+class SimServer:
+    """One simulated server: engine, its real-time runner, metrics, behaviour and faults."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.profile = config.profile
+        self.model_name = config.served_model_name or config.profile.served_model_name
+        self._aliases = {self.model_name, config.profile.model.name, config.profile.name}
+        self.engine = Engine(config.profile)
+        self.metrics = SimMetrics(self.engine, config.profile, self.model_name)
+        self.runner = EngineRunner(self.engine, cold_start_s=config.cold_start_s, on_step=self._on_step)
+        self.faults = FaultInjector(config.faults, seed=config.seed)
+        self._ids = itertools.count(1)
+        self._created = int(time.time())
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors], client_max_size=64 * 2**20)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_get("/version", self.version)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app: web.Application) -> None:
+        await self.runner.start()
+
+    async def _stop(self, _app: web.Application) -> None:
+        await self.runner.stop()
+
+    def _on_step(self, result: StepResult) -> None:
+        m = self.metrics
+        end = result.end
+        for req in result.emitted:
+            d = req.handle
+            if not isinstance(d, Delivery):
+                continue
+            if d.last_token_at is None:
+                m.observe_first_token(req)
+            else:
+                m.observe_token(end - d.last_token_at)
+            d.last_token_at = end
+        for req in result.finished:
+            m.observe_finished(req)
+
+    # -- small endpoints ------------------------------------------------------------------------------------
+    async def health(self, _request: web.Request) -> web.Response:
+        if not self.runner.is_ready:
+            return error_response(503, "the server is still starting (loading the model)", "ServiceUnavailable")
+        return web.Response(status=200)
+
+    async def version(self, _request: web.Request) -> web.Response:
+        from agentload import __version__
+
+        return web.json_response({"version": f"agentload-sim {__version__}"})
+
+    async def models(self, _request: web.Request) -> web.Response:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "agentload-sim",
+            "root": self.model_name,
+            "parent": None,
+            "max_model_len": self.profile.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics_endpoint(self, _request: web.Request) -> web.Response:
+        body = self.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise BadRequestError("request body must be a JSON object")
+        if "messages" in data:
+            chat = parse_body(ChatRequest, raw)
+            text = render_chat(chat)
+        elif isinstance(data.get("prompt"), str):
+            text = data["prompt"]
+        else:
+            raise BadRequestError("send 'prompt' (a string) or 'messages'", param="prompt")
+        ids = tokenize(text)
+        return web.json_response({"count": len(ids), "max_model_len": self.profile.max_model_len, "tokens": ids})
+
+    # -- generation -----------------------------------------------------------------------------------------
+    def _check_model(self, body: _Common) -> None:
+        if body.model is not None and body.model not in self._aliases:
+            raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
+
+    def _plan(
+        self, body: _Common, prompt_text: str, turn_messages: list[Message], chat: ChatRequest | None
+    ) -> tuple[SimRequest, list[Piece], bool]:
+        """Tokenize the prompt, check its length, ask the behaviour for a reply, and build the engine request."""
+        prompt = tokenize(prompt_text)
+        limit = self.profile.max_model_len
+        asked = body.output_limit
+        if len(prompt) + (asked or 1) > limit:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt) + (asked or 0)} tokens ({len(prompt)} in the messages, {asked or 0} in the "
+                "completion). Please reduce the length of the messages or completion.",
+                param="messages" if chat is not None else "prompt",
+            )
+        n = next(self._ids)
+        rng = random.Random(body.seed if body.seed is not None else (self.config.seed << 32) ^ n)
+        turn = Turn(
+            messages=turn_messages,
+            tools=list(chat.tools or []) if chat else [],
+            tool_choice=chat.tool_choice if chat else None,
+            max_tokens=asked,
+            max_output=limit - len(prompt),
+            rng=rng,
+        )
+        pieces = self.config.behaviour.reply(turn).pieces() or [Piece("content", " ")]
+        cap = min(asked or limit, limit - len(prompt))
+        pieces, cut = truncate(pieces, cap)
+        # Reaching the cap is a "length" finish even when the reply fit exactly, as vLLM reports max_tokens.
+        cut = cut or len(pieces) >= cap
+        output = [token_id(p.text) for p in pieces]
+        req = SimRequest(f"req-{n}", prompt, output, arrival=self.runner.clock.now())
+        req.finish_reason = (
+            "length" if cut else ("tool_calls" if any(p.kind == "call_start" for p in pieces) else "stop")
+        )
+        return req, pieces, cut
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body: ChatRequest = parse_body(ChatRequest, await request.read())
+        self._check_model(body)
+        return await self._generate(request, body, render_chat(body), body.messages, body, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body: CompletionRequest = parse_body(CompletionRequest, await request.read())
+        self._check_model(body)
+        text = body.prompt_text()
+        return await self._generate(request, body, text, [Message(role="user", content=text)], None, chat=False)
+
+    async def _generate(
+        self,
+        request: web.Request,
+        body: _Common,
+        prompt_text: str,
+        messages: list[Message],
+        chat_body: ChatRequest | None,
+        *,
+        chat: bool,
+    ) -> web.StreamResponse:
+        req, pieces, _ = self._plan(body, prompt_text, messages, chat_body)
+        # A cold server sends nothing at all until it is ready: no headers, no role chunk.
+        await self.runner.ready.wait()
+        fault = self.faults.draw()
+        if fault is not None and fault.kind in ("http500", "http503", "http429"):
+            return self._fault_response(fault)
+        overhead = self.profile.coefficients.api_overhead_s
+        if overhead > 0:
+            await asyncio.sleep(overhead)
+        req.arrival = self.runner.clock.now()
+        delivery = self.runner.submit(req)
+        try:
+            if body.stream:
+                return await self._stream(request, body, req, pieces, delivery, fault, chat=chat)
+            return await self._complete(request, body, req, pieces, delivery, fault, chat=chat)
+        finally:
+            if req.finished_at is None:
+                self.runner.abort(req)
+
+    def _fault_response(self, fault: FaultSpec) -> web.Response:
+        if fault.kind == "http429":
+            resp = error_response(429, "rate limited (injected fault)", "RateLimitError")
+            resp.headers["Retry-After"] = f"{fault.seconds:g}"
+            return resp
+        if fault.kind == "http503":
+            return error_response(503, "service unavailable (injected fault)", "ServiceUnavailable")
+        return error_response(500, "internal server error (injected fault)", "InternalServerError")
+
+    def _usage(self, req: SimRequest, completion_tokens: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {
+            "prompt_tokens": req.prompt_len,
+            "total_tokens": req.prompt_len + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+        }
+        if self.config.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens or 0}
+        return usage
+
+    async def _wait_finished(self, req: SimRequest, delivery: Delivery) -> None:
+        while req.finished_at is None and req.finish_reason != "abort":
+            await delivery.event.wait()
+            delivery.event.clear()
+
+    async def _complete(
+        self,
+        request: web.Request,
+        body: _Common,
+        req: SimRequest,
+        pieces: list[Piece],
+        delivery: Delivery,
+        fault: FaultSpec | None,
+        *,
+        chat: bool,
+    ) -> web.StreamResponse:
+        await self._wait_finished(req, delivery)
+        if fault is not None:
+            if fault.kind == "stall":
+                await asyncio.sleep(fault.seconds)
+            elif fault.kind == "reset":
+                if request.transport is not None:
+                    request.transport.abort()
+                return web.Response(status=500)
+            elif fault.kind == "malformed":
+                return web.Response(body=b'{"id": "truncated', content_type="application/json")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
+        finish = req.finish_reason or "stop"
+        if chat:
+            content = "".join(p.text for p in pieces if p.kind == "content")
+            calls = _assemble_calls(pieces, req.request_id)
+            message: dict[str, Any] = {"role": "assistant", "content": content or None, "tool_calls": calls}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion"
+        else:
+            text = "".join(p.text for p in pieces)
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        payload = {
+            "id": rid,
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": self._usage(req, len(pieces)),
+        }
+        return web.json_response(payload)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: _Common,
+        req: SimRequest,
+        pieces: list[Piece],
+        delivery: Delivery,
+        fault: FaultSpec | None,
+        *,
+        chat: bool,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = (
+            f'data: {{"id":"{rid}","object":"{obj}","created":{int(time.time())},'
+            f'"model":{json.dumps(self.model_name)},"choices":['
+        )
+        if chat:
+            # vLLM sends the role at once; with a long prefill the stream then stays silent (domain.md §3).
+            await resp.write(
+                (head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                 '"finish_reason":null}]}\n\n').encode()
+            )  # fmt: skip
+        strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
+        sent = 0
+        calls_started: set[int] = set()
+        while True:
+            await delivery.event.wait()
+            delivery.event.clear()
+            upto = min(req.num_output, len(pieces))
+            out: list[str] = []
+            while sent < upto:
+                if sent == strike and fault is not None:
+                    if out:
+                        await resp.write("".join(out).encode())
+                        out = []
+                    if fault.kind == "stall":
+                        await asyncio.sleep(fault.seconds)
+                    elif fault.kind == "reset":
+                        if request.transport is not None:
+                            request.transport.abort()
+                        return resp
+                    elif fault.kind == "malformed":
+                        out.append('data: {"id": "broken", "choices": [{"delta": \n\n')
+                    fault = None
+                out.append(head + _delta(pieces[sent], chat, req.request_id, calls_started) + "]}\n\n")
+                sent += 1
+            if out:
+                await resp.write("".join(out).encode())
+            if req.finished_at is not None or req.finish_reason == "abort":
+                break
+        finish = req.finish_reason or "stop"
+        tail = [
+            head + (f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}' if chat else
+                    f'{{"index":0,"text":"","logprobs":null,"finish_reason":"{finish}"}}') + "]}\n\n"
+        ]  # fmt: skip
+        if body.include_usage:
+            usage = json.dumps(self._usage(req, len(pieces)))
+            tail.append(head + f'],"usage":{usage}}}\n\n')
+        tail.append("data: [DONE]\n\n")
+        await resp.write("".join(tail).encode())
+        await resp.write_eof()
+        return resp
+
+
+def _delta(piece: Piece, chat: bool, request_id: str, started: set[int]) -> str:
+    """One SSE choice object (without the closing brackets) for one generated token."""
+    if not chat:
+        return f'{{"index":0,"text":{json.dumps(piece.text)},"logprobs":null,"finish_reason":null}}'
+    if piece.kind == "content":
+        return f'{{"index":0,"delta":{{"content":{json.dumps(piece.text)}}},"logprobs":null,"finish_reason":null}}'
+    i = piece.call_index
+    if piece.kind == "call_start":
+        started.add(i)
+        call = (
+            f'{{"index":{i},"id":"call_{request_id}_{i}","type":"function",'
+            f'"function":{{"name":{json.dumps(piece.name)},"arguments":""}}}}'
+        )
+    else:
+        call = f'{{"index":{i},"function":{{"arguments":{json.dumps(piece.text)}}}}}'
+    return f'{{"index":0,"delta":{{"tool_calls":[{call}]}},"logprobs":null,"finish_reason":null}}'
+
+
+def _assemble_calls(pieces: list[Piece], request_id: str) -> list[dict[str, Any]] | None:
+    calls: dict[int, dict[str, Any]] = {}
+    for p in pieces:
+        if p.kind == "call_start":
+            calls[p.call_index] = {
+                "id": f"call_{request_id}_{p.call_index}",
+                "type": "function",
+                "function": {"name": p.name, "arguments": ""},
+            }
+        elif p.kind == "call_args" and p.call_index in calls:
+            calls[p.call_index]["function"]["arguments"] += p.text
+    return [calls[i] for i in sorted(calls)] or None
