@@ -1,0 +1,5 @@
+"""``python -m agentload`` runs the CLI."""
+
+from agentload.cli.main import app
+
+app()

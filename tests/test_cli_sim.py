@@ -1,0 +1,103 @@
+"""``agentload sim`` as a user runs it: a real process on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentload.cli.main import app
+
+AGENTLOAD = [sys.executable, "-m", "agentload"]
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[str], list[str], str]:
+    proc = subprocess.Popen(
+        [*AGENTLOAD, "sim", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if line.startswith("Serving "):
+            return proc, lines, line.split("http://", 1)[1].split()[0]
+    _stop(proc)
+    raise AssertionError(f"server did not start: {lines}")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Ctrl-C the server and collect its remaining output (which also closes the pipes)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
+def test_sim_prints_vllm_capacity_lines_and_serves() -> None:
+    proc, lines, address = _start("--profile", "qwen3-235b-gb300")
+    try:
+        assert "Maximum concurrency for 40,960 tokens per request: 24.36x" in lines
+        assert any(line.startswith("GPU KV cache size: ") and line.endswith(" tokens") for line in lines)
+        assert address.startswith("127.0.0.1:")
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode()
+        req = urllib.request.Request(f"http://{address}/v1/chat/completions", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.load(r)["usage"]["completion_tokens"] == 3
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0
+
+
+def test_sim_max_model_len_override_changes_the_concurrency_line() -> None:
+    proc, lines, _ = _start("--profile", "qwen3-235b-gb300", "--max-model-len", "8192")
+    _stop(proc)
+    assert "Maximum concurrency for 8,192 tokens per request: 121.79x" in lines
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--profile", "no-such-profile"], "unknown profile"),
+        (["--profile", "/nonexistent/p.toml"], "cannot read profile"),
+        (["--fault", "explode:1"], "--fault"),
+        (["--known-bad", "shout"], "--behaviour oracle"),
+        (["--behaviour", "oracle", "--known-bad", "nope"], "unknown known-bad"),
+        (["--max-model-len", "99999999"], "lower it"),
+        (["--port", "-1"], "port"),
+    ],
+)
+def test_sim_bad_flags_exit_2_with_one_line(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(app, ["sim", *args])
+    assert result.exit_code == 2
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_sim_bad_profile_file_names_the_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "p.toml"
+    bad.write_text('name = "x"\nmodel = "qwen2.5-0.5b"\ngpu = "laptop"\n')
+    result = CliRunner().invoke(app, ["sim", "--profile", str(bad)])
+    assert result.exit_code == 2
+    assert "max_model_len" in result.output
+    bad.write_text("name = [unclosed")
+    result = CliRunner().invoke(app, ["sim", "--profile", str(bad)])
+    assert result.exit_code == 2
+    assert "not valid TOML" in result.output
