@@ -34,22 +34,54 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-@cache
-def models() -> dict[str, ModelSpec]:
-    raw = read_toml_text(_data_text("catalog", "models.toml"), "models.toml")
-    return {name: model_from_mapping(name, fields, "models.toml") for name, fields in raw.items()}
+def _split_aliases(raw: dict[str, Any], source: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Entries without their ``aliases`` lists, and every normalised alias mapped to its entry's name.
 
-
-@cache
-def gpus() -> dict[str, GpuSpec]:
-    raw = read_toml_text(_data_text("catalog", "gpus.toml"), "gpus.toml")
-    out = {}
+    Aliases let a Hugging Face id ("meta-llama/Llama-3.1-8B-Instruct") or a marketing name ("RTX PRO 6000
+    Blackwell") find the entry; they are not model fields, so they are taken out before validation.
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    aliases: dict[str, str] = {}
     for name, fields in raw.items():
+        fields = dict(fields)
+        names = fields.pop("aliases", [])
+        if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
+            raise ConfigError(f"{source} [{name}]: aliases must be a list of strings")
+        for alias in names:
+            key = _normalise(alias)
+            if key in raw or aliases.get(key, name) != name:
+                raise ConfigError(f"{source} [{name}]: alias {alias!r} already names another entry")
+            aliases[key] = name
+        entries[name] = fields
+    return entries, aliases
+
+
+@cache
+def _model_table() -> tuple[dict[str, ModelSpec], dict[str, str]]:
+    raw = read_toml_text(_data_text("catalog", "models.toml"), "models.toml")
+    entries, aliases = _split_aliases(raw, "models.toml")
+    return {name: model_from_mapping(name, fields, "models.toml") for name, fields in entries.items()}, aliases
+
+
+@cache
+def _gpu_table() -> tuple[dict[str, GpuSpec], dict[str, str]]:
+    raw = read_toml_text(_data_text("catalog", "gpus.toml"), "gpus.toml")
+    entries, aliases = _split_aliases(raw, "gpus.toml")
+    out = {}
+    for name, fields in entries.items():
         try:
             out[name] = GpuSpec(name=name, **fields)
         except ValidationError as exc:
             raise ConfigError(f"gpus.toml [{name}]: {validation_message(exc)}") from exc
-    return out
+    return out, aliases
+
+
+def models() -> dict[str, ModelSpec]:
+    return _model_table()[0]
+
+
+def gpus() -> dict[str, GpuSpec]:
+    return _gpu_table()[0]
 
 
 def model_from_mapping(name: str, fields: dict[str, Any], source: str) -> ModelSpec:
@@ -61,21 +93,24 @@ def model_from_mapping(name: str, fields: dict[str, Any], source: str) -> ModelS
 
 
 def _normalise(name: str) -> str:
-    return name.strip().lower().replace("_", "-").split("/")[-1]
+    return name.strip().lower().replace("_", "-").replace(" ", "-").split("/")[-1]
 
 
 def get_model(name: str) -> ModelSpec:
-    """A catalogue model by name (case-insensitive; a Hugging Face 'org/Name' works too)."""
-    table = models()
+    """A catalogue model by name or alias (case-insensitive; a Hugging Face 'org/Name' works too)."""
+    table, aliases = _model_table()
     key = _normalise(name)
+    key = aliases.get(key, key)
     if key in table:
         return table[key]
     raise UnknownNameError("model", name, table)
 
 
 def get_gpu(name: str) -> GpuSpec:
-    table = gpus()
+    """A catalogue GPU by name or alias (case-insensitive)."""
+    table, aliases = _gpu_table()
     key = _normalise(name)
+    key = aliases.get(key, key)
     if key in table:
         return table[key]
     raise UnknownNameError("GPU", name, table)

@@ -5,6 +5,11 @@ shared pool, and a block of group g holds ``block_size`` tokens for all of g's l
 needs ceil(ctx / block_size) blocks per request; a sliding-window group only about ceil((W - 1) / block_size) + 1
 (domain.md §3). Dense and MLA models have a single full-attention group holding every layer. Sparse-read
 attention (DSA) limits what is read, not what is stored, so it does not change anything here.
+
+Tensor parallelism splits KV heads across ranks, but a rank never holds less than one head: with more ranks than
+KV heads vLLM replicates heads (``num_kv_head_replicas``), and MLA's latent is shared by all heads, so every rank
+stores all of it. ``KVLayout.replication`` is how many copies of each token's KV the ranks hold together; the
+pool in blocks is the memory of all ranks divided by the bytes one block really costs across them.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class KVLayout:
     block_size: int
     groups: tuple[KVGroup, ...]
     layers_per_group: int
+    tensor_parallel: int = 1
 
     @property
     def bytes_per_token_per_layer(self) -> int:
@@ -95,6 +101,20 @@ class KVLayout:
         return self.block_size * self.layers_per_group * self.bytes_per_token_per_layer
 
     @property
+    def replication(self) -> float:
+        """Copies of each token's KV that ``tensor_parallel`` ranks store together (1 when heads split evenly)."""
+        tp = self.tensor_parallel
+        if self.model.attention is AttentionKind.MLA:
+            return float(tp)
+        heads = self.model.num_kv_heads
+        return tp * max(1, heads // tp) / heads
+
+    @property
+    def stored_page_bytes(self) -> float:
+        """Bytes one block costs summed over all ranks (``page_bytes`` × ``replication``)."""
+        return self.page_bytes * self.replication
+
+    @property
     def num_groups(self) -> int:
         return len(self.groups)
 
@@ -107,7 +127,8 @@ class KVLayout:
         return sum(g.blocks_for(tokens, self.block_size) for g in self.groups)
 
     def num_blocks_for_bytes(self, pool_bytes: float) -> int:
-        return max(0, int(pool_bytes // self.page_bytes))
+        """Blocks that ``pool_bytes`` of KV memory (summed over all ranks) holds."""
+        return max(0, int(pool_bytes // self.stored_page_bytes))
 
     def num_blocks_for_logged_tokens(self, pool_tokens: int) -> int:
         """Inverse of vLLM's logged 'KV cache size: N tokens' (= num_blocks // num_groups * block_size)."""
@@ -121,21 +142,40 @@ class KVLayout:
         """vLLM's 'Maximum concurrency for L tokens per request' (blocks ÷ blocks one full request needs)."""
         return num_blocks / self.blocks_per_request(tokens_per_request)
 
+    def sessions_sharing_prefix(self, num_blocks: int, context: int, shared_tokens: int) -> float:
+        """Sessions that fit when all of them start with the same ``shared_tokens`` (a system prompt).
+
+        Prefix caching stores the shared full blocks once per full-attention group; sliding groups share nothing
+        (their window moves on), so only the rest of each session counts against the pool.
+        """
+        shared = min(shared_tokens, context) // self.block_size * self.full_groups
+        return (num_blocks - shared) / (self.blocks_per_request(context) - shared)
+
     def naive_sessions(self, num_blocks: int, context: int) -> float:
         """The article's rule: logged pool tokens ÷ context per session (exact only for dense attention)."""
         return self.logged_pool_tokens(num_blocks) / context
 
 
-def kv_layout(model: ModelSpec, dtype: KVDtype, block_size: int = DEFAULT_BLOCK_SIZE) -> KVLayout:
+def kv_layout(
+    model: ModelSpec, dtype: KVDtype, block_size: int = DEFAULT_BLOCK_SIZE, tensor_parallel: int = 1
+) -> KVLayout:
     """Group the model's layers the way vLLM's hybrid KV cache manager does (equal-sized groups)."""
     if block_size <= 0:
         raise ConfigError(f"block size must be positive, got {block_size}")
+    if tensor_parallel <= 0:
+        raise ConfigError(f"tensor parallel size must be positive, got {tensor_parallel}")
+    tp = tensor_parallel
+    # vLLM refuses these splits at startup (heads must divide evenly, or be replicated a whole number of times).
+    if model.num_attention_heads % tp:
+        raise ConfigError(f"{model.num_attention_heads} attention heads do not split over {tp} GPUs")
+    if model.attention is not AttentionKind.MLA and model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError(f"{model.num_kv_heads} KV heads do not split over (or replicate across) {tp} GPUs")
     if model.attention is not AttentionKind.HYBRID:
-        return KVLayout(model, dtype, block_size, (KVGroup(model.num_layers, None),), model.num_layers)
+        return KVLayout(model, dtype, block_size, (KVGroup(model.num_layers, None),), model.num_layers, tp)
     full, sliding = model.num_full_layers, model.num_sliding_layers
     # vLLM picks the smaller layer count as the group size, so each group has the same page size; the larger
     # kind is split into ceil(n / size) groups (the last one padded).
     size = min(full, sliding)
     groups = [KVGroup(size, None) for _ in range(math.ceil(full / size))]
     groups += [KVGroup(size, model.sliding_window) for _ in range(math.ceil(sliding / size))]
-    return KVLayout(model, dtype, block_size, tuple(groups), size)
+    return KVLayout(model, dtype, block_size, tuple(groups), size, tp)

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Bytes per parameter of each weight format. fp4/int4 ignore the per-group scales (≈ +3-6%), which is inside the
+# error of a memory estimate anyway.
+WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5, "int4": 0.5}
 
 
 class AttentionKind(StrEnum):
@@ -42,6 +46,17 @@ class ModelSpec(BaseModel):
     num_experts: int = Field(default=0, ge=0)
     experts_per_token: int = Field(default=0, ge=0)
     max_position_embeddings: int | None = Field(default=None, gt=0)
+    hf_id: str | None = Field(default=None, description="Hugging Face repository id, for the serve command")
+    checkpoint_dtype: str = Field(
+        default="bf16", description="what the published checkpoint stores most weights in (vLLM's default)"
+    )
+
+    @field_validator("checkpoint_dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in WEIGHT_BYTES:
+            raise ValueError(f"must be one of {', '.join(WEIGHT_BYTES)}")
+        return value
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ModelSpec:

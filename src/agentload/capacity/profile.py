@@ -20,11 +20,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agentload.capacity import catalog
 from agentload.capacity.hardware import GpuSpec
 from agentload.capacity.kv import DEFAULT_BLOCK_SIZE, KVDtype, KVLayout, kv_layout, parse_kv_dtype
-from agentload.capacity.models import ModelSpec
+from agentload.capacity.models import WEIGHT_BYTES, ModelSpec
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.errors import ConfigError, UnknownNameError
 
-WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5, "int4": 0.5}
+__all__ = [
+    "WEIGHT_BYTES",
+    "KVPoolSpec",
+    "OffloadSpec",
+    "ProfileFile",
+    "ServingProfile",
+    "StepSpec",
+    "builtin_profiles",
+    "load_profile",
+    "parse_profile",
+    "resolve",
+    "weights_bytes",
+]
 
 
 class KVPoolSpec(BaseModel):
@@ -123,6 +135,11 @@ class ServingProfile:
         return StepTimeModel(self.coefficients, self.model)
 
     @property
+    def weights_bytes(self) -> float:
+        """All weights, summed over the GPUs (tensor parallelism splits them evenly)."""
+        return weights_bytes(self.model, self.weight_bytes_per_param)
+
+    @property
     def pool_tokens(self) -> int:
         """The pool as vLLM logs it."""
         return self.layout.logged_pool_tokens(self.num_blocks)
@@ -130,6 +147,13 @@ class ServingProfile:
     @property
     def max_concurrency(self) -> float:
         return self.layout.max_concurrency(self.num_blocks, self.max_model_len)
+
+    def offload_load_s(self, logical_blocks: int) -> float:
+        """Seconds to load ``logical_blocks`` from the CPU tier (each is one block of every full-attention group).
+
+        The engine charges the same per block when a prefix hit comes from the offload tier.
+        """
+        return logical_blocks * self.layout.page_bytes * self.layout.full_groups / self.offload_load_bytes_per_s
 
     def startup_lines(self, device: str = "GPU") -> list[str]:
         """vLLM's two capacity lines, formatted as vLLM formats them."""
@@ -158,7 +182,7 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         except ValidationError as exc:
             raise ConfigError(f"{source} [gpu]: {catalog.validation_message(exc)}") from exc
     wbytes = WEIGHT_BYTES[spec.weight_dtype]
-    layout = kv_layout(model, parse_kv_dtype(spec.kv_cache_dtype), spec.block_size)
+    layout = kv_layout(model, parse_kv_dtype(spec.kv_cache_dtype), spec.block_size, spec.num_gpus)
     pool = spec.kv_pool
     if pool.num_blocks is not None:
         num_blocks, pool_source = pool.num_blocks, "stated in blocks by the profile"
@@ -171,8 +195,10 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         ) - weights_bytes(model, wbytes)
         if free <= 0:
             raise ConfigError(
-                f"{source}: the weights ({weights_bytes(model, wbytes) / 1e9:.1f} GB) do not fit in "
-                f"{spec.num_gpus} × {gpu.memory_gb:g} GB at gpu_memory_utilization {pool.gpu_memory_utilization}"
+                f"{source}: the weights ({weights_bytes(model, wbytes) / 1e9:.1f} GB in {spec.weight_dtype}) do not "
+                f"fit in {spec.num_gpus} × {gpu.memory_gb:g} GB at gpu_memory_utilization "
+                f"{pool.gpu_memory_utilization} with {pool.activation_gib:g} GiB per GPU for activations; use more "
+                "GPUs or a smaller weight dtype"
             )
         num_blocks = layout.num_blocks_for_bytes(free)
         pool_source = "estimated from GPU memory (often 20-30% off; calibrate from the server)"
@@ -216,8 +242,9 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_num_seqs=spec.max_num_seqs,
         enable_prefix_caching=spec.enable_prefix_caching,
-        offload_blocks=int(spec.offload.gib * 2**30 // layout.page_bytes),
-        offload_load_bytes_per_s=load_gbps * 1e9,
+        # vLLM's --kv-offloading-size is the total over all ranks; each rank loads its share over its own link.
+        offload_blocks=int(spec.offload.gib * 2**30 // layout.stored_page_bytes),
+        offload_load_bytes_per_s=load_gbps * 1e9 * spec.num_gpus / layout.replication,
         coefficients=coefficients,
         gpu_memory_utilization=pool.gpu_memory_utilization,
         pool_source=pool_source,

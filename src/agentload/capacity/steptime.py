@@ -59,7 +59,10 @@ class StepCoefficients(BaseModel):
         layer_s: float = 0.0,
         api_overhead_s: float = 0.015,
     ) -> StepCoefficients:
-        """Coefficients from datasheet figures; tensor parallelism is modelled as an ideal split."""
+        """Coefficients from datasheet figures; tensor parallelism is modelled as an ideal split.
+
+        The split is ideal except for KV heads that ``layout`` replicates across ranks: every copy is read.
+        """
         use_fp8 = weight_bytes_per_param <= 1.0 and gpu.tflops_fp8 is not None
         peak = (gpu.tflops_fp8 if use_fp8 and gpu.tflops_fp8 else gpu.tflops_bf16) * 1e12
         flops_per_s = peak * mfu * num_gpus
@@ -72,7 +75,7 @@ class StepCoefficients(BaseModel):
             shared_weight_fraction=shared / model.total_params,
             num_experts=model.num_experts,
             experts_per_token=model.experts_per_token,
-            kv_s_per_token=layout.bytes_per_token / bytes_per_s,
+            kv_s_per_token=layout.bytes_per_token * layout.replication / bytes_per_s,
             step_s=step_s,
             request_s=request_s,
             layer_s=layer_s,
@@ -137,3 +140,12 @@ class StepTimeModel:
         span = self.read_span(cached)
         pairs = new_tokens * (span + new_tokens / 2.0)
         return self.step_time(BatchShape(1, new_tokens, pairs, self.read_span(cached + new_tokens)))
+
+    def chunked_prefill_time(self, tokens: int, chunk: int) -> float:
+        """An isolated prefill of ``tokens`` run the way the scheduler runs it: ``chunk`` tokens per step."""
+        done, total = 0, 0.0
+        while done < tokens:
+            n = min(chunk, tokens - done)
+            total += self.prefill_time(n, cached=done)
+            done += n
+        return total

@@ -1,0 +1,709 @@
+"""The capacity planner: one model on some GPUs with one vLLM configuration → how many agents it carries.
+
+``plan`` resolves the configuration into a ``ServingProfile`` through ``profile.resolve`` — the same KV layout,
+pool sizing and step-time model the simulator runs, never a second formula — and compiles the figures into an
+immutable ``Plan``. ``add_throughput_curve`` then runs the simulator in virtual time
+(``agentload.sim.virtual.run_sessions``) on that very profile at a handful of agent counts around the estimate
+and returns the plan with the measured curve and its knee. Renderers (the CLI's rich tables, ``--json``) only
+read the ``Plan``; it round-trips through JSON.
+
+What is exact and what is estimated (each figure carries its own note in ``Plan.derivations``):
+
+* KV bytes per token, block layout and vLLM's "Maximum concurrency" follow from the architecture and the pool
+  exactly as vLLM computes them (domain.md §3, §5);
+* weights memory and the pool from GPU memory are estimates (datasheet memory × utilisation − weights −
+  activation allowance); real pools are often 20-30% off, so ``pool_tokens`` from a real server's startup log
+  replaces the estimate when known;
+* agents at a context = pool blocks ÷ blocks one session holds (sliding-window groups hold only their window);
+* offload reload seconds use the datasheet host-link bandwidth, recompute seconds the step-time model;
+* the throughput curve is simulated: closed-loop agents that hold the planned context, with think time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agentload.capacity import catalog
+from agentload.capacity.hfconfig import load_hf_config, looks_like_config_path
+from agentload.capacity.kv import KVDtype, parse_kv_dtype
+from agentload.capacity.models import WEIGHT_BYTES, AttentionKind, ModelSpec
+from agentload.capacity.profile import KVPoolSpec, OffloadSpec, ProfileFile, ServingProfile, resolve
+from agentload.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentload.sim.engine import StepResult
+
+# vLLM's defaults (domain.md §3): 8,192 batched tokens and 1,024 sequences on big GPUs, 2,048 / 256 otherwise.
+BIG_GPU_GB = 70.0
+MAX_NUM_SEQS_CAP = 1024
+
+# The knee is where throughput falls: a point more than this far below the best smaller count is past it.
+KNEE_DROP = 0.10
+# Agent counts tried around the estimate, as fractions of it; a cliff between two of them is then bisected.
+CURVE_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5)
+# Simulating more sessions than this takes minutes; the curve stops there and says so.
+MAX_SIMULATED_AGENTS = 512
+
+
+class AgentShape(BaseModel):
+    """What each simulated agent does per turn (defaults: the agent traffic of domain.md §1, shortened)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    system_tokens: int = Field(default=2_000, gt=0, description="system prompt shared by every agent")
+    turn_input_tokens: int = Field(default=1_000, gt=0, description="tool result appended per turn")
+    output_tokens: int = Field(default=400, gt=0, description="reply per turn")
+    think_s: float = Field(default=2.0, ge=0, description="tool time between turns")
+
+    @property
+    def per_turn_tokens(self) -> int:
+        return self.system_tokens + self.turn_input_tokens + self.output_tokens
+
+
+class PlanSpec(BaseModel):
+    """What was asked: the configuration to plan (unset fields take vLLM's or the model's defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(description="catalogue name or path to a config.json (or a folder holding one)")
+    gpu: str
+    num_gpus: int = Field(default=1, gt=0, description="tensor-parallel size")
+    max_model_len: int | None = Field(default=None, gt=0)
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    context_per_agent: int | None = Field(default=None, gt=0, description="default: max_model_len")
+    offload_gib: float = Field(default=0.0, ge=0)
+    weight_dtype: str | None = Field(default=None, description="default: the checkpoint's dtype")
+    activation_gib: float = Field(default=2.0, ge=0, description="activation peak + runtime overhead per GPU")
+    pool_tokens: int | None = Field(default=None, gt=0, description="the pool a real server logged, if known")
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    agent: AgentShape = Field(default_factory=AgentShape)
+
+    @field_validator("weight_dtype")
+    @classmethod
+    def _known_weight_dtype(cls, value: str | None) -> str | None:
+        if value is not None and value not in WEIGHT_BYTES:
+            raise ValueError(f"must be one of {', '.join(WEIGHT_BYTES)}")
+        return value
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _known_kv_dtype(cls, value: str) -> str:
+        try:
+            parse_kv_dtype(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+
+def parse_spec(fields: Mapping[str, object], names: Mapping[str, str] | None = None) -> PlanSpec:
+    """A ``PlanSpec`` from loose values, bad ones reported as one ``ConfigError`` line.
+
+    ``names`` maps field names to what the caller calls them (the CLI's flags), so the message names the flag.
+    """
+    try:
+        return PlanSpec.model_validate(fields)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            parts.append(f"{(names or {}).get(where, where) or 'plan'}: {err['msg']}")
+        raise ConfigError("; ".join(parts)) from exc
+
+
+# -- the compiled plan -----------------------------------------------------------------------------------------
+
+
+class Derivation(BaseModel):
+    """Where one figure comes from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    figure: str
+    kind: Literal["exact", "vLLM formula", "estimate", "stated", "simulated"]
+    how: str
+
+
+class ModelFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    spec: ModelSpec
+    source: str  # "catalogue" or the config.json path
+    notes: tuple[str, ...] = ()
+
+
+class MemoryFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    num_gpus: int
+    gpu_memory_gb: float
+    weight_dtype: str
+    weights_gb: float  # all GPUs together
+    weights_gb_per_gpu: float
+    activation_gib_per_gpu: float
+    gpu_memory_utilization: float
+    kv_pool_gb: float  # what the pool's blocks occupy, all GPUs together
+
+
+class KVFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    dtype: KVDtype
+    attention: AttentionKind
+    bytes_per_token: int  # every layer keeps the token (the dense figure)
+    growing_bytes_per_token: int  # once sliding windows are full (full-attention layers only)
+    fixed_bytes_per_session: int  # sliding-window layers of a long session
+    block_size: int
+    page_bytes: int
+    num_groups: int
+    replication: float  # copies of each token's KV across tensor-parallel ranks
+
+
+class PoolFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    num_blocks: int
+    tokens: int  # as vLLM logs it
+    source: str
+    max_model_len: int
+    max_concurrency: float
+    startup_lines: tuple[str, ...]
+
+
+class AgentFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    context: int
+    blocks_per_session: int
+    naive_sessions: float  # logged pool tokens ÷ context (the article's rule)
+    window_aware_sessions: float  # pool blocks ÷ blocks per session (equals the dense formula for dense models)
+    shared_prefix_sessions: float  # the same, with the agents' common system prompt stored once
+    shared_prefix_tokens: int
+    recommended_agents: int
+
+    @property
+    def estimate(self) -> float:
+        return self.window_aware_sessions
+
+
+class StepFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    decode_step_s_batch1: float
+    decode_step_s_at_estimate: float
+    prefill_s_at_context: float  # chunked, as the scheduler runs it
+
+
+class OffloadFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    gib: float
+    logical_blocks: int
+    extra_sessions: float
+    session_bytes: int  # what one session's full-attention KV occupies in the CPU tier
+    load_gbps: float  # effective host->GPU bandwidth over all ranks
+    reload_s: float
+    recompute_s: float
+    host_memory_gb: float  # what the GPUs' hosts offer (0 = not stated)
+
+
+class ServeFlag(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    flag: str
+    value: str | None
+    why: str
+
+
+class ServeCommand(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    flags: tuple[ServeFlag, ...]
+    notes: tuple[str, ...] = ()
+
+    def command_line(self) -> str:
+        parts = ["vllm serve", self.model]
+        for f in self.flags:
+            parts.append(f.flag if f.value is None else f"{f.flag} {f.value}")
+        return " ".join(parts)
+
+
+class CurvePoint(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    agents: int
+    output_tps: float
+    prefill_tps: float
+    prefix_hit_rate: float
+    recomputed_tokens: int
+    preemptions: int
+    mean_kv_usage: float
+    mean_running: float
+    mean_waiting: float
+    ttft_p50_s: float | None
+    turns: int
+    duration_s: float
+    warmup_s: float
+    refinement: bool = False  # added while bisecting the cliff
+
+
+class ThroughputCurve(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    points: tuple[CurvePoint, ...]
+    knee: int | None  # the largest count before throughput falls; None when no fall was seen
+    first_past_knee: int | None
+    estimate: float
+    knee_rule: str
+    capped_at: int | None = None  # the largest count simulated when MAX_SIMULATED_AGENTS cut the grid
+
+    @property
+    def knee_vs_estimate(self) -> float | None:
+        """knee ÷ estimate − 1 (positive: the simulator carried more agents than the estimate)."""
+        return None if self.knee is None else self.knee / self.estimate - 1.0
+
+
+class Plan(BaseModel):
+    """Everything ``agentload plan`` reports, computed once; renderers read only this."""
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: PlanSpec
+    model: ModelFigures
+    memory: MemoryFigures
+    kv: KVFigures
+    pool: PoolFigures
+    agents: AgentFigures
+    step: StepFigures
+    offload: OffloadFigures | None
+    serve: ServeCommand
+    derivations: tuple[Derivation, ...]
+    curve: ThroughputCurve | None = None
+
+
+# -- planning ---------------------------------------------------------------------------------------------------
+
+
+def find_model(name_or_path: str) -> ModelFigures:
+    """A catalogue model by name, or a Hugging Face config.json by path (never downloaded)."""
+    if looks_like_config_path(name_or_path):
+        loaded = load_hf_config(name_or_path)
+        return ModelFigures(spec=loaded.spec, source=loaded.source, notes=loaded.notes)
+    return ModelFigures(spec=catalog.get_model(name_or_path), source="catalogue")
+
+
+def _profile_file(spec: PlanSpec, model: ModelSpec, max_model_len: int, max_num_seqs: int) -> ProfileFile:
+    gpu = catalog.get_gpu(spec.gpu)
+    batched = spec.max_num_batched_tokens or (8192 if gpu.memory_gb >= BIG_GPU_GB else 2048)
+    return ProfileFile(
+        name=f"plan-{model.name}-{spec.num_gpus}x{gpu.name}",
+        description="built by agentload plan",
+        model=model.model_dump(mode="json"),
+        served_model_name=model.hf_id or model.name,
+        gpu=gpu.name,
+        num_gpus=spec.num_gpus,
+        weight_dtype=spec.weight_dtype or model.checkpoint_dtype,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=batched,
+        max_num_seqs=max_num_seqs,
+        kv_pool=KVPoolSpec(
+            tokens=spec.pool_tokens,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            activation_gib=spec.activation_gib,
+        ),
+        offload=OffloadSpec(gib=spec.offload_gib),
+    )
+
+
+def planned_profile(plan: Plan) -> ServingProfile:
+    """The simulator profile that realises ``plan`` (resolved again: a ``Plan`` holds figures, not objects)."""
+    pf = _profile_file(plan.spec, plan.model.spec, plan.pool.max_model_len, plan.agents.recommended_agents)
+    return resolve(pf, "the plan")
+
+
+def plan(spec: PlanSpec) -> Plan:
+    """Compile the static figures of a plan (no simulation; see ``add_throughput_curve``)."""
+    found = find_model(spec.model)
+    model = found.spec
+    gpu = catalog.get_gpu(spec.gpu)
+    max_model_len = spec.max_model_len or model.max_position_embeddings
+    if max_model_len is None:
+        raise ConfigError(f"model {model.name} states no max_position_embeddings; pass --max-model-len")
+    context = spec.context_per_agent or max_model_len
+    if context > max_model_len:
+        raise ConfigError(f"context per agent {context:,} exceeds max-model-len {max_model_len:,}")
+    if context <= spec.agent.per_turn_tokens:
+        raise ConfigError(
+            f"context per agent {context:,} must exceed one turn's tokens ({spec.agent.per_turn_tokens:,}: system "
+            "prompt + tool result + reply)"
+        )
+    # First pass sizes the pool; the recommended max-num-seqs depends on it, so the profile is resolved again.
+    first = resolve(_profile_file(spec, model, max_model_len, MAX_NUM_SEQS_CAP), f"{model.name} on {gpu.name}")
+    layout = first.layout
+    blocks_per_session = layout.blocks_per_request(context)
+    window_aware = first.num_blocks / blocks_per_session
+    recommended = max(1, min(MAX_NUM_SEQS_CAP, math.floor(window_aware)))
+    profile = resolve(_profile_file(spec, model, max_model_len, recommended), f"{model.name} on {gpu.name}")
+
+    weight_dtype = spec.weight_dtype or model.checkpoint_dtype
+    memory = MemoryFigures(
+        gpu=gpu.name,
+        num_gpus=spec.num_gpus,
+        gpu_memory_gb=gpu.memory_gb,
+        weight_dtype=weight_dtype,
+        weights_gb=profile.weights_bytes / 1e9,
+        weights_gb_per_gpu=profile.weights_bytes / 1e9 / spec.num_gpus,
+        activation_gib_per_gpu=spec.activation_gib,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        kv_pool_gb=profile.num_blocks * layout.stored_page_bytes / 1e9,
+    )
+    kv = KVFigures(
+        dtype=layout.dtype,
+        attention=model.attention,
+        bytes_per_token=layout.bytes_per_token,
+        growing_bytes_per_token=layout.growing_bytes_per_token,
+        fixed_bytes_per_session=layout.fixed_bytes_per_session,
+        block_size=layout.block_size,
+        page_bytes=layout.page_bytes,
+        num_groups=layout.num_groups,
+        replication=layout.replication,
+    )
+    pool = PoolFigures(
+        num_blocks=profile.num_blocks,
+        tokens=profile.pool_tokens,
+        source=profile.pool_source,
+        max_model_len=max_model_len,
+        max_concurrency=profile.max_concurrency,
+        startup_lines=tuple(profile.startup_lines()),
+    )
+    agents = AgentFigures(
+        context=context,
+        blocks_per_session=blocks_per_session,
+        naive_sessions=layout.naive_sessions(profile.num_blocks, context),
+        window_aware_sessions=window_aware,
+        shared_prefix_sessions=layout.sessions_sharing_prefix(profile.num_blocks, context, spec.agent.system_tokens),
+        shared_prefix_tokens=spec.agent.system_tokens,
+        recommended_agents=recommended,
+    )
+    sm = profile.step_model
+    step = StepFigures(
+        decode_step_s_batch1=sm.decode_step_time(1, context),
+        decode_step_s_at_estimate=sm.decode_step_time(recommended, context),
+        prefill_s_at_context=sm.chunked_prefill_time(context, profile.max_num_batched_tokens),
+    )
+    offload = _offload_figures(spec, profile, context) if spec.offload_gib > 0 else None
+    return Plan(
+        spec=spec,
+        model=found,
+        memory=memory,
+        kv=kv,
+        pool=pool,
+        agents=agents,
+        step=step,
+        offload=offload,
+        serve=_serve_command(spec, profile, model, weight_dtype),
+        derivations=_derivations(spec, profile, found, offload),
+    )
+
+
+def _offload_figures(spec: PlanSpec, profile: ServingProfile, context: int) -> OffloadFigures:
+    layout = profile.layout
+    # The CPU tier keeps full-attention blocks (sliding windows are cheap to recompute); one logical block is a
+    # block of every full-attention group, as in the simulator's offload tier.
+    logical = profile.offload_blocks // max(1, layout.full_groups)
+    session_blocks = -(-context // layout.block_size)
+    return OffloadFigures(
+        gib=spec.offload_gib,
+        logical_blocks=logical,
+        extra_sessions=logical / session_blocks,
+        session_bytes=session_blocks * layout.page_bytes * layout.full_groups,
+        load_gbps=profile.offload_load_bytes_per_s / 1e9,
+        reload_s=profile.offload_load_s(session_blocks),
+        recompute_s=profile.step_model.chunked_prefill_time(context, profile.max_num_batched_tokens),
+        host_memory_gb=profile.gpu.host_memory_gb * profile.num_gpus,
+    )
+
+
+def _serve_command(spec: PlanSpec, profile: ServingProfile, model: ModelSpec, weight_dtype: str) -> ServeCommand:
+    kv_flag = "fp8" if profile.kv_dtype is KVDtype.FP8 else "auto"
+    flags = [
+        ServeFlag(flag="--tensor-parallel-size", value=str(profile.num_gpus), why="GPUs the weights and KV split over"),
+        ServeFlag(flag="--max-model-len", value=str(profile.max_model_len), why="longest request the pool must fit"),
+        ServeFlag(flag="--kv-cache-dtype", value=kv_flag, why=f"KV stored in {profile.kv_dtype.value}"),
+        ServeFlag(
+            flag="--gpu-memory-utilization",
+            value=f"{profile.gpu_memory_utilization:g}",
+            why="share of GPU memory for weights + KV + activations",
+        ),
+        ServeFlag(
+            flag="--max-num-seqs",
+            value=str(profile.max_num_seqs),
+            why="no more running requests than sessions fit at the planned context, so none is preempted",
+        ),
+        ServeFlag(
+            flag="--max-num-batched-tokens",
+            value=str(profile.max_num_batched_tokens),
+            why="prefill chunk per step (vLLM's default for this GPU class)",
+        ),
+    ]
+    if spec.offload_gib > 0:
+        flags.append(
+            ServeFlag(flag="--kv-offloading-size", value=f"{spec.offload_gib:g}", why="CPU KV tier in GiB (all ranks)")
+        )
+    flags += [
+        ServeFlag(flag="--enable-prefix-caching", value=None, why="agents re-send their whole conversation"),
+        ServeFlag(
+            flag="--enable-prompt-tokens-details",
+            value=None,
+            why="fills usage.prompt_tokens_details.cached_tokens, so agentload can measure prefix hits",
+        ),
+    ]
+    notes: list[str] = []
+    if weight_dtype != model.checkpoint_dtype:
+        if weight_dtype == "fp8":
+            flags.append(ServeFlag(flag="--quantization", value="fp8", why="quantise the weights to fp8 at load"))
+        else:
+            notes.append(
+                f"{weight_dtype} weights need a checkpoint already quantised to {weight_dtype} (e.g. an NVFP4 build "
+                "of the model): serve that instead of the model id shown"
+            )
+    return ServeCommand(model=model.hf_id or model.name, flags=tuple(flags), notes=tuple(notes))
+
+
+def _derivations(
+    spec: PlanSpec, profile: ServingProfile, found: ModelFigures, offload: OffloadFigures | None
+) -> tuple[Derivation, ...]:
+    layout = profile.layout
+    model = found.spec
+    out: list[Derivation] = []
+    if model.attention is AttentionKind.MLA:
+        kv_how = "layers × (kv_lora_rank + qk_rope_head_dim) × dtype bytes (MLA latent)"
+    else:
+        kv_how = "2 × layers × kv_heads × head_dim × dtype bytes"
+    if model.attention is AttentionKind.HYBRID:
+        kv_how += "; sliding layers stop growing at their window (≈ ceil((W−1)/16)+1 blocks)"
+    if layout.replication > 1:
+        kv_how += f"; {layout.replication:g} copies across {spec.num_gpus} GPUs (heads cannot split further)"
+    out.append(Derivation(figure="KV bytes per token", kind="exact", how=kv_how))
+    weight_source = "catalogue" if found.source == "catalogue" else "estimated from config.json shapes"
+    out.append(
+        Derivation(
+            figure="weights memory",
+            kind="estimate",
+            how=f"parameters ({weight_source}) × {profile.weight_bytes_per_param:g} bytes; quantisation scales "
+            "and layers kept in higher precision not counted",
+        )
+    )
+    if spec.pool_tokens is not None:
+        out.append(Derivation(figure="KV pool", kind="stated", how=f"--pool-tokens {spec.pool_tokens:,}"))
+    else:
+        out.append(
+            Derivation(
+                figure="KV pool",
+                kind="estimate",
+                how=f"{spec.num_gpus} × ({profile.gpu.memory_gb:g} GB × {spec.gpu_memory_utilization:g} − "
+                f"{spec.activation_gib:g} GiB activations) − weights, in blocks; often 20-30% off: pass the "
+                "server's logged pool with --pool-tokens",
+            )
+        )
+    out.append(
+        Derivation(
+            figure="maximum concurrency",
+            kind="vLLM formula",
+            how="pool blocks ÷ blocks one max-model-len request holds",
+        )
+    )
+    agents_how = "pool blocks ÷ blocks one session at the context holds"
+    if model.attention is AttentionKind.HYBRID:
+        agents_how += "; the naive figure is logged pool tokens ÷ context, which ignores the windows"
+    out.append(Derivation(figure="agents at the context", kind="estimate", how=agents_how + " (inherits the pool)"))
+    out.append(
+        Derivation(
+            figure="step times",
+            kind="estimate",
+            how="datasheet bandwidth and FLOP/s at 45% MFU, plus fixed per-step and per-request costs (domain.md §6)",
+        )
+    )
+    if offload is not None:
+        out.append(
+            Derivation(
+                figure="offload reload / recompute",
+                kind="estimate",
+                how="session KV ÷ host-link bandwidth (datasheet) vs the chunked prefill of the context",
+            )
+        )
+    out.append(
+        Derivation(
+            figure="throughput curve",
+            kind="simulated",
+            how="the simulator in virtual time on this profile: closed-loop agents holding the context, "
+            f"{spec.agent.output_tokens}-token replies, {spec.agent.think_s:g} s think time",
+        )
+    )
+    return tuple(out)
+
+
+# -- the simulated throughput curve --------------------------------------------------------------------------------
+
+
+class CurveProgress(Protocol):
+    """What the curve reports while it runs (the CLI draws a progress bar from it)."""
+
+    def run_started(self, agents: int, duration_s: float, runs_planned: int) -> None: ...
+
+    def advanced(self, virtual_s: float) -> None: ...
+
+    def run_finished(self, point: CurvePoint) -> None: ...
+
+
+def curve_counts(estimate: float) -> list[int]:
+    """The agent counts tried first: fractions of the estimate, distinct, at least one."""
+    return sorted({max(1, round(estimate * f)) for f in CURVE_FRACTIONS})
+
+
+def run_durations(profile: ServingProfile, agents: int, context: int, shape: AgentShape) -> tuple[float, float]:
+    """(duration, warm-up) in virtual seconds, long enough for the first burst of prefills and ~8 turns each.
+
+    A turn takes think time + API overhead + the reply at the decode step time of this batch; the warm-up covers
+    every agent's first full prefill plus two turns, so the window sees the steady state.
+    """
+    sm = profile.step_model
+    batch = min(agents, profile.max_num_seqs)
+    turn_s = (
+        shape.think_s
+        + profile.coefficients.api_overhead_s
+        + shape.output_tokens * sm.decode_step_time(batch, context)
+        + sm.chunked_prefill_time(shape.turn_input_tokens + shape.output_tokens, profile.max_num_batched_tokens)
+    )
+    burst_s = agents * sm.chunked_prefill_time(context, profile.max_num_batched_tokens)
+    warmup = burst_s + 2 * turn_s
+    return warmup + max(8 * turn_s, 30.0), warmup
+
+
+def _past_knee(points: dict[int, CurvePoint], agents: int) -> bool:
+    """True when ``agents`` runs more than KNEE_DROP below the best throughput of any smaller count."""
+    best = max((p.output_tps for n, p in points.items() if n < agents), default=0.0)
+    return points[agents].output_tps < (1.0 - KNEE_DROP) * best
+
+
+def add_throughput_curve(
+    plan_: Plan,
+    *,
+    progress: CurveProgress | None = None,
+    counts: list[int] | None = None,
+    refine: bool = True,
+) -> Plan:
+    """``plan_`` with a simulated throughput curve and its knee (see ``knee_rule`` in the result)."""
+    # Imported here: the simulator imports capacity at module level, so capacity must not import it back.
+    from agentload.sim.virtual import SessionShape, run_sessions
+
+    profile = planned_profile(plan_)
+    context = plan_.agents.context
+    agent = plan_.spec.agent
+    # The session's prompt plus its reply peak at the planned context.
+    shape = SessionShape(
+        context=context - agent.output_tokens,
+        system_tokens=agent.system_tokens,
+        turn_input_tokens=agent.turn_input_tokens,
+        output_tokens=agent.output_tokens,
+        think_s=agent.think_s,
+        growth="hold",
+    )
+    estimate = plan_.agents.estimate
+    wanted = counts if counts is not None else curve_counts(estimate)
+    capped = max(wanted) > MAX_SIMULATED_AGENTS
+    todo = sorted({min(n, MAX_SIMULATED_AGENTS) for n in wanted})
+    points: dict[int, CurvePoint] = {}
+    refined: set[int] = set()
+
+    def run(agents: int, planned: int) -> None:
+        duration, warmup = run_durations(profile, agents, context, agent)
+        if progress is not None:
+            progress.run_started(agents, duration, planned)
+        tick: Callable[[StepResult], None] | None = None
+        if progress is not None:
+            tick = _throttled(progress, duration)
+        res = run_sessions(profile, agents, shape, duration_s=duration, warmup_s=warmup, on_step=tick)
+        point = CurvePoint(
+            agents=agents,
+            output_tps=res.output_tps,
+            prefill_tps=res.prefill_tps,
+            prefix_hit_rate=res.prefix_hit_rate,
+            recomputed_tokens=res.recomputed_tokens,
+            preemptions=res.preemptions,
+            mean_kv_usage=res.mean_kv_usage,
+            mean_running=res.mean_running,
+            mean_waiting=res.mean_waiting,
+            ttft_p50_s=res.ttft_percentile(50) if res.ttft_s else None,
+            turns=res.turns_completed,
+            duration_s=duration,
+            warmup_s=warmup,
+            refinement=agents in refined,
+        )
+        points[agents] = point
+        if progress is not None:
+            progress.run_finished(point)
+
+    planned = len(todo)
+    for n in todo:
+        run(n, planned)
+    knee, past = _find_cliff(points)
+    if refine and knee is not None and past is not None:
+        # Bisect between the last good and the first fallen count, to one agent (2% for large counts).
+        lo, hi = knee, past
+        while hi - lo > max(1, round(0.02 * lo)):
+            mid = (lo + hi) // 2
+            refined.add(mid)
+            planned += 1
+            run(mid, planned)
+            if _past_knee(points, mid):
+                hi = mid
+            else:
+                lo = mid
+        knee, past = lo, hi
+    rule = (
+        f"the largest agent count before output tok/s falls more than {KNEE_DROP:.0%} below the best smaller "
+        "count (the KV cliff: sessions' prefixes start to be evicted and every turn re-prefills), bisected to "
+        "one agent"
+    )
+    return plan_.model_copy(
+        update={
+            "curve": ThroughputCurve(
+                points=tuple(points[n] for n in sorted(points)),
+                knee=knee,
+                first_past_knee=past,
+                estimate=estimate,
+                knee_rule=rule,
+                capped_at=MAX_SIMULATED_AGENTS if capped else None,
+            )
+        }
+    )
+
+
+def _throttled(progress: CurveProgress, duration: float) -> Callable[[StepResult], None]:
+    """An ``on_step`` hook that reports virtual time once per 1% of the run (every step would cost more)."""
+    last = [0.0]
+
+    def tick(res: StepResult) -> None:
+        if res.end - last[0] >= duration / 100:
+            last[0] = res.end
+            progress.advanced(min(res.end, duration))
+
+    return tick
+
+
+def _find_cliff(points: dict[int, CurvePoint]) -> tuple[int | None, int | None]:
+    """(last count before the first fall, first fallen count); (None, None) when throughput never fell."""
+    ordered = sorted(points)
+    for prev, n in itertools.pairwise(ordered):
+        if _past_knee(points, n):
+            return prev, n
+    return None, None
