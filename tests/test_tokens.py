@@ -1,0 +1,81 @@
+"""The simulator's tokeniser and the chained block hashes that prefix caching keys on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from agentload.sim.tokens import VOCAB_SIZE, block_hashes, extend_block_hashes, split_tokens, token_id, tokenize
+
+BS = 16
+
+
+def test_split_tokens_keeps_every_character() -> None:
+    text = "  Hello,  world!\n\tnew line  über café 東京 "
+    pieces = split_tokens(text)
+    assert "".join(pieces) == text
+    # A token is a word with the white space after it, or leading white space.
+    assert pieces[:3] == ["  ", "Hello,  ", "world!\n\t"]
+
+
+def test_tokenize_is_deterministic_and_in_vocabulary() -> None:
+    text = "the cat sat on the mat " * 20
+    ids = tokenize(text)
+    assert ids == tokenize(text)
+    assert len(ids) == len(split_tokens(text)) == 120
+    assert all(0 <= i < VOCAB_SIZE for i in ids)
+    # "the " is one token and always the same id, wherever it occurs.
+    assert ids[0] == ids[4] == token_id("the ")
+    assert len(set(ids)) == 5
+
+
+def test_retokenising_generated_text_gives_back_the_generated_ids() -> None:
+    pieces = ["Sure, ", "here ", "is ", "the ", "answer."]
+    assert tokenize("".join(pieces)) == [token_id(p) for p in pieces]
+
+
+def test_only_full_blocks_are_hashed() -> None:
+    tokens = list(range(50))
+    assert len(block_hashes(tokens, BS)) == 3
+    assert len(block_hashes(tokens[:47], BS)) == 2
+    assert block_hashes(tokens[:15], BS) == []
+
+
+def test_extending_in_pieces_equals_hashing_at_once() -> None:
+    tokens = [(i * 7919) % 1000 for i in range(200)]
+    whole = block_hashes(tokens, BS)
+    grown: list[int] = []
+    for upto in (5, 16, 17, 40, 100, 200):
+        same = extend_block_hashes(grown, tokens, BS, upto)
+        assert same is grown
+        assert grown == whole[: upto // BS]
+    assert grown == whole
+
+
+def test_hashes_chain_on_the_parent() -> None:
+    a = list(range(64))
+    b = list(a)
+    b[20] = 999  # a change in block 1
+    ha, hb = block_hashes(a, BS), block_hashes(b, BS)
+    assert ha[0] == hb[0]
+    # Every later block differs too, although blocks 2 and 3 hold the same tokens: a hash names a whole prefix.
+    assert all(x != y for x, y in zip(ha[1:], hb[1:], strict=True))
+    # The same block content at another position (another parent) hashes differently.
+    rep = [7] * 32
+    h0, h1 = block_hashes(rep, BS)
+    assert h0 != h1
+
+
+def test_hashes_do_not_depend_on_the_process_hash_seed() -> None:
+    code = (
+        "from agentload.sim.tokens import block_hashes, tokenize\n"
+        "print(block_hashes(tokenize('x ' * 40 + 'y z ' * 30), 16))\n"
+    )
+    outputs = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        outputs.add(run.stdout)
+    assert len(outputs) == 1
+    assert outputs.pop().strip() == str(block_hashes(tokenize("x " * 40 + "y z " * 30), 16))
