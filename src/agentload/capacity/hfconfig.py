@@ -14,7 +14,9 @@ The fields that decide KV size and step time, by family:
   least one full-attention group, and counting the whole context overstates KV, so the plan errs low.
 
 Multimodal configs (Gemma 3) keep the language model in ``text_config``; only that part is read, so the vision
-tower (≈ 0.4B parameters for Gemma 3) is left out of the weights.
+tower (≈ 0.4B parameters for Gemma 3) is left out of the weights. Checkpoints may leave out fields whose
+transformers class default applies (Gemma 3's ``text_config`` has no ``vocab_size``, context length or window
+pattern); ``CLASS_DEFAULTS`` supplies those for the families that need it, anything else missing is an error.
 
 Parameter counts are not in config.json, so they are estimated from the shapes (see ``estimate_params``): the
 matrices of attention, MLP or experts, router and embeddings; norms and biases are left out (< 0.1%). On the
@@ -34,6 +36,16 @@ from agentload.capacity.models import AttentionKind, ModelSpec
 from agentload.errors import ConfigError
 
 CONFIG_NAME = "config.json"
+
+# transformers' defaults for fields a published config.json omits, by ``model_type`` (Gemma3TextConfig).
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "max_position_embeddings": 131_072,
+        "sliding_window_pattern": 6,
+        "tie_word_embeddings": True,
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +122,8 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
     text_config = config.get("text_config")
     if isinstance(text_config, Mapping):
         cfg = {**{k: v for k, v in config.items() if k != "text_config"}, **text_config}
+    defaults = CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {})
+    cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     f = _Fields(cfg, source)
     notes: list[str] = []
     model_type = str(cfg.get("model_type", ""))

@@ -260,7 +260,7 @@ class ThroughputCurve(BaseModel):
     points: tuple[CurvePoint, ...]
     knee: int | None  # the largest count before throughput falls; None when no fall was seen
     first_past_knee: int | None
-    estimate: float
+    estimate: float  # what the knee is compared with: sessions the GPU pool holds, plus the offload tier's
     knee_rule: str
     capped_at: int | None = None  # the largest count simulated when MAX_SIMULATED_AGENTS cut the grid
 
@@ -564,9 +564,17 @@ class CurveProgress(Protocol):
     def run_finished(self, point: CurvePoint) -> None: ...
 
 
-def curve_counts(estimate: float) -> list[int]:
-    """The agent counts tried first: fractions of the estimate, distinct, at least one."""
-    return sorted({max(1, round(estimate * f)) for f in CURVE_FRACTIONS})
+def curve_counts(estimate: float, offload_sessions: float = 0.0) -> list[int]:
+    """The agent counts tried first: fractions of the estimate, distinct, at least one.
+
+    An offload tier moves the cliff out to the GPU and CPU tiers together, so the counts around that sum are
+    tried as well (below it, evicted prefixes come back at link speed instead of being recomputed).
+    """
+    counts = {max(1, round(estimate * f)) for f in CURVE_FRACTIONS}
+    if offload_sessions > 0:
+        both = estimate + offload_sessions
+        counts |= {max(1, round(both * f)) for f in CURVE_FRACTIONS if f >= 0.75}
+    return sorted(counts)
 
 
 def run_durations(profile: ServingProfile, agents: int, context: int, shape: AgentShape) -> tuple[float, float]:
@@ -617,8 +625,8 @@ def add_throughput_curve(
         think_s=agent.think_s,
         growth="hold",
     )
-    estimate = plan_.agents.estimate
-    wanted = counts if counts is not None else curve_counts(estimate)
+    offload = plan_.offload.extra_sessions if plan_.offload is not None else 0.0
+    wanted = counts if counts is not None else curve_counts(plan_.agents.estimate, offload)
     capped = max(wanted) > MAX_SIMULATED_AGENTS
     todo = sorted({min(n, MAX_SIMULATED_AGENTS) for n in wanted})
     points: dict[int, CurvePoint] = {}
@@ -680,7 +688,7 @@ def add_throughput_curve(
                 points=tuple(points[n] for n in sorted(points)),
                 knee=knee,
                 first_past_knee=past,
-                estimate=estimate,
+                estimate=plan_.agents.estimate + offload,
                 knee_rule=rule,
                 capped_at=MAX_SIMULATED_AGENTS if capped else None,
             )

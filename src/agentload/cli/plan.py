@@ -254,7 +254,7 @@ def _render_curve(p: Plan) -> None:
     c = p.curve
     assert c is not None
     t = Table(title="predicted throughput (simulated in virtual time)", title_justify="left")
-    for col in ("agents", "output tok/s", "prefill tok/s", "prefix hit", "KV use", "preempt", "TTFT p50", ""):
+    for col in ("agents", "output tok/s", "prefill tok/s", "GPU prefix hit", "KV use", "preempt", "TTFT p50", ""):
         t.add_column(col, justify="right" if col else "left")
     for pt in c.points:
         mark = "← knee" if pt.agents == c.knee else ("past" if c.knee and pt.agents > c.knee else "")
@@ -270,15 +270,15 @@ def _render_curve(p: Plan) -> None:
         )
     console.print(t)
     if c.knee is None:
-        console.print(
-            f"no cliff up to {c.points[-1].agents} agents: throughput kept rising (KV is not what limits first)"
-        )
+        console.print(f"no knee up to {c.points[-1].agents} agents: output tok/s never fell by more than 10%")
     else:
         assert c.knee_vs_estimate is not None
-        shared = p.agents.shared_prefix_sessions
+        offload = p.offload.extra_sessions if p.offload is not None else 0.0
+        shared = p.agents.shared_prefix_sessions + offload
+        tiers = " (GPU pool + offload tier)" if offload else ""
         console.print(
-            f"knee: [bold]{c.knee}[/] agents (first fall at {c.first_past_knee}); the estimate {c.estimate:.1f} is "
-            f"{c.knee_vs_estimate:+.1%} off it; counting the shared system prompt once ({shared:.1f}): "
+            f"knee: [bold]{c.knee}[/] agents (first fall at {c.first_past_knee}); estimate{tiers} {c.estimate:.1f}: "
+            f"knee {c.knee_vs_estimate:+.1%} off it; counting the shared system prompt once ({shared:.1f}): "
             f"{c.knee / shared - 1:+.1%}"
         )
     if c.capped_at is not None:
