@@ -6,16 +6,8 @@ from typing import Any
 
 import pytest
 
-from agentload.capacity.planner import (
-    CurvePoint,
-    Plan,
-    PlanSpec,
-    _find_cliff,
-    add_throughput_curve,
-    curve_counts,
-    parse_spec,
-    plan,
-)
+from agentload.capacity.curve import _find_cliff, add_throughput_curve, curve_counts
+from agentload.capacity.planner import CurvePoint, Plan, PlanSpec, parse_spec, plan
 from agentload.errors import ConfigError, UnknownNameError
 
 KIB = 1024

@@ -7,8 +7,9 @@ from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentload.capacity.curve import add_throughput_curve
 from agentload.capacity.models import AttentionKind
-from agentload.capacity.planner import CurvePoint, Plan, add_throughput_curve, parse_spec
+from agentload.capacity.planner import CurvePoint, Plan, parse_spec
 from agentload.capacity.planner import plan as make_plan
 from agentload.cli.common import console, err_console, reports_errors
 

@@ -1,0 +1,190 @@
+"""The predicted throughput curve: the simulator in virtual time on a plan's profile, and the knee it shows.
+
+``add_throughput_curve`` runs ``agentload.sim.virtual.run_sessions`` on ``planner.planned_profile(plan)`` — the
+same profile the static figures came from — at a handful of agent counts around the estimate (and around the
+GPU + offload capacity when there is an offload tier), with virtual durations sized from the step-time model.
+Each run accumulates into a ``CurvePoint``; the points are compiled into an immutable ``ThroughputCurve`` at the
+end, so the knee is computed from data, never from live simulator state.
+
+The knee here is the KV cliff: the largest agent count before output tok/s falls by more than ``KNEE_DROP``
+below the best smaller count — past it, sessions' prefixes are evicted while their agents think, and every turn
+re-prefills the whole conversation (domain.md §1). A cliff seen between two grid counts is bisected to one agent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Protocol
+
+from agentload.capacity.planner import AgentShape, CurvePoint, Plan, ThroughputCurve, planned_profile
+from agentload.capacity.profile import ServingProfile
+from agentload.sim.engine import StepResult
+from agentload.sim.virtual import SessionShape, run_sessions
+
+# The knee is where throughput falls: a point more than this far below the best smaller count is past it.
+KNEE_DROP = 0.10
+# Agent counts tried around the estimate, as fractions of it; a cliff between two of them is then bisected.
+CURVE_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5)
+# Simulating more sessions than this takes minutes; the curve stops there and says so.
+MAX_SIMULATED_AGENTS = 512
+
+
+class CurveProgress(Protocol):
+    """What the curve reports while it runs (the CLI draws a progress bar from it)."""
+
+    def run_started(self, agents: int, duration_s: float, runs_planned: int) -> None: ...
+
+    def advanced(self, virtual_s: float) -> None: ...
+
+    def run_finished(self, point: CurvePoint) -> None: ...
+
+
+def curve_counts(estimate: float, offload_sessions: float = 0.0) -> list[int]:
+    """The agent counts tried first: fractions of the estimate, distinct, at least one.
+
+    An offload tier moves the cliff out to the GPU and CPU tiers together, so the counts around that sum are
+    tried as well (below it, evicted prefixes come back at link speed instead of being recomputed).
+    """
+    counts = {max(1, round(estimate * f)) for f in CURVE_FRACTIONS}
+    if offload_sessions > 0:
+        both = estimate + offload_sessions
+        counts |= {max(1, round(both * f)) for f in CURVE_FRACTIONS if f >= 0.75}
+    return sorted(counts)
+
+
+def run_durations(profile: ServingProfile, agents: int, context: int, shape: AgentShape) -> tuple[float, float]:
+    """(duration, warm-up) in virtual seconds, long enough for the first burst of prefills and ~8 turns each.
+
+    A turn takes think time + API overhead + the reply at the decode step time of this batch; the warm-up covers
+    every agent's first full prefill plus two turns, so the window sees the steady state.
+    """
+    sm = profile.step_model
+    batch = min(agents, profile.max_num_seqs)
+    turn_s = (
+        shape.think_s
+        + profile.coefficients.api_overhead_s
+        + shape.output_tokens * sm.decode_step_time(batch, context)
+        + sm.chunked_prefill_time(shape.turn_input_tokens + shape.output_tokens, profile.max_num_batched_tokens)
+    )
+    burst_s = agents * sm.chunked_prefill_time(context, profile.max_num_batched_tokens)
+    warmup = burst_s + 2 * turn_s
+    return warmup + max(8 * turn_s, 30.0), warmup
+
+
+def _past_knee(points: dict[int, CurvePoint], agents: int) -> bool:
+    """True when ``agents`` runs more than KNEE_DROP below the best throughput of any smaller count."""
+    best = max((p.output_tps for n, p in points.items() if n < agents), default=0.0)
+    return points[agents].output_tps < (1.0 - KNEE_DROP) * best
+
+
+def add_throughput_curve(
+    plan_: Plan,
+    *,
+    progress: CurveProgress | None = None,
+    counts: list[int] | None = None,
+    refine: bool = True,
+) -> Plan:
+    """``plan_`` with a simulated throughput curve and its knee (see ``knee_rule`` in the result)."""
+    profile = planned_profile(plan_)
+    context = plan_.agents.context
+    agent = plan_.spec.agent
+    # The session's prompt plus its reply peak at the planned context.
+    shape = SessionShape(
+        context=context - agent.output_tokens,
+        system_tokens=agent.system_tokens,
+        turn_input_tokens=agent.turn_input_tokens,
+        output_tokens=agent.output_tokens,
+        think_s=agent.think_s,
+        growth="hold",
+    )
+    offload = plan_.offload.extra_sessions if plan_.offload is not None else 0.0
+    wanted = counts if counts is not None else curve_counts(plan_.agents.estimate, offload)
+    capped = max(wanted) > MAX_SIMULATED_AGENTS
+    todo = sorted({min(n, MAX_SIMULATED_AGENTS) for n in wanted})
+    points: dict[int, CurvePoint] = {}
+    refined: set[int] = set()
+
+    def run(agents: int, planned: int) -> None:
+        duration, warmup = run_durations(profile, agents, context, agent)
+        if progress is not None:
+            progress.run_started(agents, duration, planned)
+        tick: Callable[[StepResult], None] | None = None
+        if progress is not None:
+            tick = _throttled(progress, duration)
+        res = run_sessions(profile, agents, shape, duration_s=duration, warmup_s=warmup, on_step=tick)
+        point = CurvePoint(
+            agents=agents,
+            output_tps=res.output_tps,
+            prefill_tps=res.prefill_tps,
+            prefix_hit_rate=res.prefix_hit_rate,
+            recomputed_tokens=res.recomputed_tokens,
+            preemptions=res.preemptions,
+            mean_kv_usage=res.mean_kv_usage,
+            mean_running=res.mean_running,
+            mean_waiting=res.mean_waiting,
+            ttft_p50_s=res.ttft_percentile(50) if res.ttft_s else None,
+            turns=res.turns_completed,
+            duration_s=duration,
+            warmup_s=warmup,
+            refinement=agents in refined,
+        )
+        points[agents] = point
+        if progress is not None:
+            progress.run_finished(point)
+
+    planned = len(todo)
+    for n in todo:
+        run(n, planned)
+    knee, past = _find_cliff(points)
+    if refine and knee is not None and past is not None:
+        # Bisect between the last good and the first fallen count, to one agent (2% for large counts).
+        lo, hi = knee, past
+        while hi - lo > max(1, round(0.02 * lo)):
+            mid = (lo + hi) // 2
+            refined.add(mid)
+            planned += 1
+            run(mid, planned)
+            if _past_knee(points, mid):
+                hi = mid
+            else:
+                lo = mid
+        knee, past = lo, hi
+    rule = (
+        f"the largest agent count before output tok/s falls more than {KNEE_DROP:.0%} below the best smaller "
+        "count (the KV cliff: sessions' prefixes start to be evicted and every turn re-prefills), bisected to "
+        "one agent"
+    )
+    return plan_.model_copy(
+        update={
+            "curve": ThroughputCurve(
+                points=tuple(points[n] for n in sorted(points)),
+                knee=knee,
+                first_past_knee=past,
+                estimate=plan_.agents.estimate + offload,
+                knee_rule=rule,
+                capped_at=MAX_SIMULATED_AGENTS if capped else None,
+            )
+        }
+    )
+
+
+def _throttled(progress: CurveProgress, duration: float) -> Callable[[StepResult], None]:
+    """An ``on_step`` hook that reports virtual time once per 1% of the run (every step would cost more)."""
+    last = [0.0]
+
+    def tick(res: StepResult) -> None:
+        if res.end - last[0] >= duration / 100:
+            last[0] = res.end
+            progress.advanced(min(res.end, duration))
+
+    return tick
+
+
+def _find_cliff(points: dict[int, CurvePoint]) -> tuple[int | None, int | None]:
+    """(last count before the first fall, first fallen count); (None, None) when throughput never fell."""
+    ordered = sorted(points)
+    for prev, n in itertools.pairwise(ordered):
+        if _past_knee(points, n):
+            return prev, n
+    return None, None
