@@ -1,0 +1,126 @@
+"""Closed-loop agent sessions in virtual time, and the capacity curves they must reproduce.
+
+The curve tests are the issue's acceptance criteria: with sessions held near 40k tokens on a 997,753-token pool,
+a dense-attention model (Qwen3-235B) peaks at 20–28 sessions and collapses past the KV knee (LRU eviction turns
+every turn into a re-prefill, preemptions start), while a hybrid model whose sliding groups keep only their
+window keeps scaling through 48 sessions on the same pool.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agentload.capacity.profile import load_profile
+from agentload.errors import ConfigError
+from agentload.sim.virtual import SessionShape, VirtualRunResult, run_sessions
+
+# 300 s of virtual time with a 100 s warm-up: long enough that every session has completed several turns in
+# the window (a turn is ~10-25 s here), short enough to keep the sweeps cheap.
+DURATION_S = 300.0
+WARMUP_S = 100.0
+HELD_40K = SessionShape(context=40_000)
+
+
+def sweep(profile_name: str, sessions: list[int]) -> dict[int, VirtualRunResult]:
+    profile = load_profile(profile_name)
+    return {n: run_sessions(profile, n, HELD_40K, duration_s=DURATION_S, warmup_s=WARMUP_S) for n in sessions}
+
+
+@pytest.fixture(scope="module")
+def dense_curve() -> dict[int, VirtualRunResult]:
+    return sweep("qwen3-235b-gb300", [16, 20, 24, 28, 32, 48])
+
+
+@pytest.mark.slow
+def test_dense_throughput_peaks_at_the_kv_knee(dense_curve: dict[int, VirtualRunResult]) -> None:
+    tps = {n: r.output_tps for n, r in dense_curve.items()}
+    peak_at = max(tps, key=lambda n: tps[n])
+    assert 20 <= peak_at <= 28, tps
+    assert tps[48] <= 0.7 * tps[peak_at], tps
+    # Below the knee more sessions bring more throughput.
+    assert tps[16] < tps[20] <= tps[peak_at], tps
+
+
+@pytest.mark.slow
+def test_past_the_dense_knee_the_cache_thrashes(dense_curve: dict[int, VirtualRunResult]) -> None:
+    peak_at = max(dense_curve, key=lambda n: dense_curve[n].output_tps)
+    below = [r for n, r in dense_curve.items() if n <= peak_at]
+    beyond = [r for n, r in dense_curve.items() if n > peak_at]
+    assert beyond
+    assert all(r.preemptions == 0 for r in below)
+    assert all(r.preemptions > 0 for r in beyond)
+    # Each turn's long prefix was evicted before the session came back: hits collapse, prefill balloons.
+    assert all(r.prefix_hit_rate > 0.9 for r in below)
+    assert all(r.prefix_hit_rate < 0.5 for r in beyond)
+    assert all(r.recomputed_tokens > 0 for r in beyond)
+    assert dense_curve[48].prefill_tps > 3 * dense_curve[peak_at].prefill_tps
+    assert dense_curve[48].mean_kv_usage > 0.9
+    # Sessions that do not fit queue up instead of running.
+    assert dense_curve[48].mean_waiting > 10
+
+
+@pytest.mark.slow
+def test_sliding_window_groups_keep_scaling_on_the_same_pool() -> None:
+    curve = sweep("deepseek-sliding-gb300", [24, 32, 48])
+    tps = {n: r.output_tps for n, r in curve.items()}
+    assert tps[24] < tps[32] < tps[48], tps
+    assert all(r.preemptions == 0 for r in curve.values())
+    assert curve[48].prefix_hit_rate > 0.9
+    assert curve[48].peak_kv_usage < 0.9
+
+
+# -- the driver itself ---------------------------------------------------------------------------------------
+
+
+def test_a_run_is_deterministic() -> None:
+    profile = load_profile("laptop")
+    shape = SessionShape(context=8_000, system_tokens=500, turn_input_tokens=300, output_tokens=100, think_s=1.0)
+    first = run_sessions(profile, 6, shape, duration_s=60, warmup_s=10)
+    again = run_sessions(profile, 6, shape, duration_s=60, warmup_s=10)
+    assert first == again
+    assert first.turns_completed > 6
+    assert first.output_tokens > 0
+    assert len(first.ttft_s) == first.turns_completed
+
+
+def test_held_sessions_reuse_their_prefix_every_turn() -> None:
+    profile = load_profile("laptop")
+    shape = SessionShape(context=8_000, system_tokens=500, turn_input_tokens=300, output_tokens=100, think_s=1.0)
+    result = run_sessions(profile, 4, shape, duration_s=120, warmup_s=30)
+    # Each turn re-sends ~8k tokens of which only the last exchange (~400 tokens + a partial block) is new.
+    assert result.prefix_hit_rate > 0.9
+    assert result.preemptions == 0
+    assert 0 < result.mean_kv_usage <= result.peak_kv_usage <= 1
+    assert result.ttft_percentile(50) < 1.0
+
+
+def test_growing_sessions_restart_when_the_context_is_full() -> None:
+    profile = load_profile("laptop")
+    shape = SessionShape(
+        context=6_000,
+        start_context=1_500,
+        growth="grow",
+        system_tokens=500,
+        turn_input_tokens=800,
+        output_tokens=200,
+        think_s=0.5,
+    )
+    result = run_sessions(profile, 1, shape, duration_s=120, warmup_s=0)
+    # Turns grow by 1,000 tokens: 1,500 → 5,500, then the conversation restarts (a compaction): a cold prefill
+    # apart from the shared system prompt, so the hit rate stays below that of a session that never restarts.
+    assert result.turns_completed > 10
+    assert 0.5 < result.prefix_hit_rate < 0.9
+
+
+@pytest.mark.parametrize(
+    ("sessions", "shape", "duration", "warmup"),
+    [
+        (0, HELD_40K, 100.0, 10.0),
+        (4, HELD_40K, 100.0, 100.0),
+        (4, SessionShape(context=40_900), 100.0, 10.0),  # + 400 output tokens passes max_model_len 40,960
+        (4, SessionShape(context=3_000), 100.0, 10.0),  # no room for a turn after the system prompt
+    ],
+)
+def test_impossible_runs_are_refused(sessions: int, shape: SessionShape, duration: float, warmup: float) -> None:
+    with pytest.raises(ConfigError):
+        run_sessions(load_profile("qwen3-235b-gb300"), sessions, shape, duration_s=duration, warmup_s=warmup)
