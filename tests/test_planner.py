@@ -192,9 +192,13 @@ def test_a_small_dip_is_noise_and_a_fall_is_the_knee() -> None:
 
 
 def test_curve_counts_bracket_the_estimate() -> None:
-    counts = curve_counts(35.4)
-    assert counts == [9, 18, 27, 32, 35, 39, 44, 53]
+    assert curve_counts(35.4) == [9, 18, 27, 32, 35, 39, 44, 53]
     assert curve_counts(1.2) == [1, 2]
+    # A shared prefix within 10% of the estimate is bracketed already; further away it gets its own counts.
+    assert curve_counts(35.4, shared_prefix=37.2) == [9, 18, 27, 32, 35, 39, 44, 53]
+    assert curve_counts(100.0, shared_prefix=130.0) == [25, 50, 75, 90, 100, 110, 117, 125, 130, 143, 150, 162]
+    # An offload tier holding 50 more sessions: counts around 150 too.
+    assert {135, 150, 165, 188} <= set(curve_counts(100.0, offload_sessions=50.0))
 
 
 def test_laptop_curve_finds_the_kv_cliff_near_the_estimate() -> None:

@@ -40,16 +40,21 @@ class CurveProgress(Protocol):
     def run_finished(self, point: CurvePoint) -> None: ...
 
 
-def curve_counts(estimate: float, offload_sessions: float = 0.0) -> list[int]:
+def curve_counts(estimate: float, shared_prefix: float | None = None, offload_sessions: float = 0.0) -> list[int]:
     """The agent counts tried first: fractions of the estimate, distinct, at least one.
 
-    An offload tier moves the cliff out to the GPU and CPU tiers together, so the counts around that sum are
-    tried as well (below it, evicted prefixes come back at link speed instead of being recomputed).
+    Two things move the cliff away from the dense estimate, so counts around where they put it are tried too
+    (when that is more than 10% away): agents that share a system prompt store it once (``shared_prefix``
+    sessions fit), and an offload tier adds its sessions (below GPU + CPU capacity, evicted prefixes come back
+    at link speed instead of being recomputed).
     """
     counts = {max(1, round(estimate * f)) for f in CURVE_FRACTIONS}
-    if offload_sessions > 0:
-        both = estimate + offload_sessions
-        counts |= {max(1, round(both * f)) for f in CURVE_FRACTIONS if f >= 0.75}
+    centres = [estimate + offload_sessions] if offload_sessions > 0 else []
+    if shared_prefix is not None:
+        centres.append(shared_prefix + offload_sessions)
+    for centre in centres:
+        if abs(centre / estimate - 1) > 0.10:
+            counts |= {max(1, round(centre * f)) for f in CURVE_FRACTIONS if 0.9 <= f <= 1.25}
     return sorted(counts)
 
 
@@ -99,7 +104,8 @@ def add_throughput_curve(
         growth="hold",
     )
     offload = plan_.offload.extra_sessions if plan_.offload is not None else 0.0
-    wanted = counts if counts is not None else curve_counts(plan_.agents.estimate, offload)
+    a = plan_.agents
+    wanted = counts if counts is not None else curve_counts(a.estimate, a.shared_prefix_sessions, offload)
     capped = max(wanted) > MAX_SIMULATED_AGENTS
     todo = sorted({min(n, MAX_SIMULATED_AGENTS) for n in wanted})
     points: dict[int, CurvePoint] = {}
@@ -137,6 +143,12 @@ def add_throughput_curve(
     for n in todo:
         run(n, planned)
     knee, past = _find_cliff(points)
+    if knee is None and counts is None and max(points) < MAX_SIMULATED_AGENTS:
+        # No fall within the grid: one look at twice the largest count before calling the curve knee-less.
+        further = min(2 * max(points), MAX_SIMULATED_AGENTS)
+        planned += 1
+        run(further, planned)
+        knee, past = _find_cliff(points)
     if refine and knee is not None and past is not None:
         # Bisect between the last good and the first fallen count, to one agent (2% for large counts).
         lo, hi = knee, past
