@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from agentload import __version__
+from agentload.cli import calibrate
 from agentload.cli import plan as plan_cmd
 from agentload.cli import profiles as profiles_cmd
 from agentload.cli import sim as sim_cmd
@@ -34,3 +35,4 @@ def _root(
 app.command("sim")(sim_cmd.sim)
 app.command("profiles")(profiles_cmd.profiles)
 app.command("plan")(plan_cmd.plan)
+app.command("calibrate")(calibrate.calibrate)

@@ -1,0 +1,560 @@
+"""Calibration: measure a server, fit the step-time coefficients, and write a profile the simulator can serve.
+
+Issue #5, part 3. The server's own KV pool is read exactly (``endpoint.scrape``); latencies are measured:
+
+* TTFT against prompt length — one request at a time, streamed, ``max_tokens`` 1, each prompt unique from its
+  first token (a random nonce, then random words) so nothing is served from the prefix cache; a geometric ladder
+  of lengths up to a good share of max_model_len, a few repeats, interleaved so drift touches every length alike.
+* Inter-token latency against batch size and context — N streams at once (N = 1, 2, 4, …, within the pool) at
+  two context lengths with long outputs (``ignore_eos``); the ITL of a run is the median gap between text chunks
+  in the window where all N streams are decoding (after the last one's first token, before the first one ends).
+
+The fit uses the structure of ``StepTimeModel`` itself rather than a copy of its formulas: each coefficient's
+feature is the model's own step time with that coefficient set to 1 and every other to 0, so a change to the
+model changes the fit with it. A step costs max(compute, memory) + fixed; within one regime that is linear, so
+every point is assigned a regime (TTFT points start compute-bound, ITL points memory-bound), the coefficients
+are fitted by non-negative least squares on relative errors (``scipy.optimize.nnls``), the points reassigned to
+whichever regime the fit says dominates, and the fit repeated until the assignment is stable.
+
+What these measurements identify:
+
+* ``prefill_s_per_token`` and ``attention_s_per_pair`` — the linear and quadratic terms of TTFT in new tokens;
+* ``kv_s_per_token`` — the ITL slope in batch × context; ``request_s`` — the ITL slope in batch alone (a few µs
+  per request: weakly determined, reported with its standard error);
+* ``weights_s + step_s + layer_s × layers`` — only their sum, the decode intercept. ``step_s`` is set to the
+  profile default (1e-4 s, domain.md §6), ``layer_s`` to 0, and ``weights_s`` takes the rest;
+* ``api_overhead_s + step_s + request_s`` plus the network round trip — the TTFT intercept. The round trip of a
+  trivial request (``GET /v1/models``) is measured and subtracted, so the profile holds the server's own overhead.
+
+Structure that is not timing — MoE expert counts, sliding windows, layer counts — comes from the catalogue model
+when the served model is in the catalogue; otherwise the profile embeds a generic dense model whose only role is
+to carry the pinned coefficients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field
+from scipy.optimize import nnls
+
+from agentload.capacity import catalog
+from agentload.capacity.kv import parse_kv_dtype
+from agentload.capacity.models import ModelSpec
+from agentload.capacity.profile import StepSpec, parse_profile
+from agentload.capacity.steptime import StepCoefficients, StepTimeModel
+from agentload.endpoint.scrape import ServedModel, ServerPool, StreamTiming
+from agentload.errors import AgentloadError, ConfigError
+
+# The coefficients the fit estimates, and which part of a step each belongs to.
+FITTED = ("prefill_s_per_token", "attention_s_per_pair", "weights_s", "kv_s_per_token", "request_s")
+_GROUP = {
+    "prefill_s_per_token": "compute",
+    "attention_s_per_pair": "compute",
+    "weights_s": "memory",
+    "kv_s_per_token": "memory",
+    "request_s": "fixed",
+}
+_TIMING = (*FITTED, "step_s", "layer_s", "api_overhead_s")
+
+# Common English words: one token each with a leading space on the usual tokenizers, one in the simulator's.
+_WORD_TEXT = (
+    "time year people way day man thing woman life child world school state family student group country "
+    "problem hand part place case week company system program question work government number night point "
+    "home water room mother area money story fact month lot right study book eye job word business issue side "
+    "kind head house service friend father power hour game line end member law car city community name"
+)
+_WORDS = _WORD_TEXT.split()
+
+
+class CalibrationError(AgentloadError):
+    """The measurements cannot determine the coefficients (too few usable points, or none in a regime)."""
+
+
+class CalibrationTarget(Protocol):
+    """What calibration needs of a server (``endpoint.scrape.ServerProbe`` over HTTP; a fake in tests)."""
+
+    async def models(self) -> list[ServedModel]: ...
+
+    async def pool(self) -> ServerPool: ...
+
+    async def round_trip(self) -> float: ...
+
+    async def stream_completion(self, body: Mapping[str, Any]) -> StreamTiming: ...
+
+
+class ProgressSink(Protocol):
+    """Where measurement progress goes (the CLI draws it with rich)."""
+
+    def phase(self, description: str, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+class _Silent:
+    def phase(self, description: str, total: int) -> None:
+        pass
+
+    def advance(self) -> None:
+        pass
+
+
+class CalibrationPlan(BaseModel):
+    """Which loads to run. The defaults suit a GPU server; tests use smaller plans."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttft_lengths: tuple[int, ...] | None = Field(default=None, description="prompt tokens; None = a ladder")
+    ttft_points: int = Field(default=7, ge=3)
+    ttft_min_tokens: int = Field(default=128, gt=0)
+    ttft_max_share: float = Field(default=0.5, gt=0, le=0.95, description="longest prompt / max_model_len")
+    ttft_max_tokens: int = Field(default=32768, gt=0)
+    ttft_repeats: int = Field(default=3, ge=1)
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    itl_contexts: tuple[int, ...] | None = Field(default=None, description="context tokens; None = two")
+    steady_tokens: int = Field(default=48, ge=4, description="output tokens wanted in the steady window")
+    min_gaps: int = Field(default=8, ge=2, description="fewest steady gaps per stream for a usable ITL point")
+    pool_share: float = Field(default=0.8, gt=0, le=1, description="most of the pool the ITL streams may hold")
+    step_s: float = Field(default=StepSpec().step_s, ge=0, description="assumed: not identifiable")
+    seed: int = 0
+
+
+class TtftPoint(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_tokens: int = Field(gt=0)
+    cached_tokens: int = Field(default=0, ge=0)
+    ttft_s: float = Field(gt=0)
+
+    @property
+    def new_tokens(self) -> int:
+        return max(1, self.prompt_tokens - self.cached_tokens)
+
+
+class ItlPoint(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: int = Field(gt=0)
+    context: float = Field(gt=0, description="mean tokens each request held during the measured gaps")
+    itl_s: float = Field(gt=0, description="median gap between text chunks while all streams decoded")
+    gaps: int = Field(gt=0)
+
+
+class FitReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttft_rel_rms: float = Field(description="relative RMS error of the profile's TTFT vs measured")
+    itl_rel_rms: float = Field(description="relative RMS error of the profile's ITL vs measured")
+    rel_stderr: dict[str, float | None] = Field(description="standard error / value per fitted coefficient")
+    ttft_intercept_s: float = Field(description="api overhead + step_s + request_s + round trip, as fitted")
+    memory_bound_ttft: int = Field(description="TTFT points the fit found memory-bound (short prompts)")
+    compute_bound_itl: int = Field(description="ITL points the fit found compute-bound (large batches)")
+    iterations: int
+
+
+class CalibrationResult(BaseModel):
+    """Everything one calibration measured and concluded; round-trips through JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    served_model: str
+    catalogue_model: str | None
+    pool: ServerPool
+    max_model_len: int
+    round_trip_s: float
+    ttft: tuple[TtftPoint, ...]
+    itl: tuple[ItlPoint, ...]
+    coefficients: StepCoefficients
+    fit: FitReport
+    notes: tuple[str, ...]
+    profile_name: str
+    profile_toml: str
+
+
+# -- measurement ----------------------------------------------------------------------------------------------
+@dataclass
+class _Measurements:
+    """Accumulated while measuring; compiled into a ``CalibrationResult`` at the end."""
+
+    ttft: list[TtftPoint] = field(default_factory=list)
+    itl: list[ItlPoint] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _prompt(rng: random.Random, words: int) -> str:
+    # The nonce comes first so even the first KV block differs from every earlier prompt: no prefix-cache hit.
+    return uuid.uuid4().hex + " " + " ".join(rng.choices(_WORDS, k=max(1, words - 1)))
+
+
+def _body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    # ignore_eos and min_tokens (vLLM and SGLang extensions) keep a real model talking for the whole window.
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+
+
+def steady_itl(streams: Sequence[StreamTiming], *, prompt_tokens: int, min_gaps: int) -> ItlPoint | None:
+    """The ITL of concurrent streams: median gap while all of them were decoding, or None if they never were.
+
+    The gap ending at text chunk j of a stream is the step that read the prompt plus j generated tokens.
+    """
+    if not streams or any(len(s.token_times) < 2 for s in streams):
+        return None
+    start = max(s.token_times[0] for s in streams)
+    end = min(s.token_times[-1] for s in streams)
+    gaps: list[float] = []
+    contexts: list[int] = []
+    for s in streams:
+        times = s.token_times
+        base = s.prompt_tokens if s.prompt_tokens is not None else prompt_tokens
+        for j in range(1, len(times)):
+            if times[j - 1] >= start and times[j] <= end:
+                gaps.append(times[j] - times[j - 1])
+                contexts.append(base + j)
+    if len(gaps) < min_gaps * len(streams):
+        return None
+    return ItlPoint(batch=len(streams), context=float(np.mean(contexts)), itl_s=float(np.median(gaps)), gaps=len(gaps))
+
+
+def _ttft_lengths(plan: CalibrationPlan, max_model_len: int, pool_tokens: int) -> list[int]:
+    top = min(plan.ttft_max_tokens, int(plan.ttft_max_share * max_model_len), pool_tokens // 2)
+    if plan.ttft_lengths is not None:
+        return sorted({n for n in plan.ttft_lengths if 0 < n <= top})
+    low = min(plan.ttft_min_tokens, top)
+    return sorted({round(float(x)) for x in np.geomspace(low, top, plan.ttft_points)})
+
+
+async def _first_error(tasks: Sequence[asyncio.Task[StreamTiming]]) -> list[StreamTiming]:
+    """Run streams together; on a failure cancel the rest and raise that failure itself (not a group)."""
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def calibrate(
+    target: CalibrationTarget,
+    *,
+    url: str,
+    model: str | None = None,
+    plan: CalibrationPlan | None = None,
+    name: str | None = None,
+    progress: ProgressSink | None = None,
+) -> CalibrationResult:
+    """Measure ``target``, fit the step-time coefficients and compile the result with its profile."""
+    plan = plan or CalibrationPlan()
+    progress = progress or _Silent()
+    rng = random.Random(plan.seed)
+    m = _Measurements()
+
+    progress.phase("reading the server", 1)
+    served = _pick_model(await target.models(), model)
+    pool = await target.pool()
+    max_model_len = served.max_model_len or pool.max_model_len
+    if max_model_len is None:
+        raise CalibrationError(f"{url} does not report max_model_len (neither /v1/models nor its server info)")
+    rtt = float(np.median([await target.round_trip() for _ in range(5)]))
+    catalogue_name = _catalogue_name(served)
+    kv_dtype = pool.cache_dtype or "auto"
+    try:
+        parse_kv_dtype(kv_dtype)
+    except ConfigError:
+        m.notes.append(f"the server's cache dtype {kv_dtype!r} is unknown here; the profile says auto")
+        kv_dtype = "auto"
+    draft = _profile_doc(name or _default_name(served.id), url, served, catalogue_name, pool, max_model_len, kv_dtype)
+    resolved = parse_profile(tomli_w.dumps(draft), "the calibrated profile")
+    # One warm-up request that also measures tokens per word (first requests pay one-off compilation).
+    probe_words = 200
+    warm = await target.stream_completion(_body(served.id, _prompt(rng, probe_words), 1))
+    ratio = (warm.prompt_tokens or probe_words) / probe_words
+    if warm.prompt_tokens is None:
+        m.notes.append("the server sent no usage: prompt lengths are estimated from word counts")
+    progress.advance()
+
+    def words_for(tokens: float) -> int:
+        return max(1, int(tokens / ratio))
+
+    lengths = _ttft_lengths(plan, max_model_len, pool.tokens)
+    progress.phase("TTFT against prompt length", len(lengths) * plan.ttft_repeats)
+    for _ in range(plan.ttft_repeats):
+        for length in lengths:
+            timing = await target.stream_completion(_body(served.id, _prompt(rng, words_for(length)), 1))
+            ttft = timing.ttft
+            if ttft is None or ttft <= 0:
+                m.notes.append(f"a {length}-token prompt streamed no text; its TTFT was not used")
+            else:
+                prompt_tokens = timing.prompt_tokens or length
+                cached = min(timing.cached_tokens or 0, prompt_tokens - 1)
+                m.ttft.append(TtftPoint(prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft))
+            progress.advance()
+    if len({p.prompt_tokens for p in m.ttft}) < 3:
+        raise CalibrationError(f"only {len(m.ttft)} usable TTFT measurements at fewer than 3 prompt lengths")
+    by_len = sorted((p.prompt_tokens, p.ttft_s) for p in m.ttft)
+    xs, ys = [x for x, _ in by_len], [y for _, y in by_len]
+
+    contexts = plan.itl_contexts or (256, min(max_model_len // 4, 8192))
+    batches = sorted(set(plan.batch_sizes))
+    measured_contexts: set[int] = set()
+    progress.phase("ITL against batch size and context", len(contexts) * len(batches))
+    for context in contexts:
+        step_guess = float(np.interp(1, xs, ys))  # a decode step is no slower than the shortest prefill
+        for n in batches:
+            # Streams start together, so the first ones decode while the others prefill: ask for enough
+            # tokens to cover that ramp plus the steady window (the ramp is at most n prefills of this context).
+            ramp = 0 if n == 1 else math.ceil(n * float(np.interp(context, xs, ys)) / step_guess)
+            out = min(plan.steady_tokens + ramp, max_model_len - context - 1)
+            need = n * math.ceil((context + out) / pool.block_size)
+            if out < plan.min_gaps + 1 or need > plan.pool_share * pool.num_blocks or n > (pool.max_num_seqs or n):
+                m.notes.append(f"batch {n} at context {context} does not fit the pool or max_model_len; skipped")
+                progress.advance()
+                continue
+            tasks = [
+                asyncio.create_task(target.stream_completion(_body(served.id, _prompt(rng, words_for(context)), out)))
+                for _ in range(n)
+            ]
+            streams = await _first_error(tasks)
+            point = steady_itl(streams, prompt_tokens=context, min_gaps=plan.min_gaps)
+            if point is None:
+                m.notes.append(f"batch {n} at context {context}: the streams never all decoded together; skipped")
+            else:
+                m.itl.append(point)
+                measured_contexts.add(context)
+                step_guess = point.itl_s
+            progress.advance()
+    if len(m.itl) < 3:
+        raise CalibrationError(f"only {len(m.itl)} usable ITL measurements; the pool may be too small")
+    if len(measured_contexts) < 2 or len({p.batch for p in m.itl}) < 2:
+        # One context leaves batch and batch × context collinear; one batch size leaves batch and the intercept.
+        m.notes.append("ITL was measured at one context or one batch size: request_s and kv_s_per_token are unsure")
+
+    coefficients, report = fit_step_coefficients(
+        m.ttft, m.itl, structure=resolved.coefficients, model=resolved.model, step_s=plan.step_s, round_trip_s=rtt
+    )
+    m.notes.append(
+        f"step_s is not identifiable apart from weights_s and api_overhead_s; set to {plan.step_s:g} s, layer_s to 0"
+    )
+    m.notes.append(f"api_overhead_s is the TTFT intercept less a {rtt * 1e3:.2f} ms round trip")
+    doc = _profile_doc(draft["name"], url, served, catalogue_name, pool, max_model_len, kv_dtype, coefficients, report)
+    text = tomli_w.dumps(doc)
+    parse_profile(text, "the calibrated profile")  # it must load as written
+    return CalibrationResult(
+        url=url,
+        served_model=served.id,
+        catalogue_model=catalogue_name,
+        pool=pool,
+        max_model_len=max_model_len,
+        round_trip_s=rtt,
+        ttft=tuple(m.ttft),
+        itl=tuple(m.itl),
+        coefficients=coefficients,
+        fit=report,
+        notes=tuple(m.notes),
+        profile_name=doc["name"],
+        profile_toml=text,
+    )
+
+
+def _pick_model(models: list[ServedModel], wanted: str | None) -> ServedModel:
+    if wanted is None:
+        return models[0]
+    for card in models:
+        if wanted in (card.id, card.root):
+            return card
+    raise ConfigError(f"--model {wanted!r} is not served; the server lists {', '.join(c.id for c in models)}")
+
+
+def _catalogue_name(served: ServedModel) -> str | None:
+    for candidate in (served.id, served.root):
+        if candidate:
+            try:
+                return catalog.get_model(candidate).name
+            except ConfigError:
+                continue
+    return None
+
+
+def _default_name(served_id: str) -> str:
+    slug = re.sub(r"[^a-z0-9.]+", "-", served_id.split("/")[-1].lower()).strip("-")
+    return f"calibrated-{slug or 'model'}"
+
+
+# -- the fit --------------------------------------------------------------------------------------------------
+def _basis(structure: StepCoefficients, model: ModelSpec) -> dict[str, StepTimeModel]:
+    """One step model per coefficient with that coefficient 1 and every other timing coefficient 0."""
+    zero = dict.fromkeys(_TIMING, 0.0)
+    return {p: StepTimeModel(structure.model_copy(update={**zero, p: 1.0}), model) for p in (*FITTED, "step_s")}
+
+
+def predicted_ttft(c: StepCoefficients, model: ModelSpec, point: TtftPoint, round_trip_s: float) -> float:
+    """What a profile with coefficients ``c`` says this TTFT is, seen from a client ``round_trip_s`` away."""
+    return round_trip_s + c.api_overhead_s + StepTimeModel(c, model).prefill_time(point.new_tokens, point.cached_tokens)
+
+
+def predicted_itl(c: StepCoefficients, model: ModelSpec, point: ItlPoint) -> float:
+    return StepTimeModel(c, model).decode_step_time(point.batch, round(point.context))
+
+
+def fit_step_coefficients(
+    ttft: Sequence[TtftPoint],
+    itl: Sequence[ItlPoint],
+    *,
+    structure: StepCoefficients,
+    model: ModelSpec,
+    step_s: float,
+    round_trip_s: float,
+) -> tuple[StepCoefficients, FitReport]:
+    """Non-negative least squares on relative errors, with each point in the regime the fit says dominates."""
+    basis = _basis(structure, model)
+    rows = [[basis[p].prefill_time(t.new_tokens, t.cached_tokens) for p in (*FITTED, "step_s")] for t in ttft]
+    rows += [[basis[p].decode_step_time(i.batch, round(i.context)) for p in (*FITTED, "step_s")] for i in itl]
+    features = np.array(rows)
+    y = np.array([t.ttft_s for t in ttft] + [i.itl_s for i in itl])
+    intercept = np.array([1.0] * len(ttft) + [0.0] * len(itl))
+    known = features[:, -1] * step_s
+    features = features[:, :-1]
+    groups = np.array([_GROUP[p] for p in FITTED])
+    compute_cols, memory_cols = groups == "compute", groups == "memory"
+    # Prefill is compute-bound and decode memory-bound for all but the shortest prompts and largest batches.
+    regime = np.array(["compute"] * len(ttft) + ["memory"] * len(itl))
+    weights = 1.0 / y
+    iterations = 0
+    while True:
+        iterations += 1
+        active = (groups[None, :] == regime[:, None]) | (groups[None, :] == "fixed")
+        design = np.column_stack([features * active, intercept]) * weights[:, None]
+        scale = np.linalg.norm(design, axis=0)
+        scale[scale == 0] = 1.0
+        solution, _ = nnls(design / scale, (y - known) * weights)
+        theta = solution / scale
+        compute = features[:, compute_cols] @ theta[:-1][compute_cols]
+        memory = features[:, memory_cols] @ theta[:-1][memory_cols]
+        new_regime = np.where(compute > memory, "compute", "memory")
+        # Each pass can only move points across the compute/memory boundary; 20 passes is far more than a
+        # stable assignment needs, and a point that keeps flipping sits on the boundary where both agree.
+        if (new_regime == regime).all() or iterations == 20:
+            break
+        regime = new_regime
+
+    values = dict(zip(FITTED, (float(v) for v in theta[:-1]), strict=True))
+    fitted = StepCoefficients.model_validate(
+        {
+            **structure.model_dump(),
+            **values,
+            "step_s": step_s,
+            "layer_s": 0.0,
+            "api_overhead_s": max(0.0, float(theta[-1]) - round_trip_s),
+        }
+    )
+    rel_ttft = [predicted_ttft(fitted, model, t, round_trip_s) / t.ttft_s - 1 for t in ttft]
+    rel_itl = [predicted_itl(fitted, model, i) / i.itl_s - 1 for i in itl]
+    report = FitReport(
+        ttft_rel_rms=_rms(rel_ttft),
+        itl_rel_rms=_rms(rel_itl),
+        rel_stderr=_rel_stderr(design, (y - known) * weights, theta),
+        ttft_intercept_s=float(theta[-1]),
+        memory_bound_ttft=int((regime[: len(ttft)] == "memory").sum()),
+        compute_bound_itl=int((regime[len(ttft) :] == "compute").sum()),
+        iterations=iterations,
+    )
+    return fitted, report
+
+
+def _rms(values: Sequence[float]) -> float:
+    return float(np.sqrt(np.mean(np.square(values)))) if values else 0.0
+
+
+def _rel_stderr(design: np.ndarray, target: np.ndarray, theta: np.ndarray) -> dict[str, float | None]:
+    """Ordinary least-squares standard errors at the solution, relative to each value (None if undetermined).
+
+    Coefficients held at zero by the bound, or whose column no point informs, have none.
+    """
+    names = [*FITTED, "ttft_intercept"]
+    dof = design.shape[0] - int((theta > 0).sum())
+    if dof <= 0:
+        return dict.fromkeys(names)
+    residual = design @ theta - target
+    sigma2 = float(residual @ residual) / dof
+    cov = sigma2 * np.linalg.pinv(design.T @ design)
+    out: dict[str, float | None] = {}
+    for k, n in enumerate(names):
+        informed = bool(np.any(design[:, k]))
+        out[n] = float(math.sqrt(max(cov[k, k], 0.0)) / theta[k]) if theta[k] > 0 and informed else None
+    return out
+
+
+# -- the profile ----------------------------------------------------------------------------------------------
+def _profile_doc(
+    name: str,
+    url: str,
+    served: ServedModel,
+    catalogue_name: str | None,
+    pool: ServerPool,
+    max_model_len: int,
+    kv_dtype: str,
+    coefficients: StepCoefficients | None = None,
+    report: FitReport | None = None,
+) -> dict[str, Any]:
+    """The profile TOML as a dict: the server's pool exactly, the fitted coefficients pinned."""
+    model: str | dict[str, Any]
+    if catalogue_name is not None:
+        model = catalogue_name
+    else:
+        # The architecture is unknown; with every timing coefficient pinned and the pool stated in blocks, only a
+        # dense single-group layout matters, which this minimal model gives.
+        model = {
+            "name": served.id,
+            "num_layers": 1,
+            "hidden_size": 1,
+            "num_attention_heads": 1,
+            "num_kv_heads": 1,
+            "head_dim": 1,
+            "total_params": 1.0,
+            "active_params": 1.0,
+        }
+    fit = f" Fit error (relative RMS): TTFT {report.ttft_rel_rms:.1%}, ITL {report.itl_rel_rms:.1%}." if report else ""
+    doc: dict[str, Any] = {
+        "name": name,
+        "description": (
+            f"Calibrated by agentload from {url}, model {served.id} ({pool.engine}); KV pool from {pool.source}."
+            f"{fit} Step-time coefficients are pinned from measurements; max_num_batched_tokens"
+            f"{'' if pool.max_num_seqs else ' and max_num_seqs'} are defaults (the server does not report them)."
+        ),
+        "model": model,
+        "served_model_name": served.id,
+        # Every timing coefficient is pinned and the pool is in blocks, so no GPU figure is used.
+        "gpu": {
+            "memory_gb": 1.0,
+            "bandwidth_gbps": 1.0,
+            "tflops_bf16": 1.0,
+            "notes": "placeholder: a calibrated profile pins its step coefficients and states its pool in blocks",
+        },
+        "kv_cache_dtype": kv_dtype,
+        "block_size": pool.block_size,
+        "max_model_len": max_model_len,
+        "kv_pool": {"num_blocks": pool.num_blocks},
+    }
+    if pool.max_num_seqs:
+        doc["max_num_seqs"] = pool.max_num_seqs
+    if pool.prefix_caching is not None:
+        doc["enable_prefix_caching"] = pool.prefix_caching
+    if coefficients is not None:
+        doc["step"] = {"pinned": {k: getattr(coefficients, k) for k in _TIMING}}
+    return doc

@@ -1,0 +1,133 @@
+"""``agentload calibrate``: measure a server's pool and step times and write a profile the simulator serves."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentload.capacity import calibrate as calibration
+from agentload.capacity.calibrate import FITTED, CalibrationPlan, CalibrationResult
+from agentload.cli.common import console, err_console, reports_errors
+from agentload.endpoint.scrape import ServerProbe
+from agentload.errors import ConfigError
+
+
+class _RichProgress:
+    """Measurement progress on stderr, one bar per phase."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._task: TaskID | None = None
+        self._total = 0
+
+    def phase(self, description: str, total: int) -> None:
+        if self._task is not None:  # a phase can skip work (batches that do not fit); show it as done
+            self._progress.update(self._task, completed=self._total)
+        self._task = self._progress.add_task(description, total=total)
+        self._total = total
+
+    def advance(self) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task)
+
+
+async def _run(url: str, api_key: str | None, model: str | None, plan: CalibrationPlan, name: str | None,
+               quiet: bool) -> CalibrationResult:  # fmt: skip
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+    )
+    async with ServerProbe(url, api_key=api_key, connections=max(plan.batch_sizes) + 8) as probe:
+        with progress:
+            return await calibration.calibrate(
+                probe, url=str(probe.url), model=model, plan=plan, name=name, progress=_RichProgress(progress)
+            )
+
+
+def _summary(result: CalibrationResult) -> None:
+    pool = result.pool
+    console.print(f"Calibrated {result.url}: {result.served_model} ({pool.engine})")
+    console.print(
+        f"KV pool: {pool.num_blocks:,} blocks × {pool.block_size} tokens = {pool.tokens:,} tokens "
+        f"({pool.source}{'' if pool.exact else '; an equivalent, not exact'}); max_model_len {result.max_model_len:,}"
+    )
+    table = Table(title="Step-time coefficients", title_justify="left")
+    table.add_column("coefficient")
+    table.add_column("value", justify="right")
+    table.add_column("± rel. s.e.", justify="right")
+    table.add_column("from")
+    c = result.coefficients
+    errors = result.fit.rel_stderr
+    how = {
+        "prefill_s_per_token": "TTFT slope in prompt tokens",
+        "attention_s_per_pair": "TTFT curvature in prompt tokens",
+        "weights_s": "ITL intercept − step_s",
+        "kv_s_per_token": "ITL slope in batch × context",
+        "request_s": "ITL slope in batch",
+    }
+    for name in FITTED:
+        err = errors.get(name)
+        table.add_row(name, f"{getattr(c, name):.4g}", "—" if err is None else f"{err:.1%}", how[name])
+    table.add_row("api_overhead_s", f"{c.api_overhead_s:.4g}", "", "TTFT intercept − round trip − step")
+    table.add_row("step_s", f"{c.step_s:.4g}", "", "assumed (not identifiable)")
+    console.print(table)
+    fit = result.fit
+    console.print(
+        f"Fit error (relative RMS): TTFT {fit.ttft_rel_rms:.1%} over {len(result.ttft)} requests, "
+        f"ITL {fit.itl_rel_rms:.1%} over {len(result.itl)} batches; round trip {result.round_trip_s * 1e3:.2f} ms"
+    )
+    for note in result.notes:
+        console.print(f"[dim]note: {note}[/]")
+
+
+@reports_errors
+def calibrate(
+    url: Annotated[str, typer.Option("--url", help="The server, e.g. http://127.0.0.1:8000 (a trailing /v1 is ok).")],
+    model: Annotated[str | None, typer.Option(help="Served model to calibrate (default: the first listed).")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the profile TOML here (default: print it).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Profile name (default: calibrated-<model>).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
+    api_key_env: Annotated[
+        str, typer.Option(help="Environment variable holding the API key, if the server wants one.")
+    ] = "OPENAI_API_KEY",
+    repeats: Annotated[int, typer.Option(min=1, help="TTFT measurements per prompt length.")] = 3,
+    max_batch: Annotated[int, typer.Option(min=1, help="Largest number of concurrent streams for ITL.")] = 16,
+) -> None:
+    """Measure a server's KV pool, TTFT and inter-token latency; fit the step-time model; write a profile.
+
+    `agentload sim --profile PROFILE.toml` then serves a simulated copy of that server.
+    """
+    batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= max_batch) or (1,)
+    plan = CalibrationPlan(ttft_repeats=repeats, batch_sizes=tuple(sorted({*batches, max_batch})))
+    # Refuse an unwritable destination before minutes of measurement, not after.
+    if output is not None and output.is_dir():
+        raise ConfigError(f"-o {output} is a directory; give a file name such as {output / 'profile.toml'}")
+    if output is not None and not output.parent.is_dir():
+        raise ConfigError(f"-o {output}: the folder {output.parent} does not exist")
+    result = asyncio.run(_run(url, os.environ.get(api_key_env) or None, model, plan, name, quiet=as_json))
+    if output is not None:
+        try:
+            output.write_text(result.profile_toml, encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from exc
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    _summary(result)
+    if output is None:
+        console.print()
+        typer.echo(result.profile_toml)
+    else:
+        console.print(f"Wrote {output}; serve it with: agentload sim --profile {output}")

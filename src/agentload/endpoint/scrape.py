@@ -1,0 +1,524 @@
+"""Read what a server says about itself, and time streamed completions against it.
+
+* ``/metrics`` is parsed with prometheus_client's own text parser into plain samples, plus a small normalised view
+  (running, waiting, KV usage, token and cache counters) that means the same on vLLM, SGLang and llama.cpp
+  (domain.md §3-4).
+* The KV pool is read from the engine, never estimated: vLLM's ``vllm:cache_config_info`` labels
+  ``num_gpu_blocks`` and ``block_size`` (the simulator emits them exactly as vLLM does); SGLang's
+  ``max_total_num_tokens`` and ``page_size`` from ``/get_server_info`` (``/server_info`` on newer versions);
+  llama.cpp's ``/props`` (``total_slots`` × per-slot ``n_ctx``). A server that offers none of these gets one error
+  naming what it lacks.
+* ``/v1/models`` gives the served model id and, on vLLM and the simulator, ``max_model_len``.
+* ``ServerProbe.stream_completion`` times one streamed ``/v1/completions`` request chunk by chunk (what
+  calibration measures). It is deliberately minimal; the fleet's streaming client should take it over.
+
+aiohttp's exceptions never leave this module: they become ``EndpointError`` subclasses (httpx's mapping of
+transport errors is the model). Server-info bodies can carry secrets (SGLang echoes its own API key), so only the
+numbers needed are taken from them and no body is ever quoted in an error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ConfigDict, Field
+from yarl import URL
+
+from agentload.errors import AgentloadError, ConfigError
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+# A branch of the tree in agentload.errors, kept here until that module grows an endpoint section:
+#   AgentloadError
+#   └── EndpointError               talking to the server failed
+#       ├── EndpointUnreachableError  no connection (refused, unknown host, connect timeout)
+#       ├── EndpointTimeoutError      connected, but the server stopped answering
+#       ├── EndpointResponseError     an HTTP error status, or a body that is not what the API promises
+#       └── ServerCapabilityError     the server works but does not expose what was asked (pool, metrics)
+class EndpointError(AgentloadError):
+    """Talking to the server failed."""
+
+
+class EndpointUnreachableError(EndpointError):
+    """No connection could be made."""
+
+
+class EndpointTimeoutError(EndpointError):
+    """The server accepted the connection but stopped answering."""
+
+
+class EndpointResponseError(EndpointError):
+    """An HTTP error status, or a body that cannot be parsed."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerCapabilityError(EndpointError):
+    """The server answers but does not expose what was asked for (its KV pool, its metrics, max_model_len)."""
+
+
+# -- what a server says ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One Prometheus sample: the exposed name (counters keep ``_total``), its labels and value."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+# Engine-agnostic names → each engine's sample name (domain.md §3-4). vLLM's KV gauge was gpu_cache_usage_perc
+# before the V1 engine renamed it.
+_NORMALISED: dict[str, dict[str, tuple[str, ...]]] = {
+    "vllm": {
+        "running": ("vllm:num_requests_running",),
+        "waiting": ("vllm:num_requests_waiting",),
+        "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "prompt_tokens": ("vllm:prompt_tokens_total",),
+        "generation_tokens": ("vllm:generation_tokens_total",),
+        "prefix_queries": ("vllm:prefix_cache_queries_total",),
+        "prefix_hits": ("vllm:prefix_cache_hits_total",),
+        "preemptions": ("vllm:num_preemptions_total",),
+    },
+    "sglang": {
+        "running": ("sglang:num_running_reqs",),
+        "waiting": ("sglang:num_queue_reqs",),
+        "kv_usage": ("sglang:token_usage",),
+        "prompt_tokens": ("sglang:prompt_tokens_total",),
+        "generation_tokens": ("sglang:generation_tokens_total",),
+        "cache_hit_rate": ("sglang:cache_hit_rate",),
+    },
+    "llamacpp": {
+        "running": ("llamacpp:requests_processing",),
+        "waiting": ("llamacpp:requests_deferred",),
+        "prompt_tokens": ("llamacpp:prompt_tokens_total",),
+        "generation_tokens": ("llamacpp:tokens_predicted_total",),
+    },
+}
+# Gauges that are a share per engine instance are averaged over instances (data-parallel ranks); the rest add up.
+_AVERAGED = frozenset({"kv_usage", "cache_hit_rate"})
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """One scrape of /metrics."""
+
+    samples: tuple[Sample, ...]
+
+    @property
+    def engine(self) -> str | None:
+        """Which engine's metric names these are (vllm, sglang, llamacpp), or None."""
+        for sample in self.samples:
+            prefix = sample.name.split(":", 1)[0]
+            if ":" in sample.name and prefix in _NORMALISED:
+                return prefix
+        return None
+
+    def named(self, name: str) -> list[Sample]:
+        return [s for s in self.samples if s.name == name]
+
+    def normalised(self) -> dict[str, float]:
+        """The engine's gauges and counters under engine-agnostic names (summed over label sets)."""
+        table = _NORMALISED.get(self.engine or "", {})
+        out: dict[str, float] = {}
+        for key, names in table.items():
+            for name in names:
+                values = [s.value for s in self.named(name)]
+                if values:
+                    out[key] = sum(values) / len(values) if key in _AVERAGED else sum(values)
+                    break
+        return out
+
+
+def parse_metrics(text: str, source: str = "/metrics") -> MetricsSnapshot:
+    """Prometheus text exposition → samples (prometheus_client's parser, so escaping and labels are exact)."""
+    try:
+        samples = tuple(
+            Sample(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        )
+    except (ValueError, TypeError, IndexError) as exc:
+        raise EndpointResponseError(f"{source} is not Prometheus text: {exc}") from exc
+    return MetricsSnapshot(samples)
+
+
+class ServerPool(BaseModel):
+    """The KV pool as the engine itself reports it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: str
+    num_blocks: int = Field(gt=0)
+    block_size: int = Field(gt=0)
+    source: str = Field(description="where the figures were read")
+    exact: bool = Field(description="False when the engine has no paged pool and blocks are an equivalent")
+    cache_dtype: str | None = None
+    prefix_caching: bool | None = None
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_model_len: int | None = Field(default=None, gt=0, description="when the pool's source states it")
+
+    @property
+    def tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+class ServedModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    root: str | None = None
+    max_model_len: int | None = Field(default=None, gt=0)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTiming:
+    """One streamed completion as the client saw it (``time.perf_counter`` seconds)."""
+
+    sent_at: float
+    token_times: tuple[float, ...]  # arrival of every chunk that carried text
+    prompt_tokens: int | None  # from the usage chunk, when the server sends one
+    cached_tokens: int | None
+    completion_tokens: int | None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.sent_at if self.token_times else None
+
+
+def base_url(url: str) -> URL:
+    """The server's root URL: http(s) with a host, no trailing ``/v1`` or slash, no credentials."""
+    try:
+        parsed = URL(url.strip())
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"--url {url!r} is not a URL: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"--url {url!r}: give the server as http://HOST:PORT")
+    path = parsed.path.rstrip("/")
+    path = path.removesuffix("/v1")
+    return parsed.with_user(None).with_path(path or "/").with_query(None).with_fragment(None)
+
+
+def _int(value: Any) -> int | None:
+    """An int from a label or JSON value ("4096", 4096, 4096.0); None for anything else ("None", null, "x")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _vllm_pool(snapshot: MetricsSnapshot) -> ServerPool | None:
+    infos = snapshot.named("vllm:cache_config_info")
+    if not infos:
+        return None
+    labels = infos[0].labels
+    blocks, block_size = _int(labels.get("num_gpu_blocks")), _int(labels.get("block_size"))
+    if not blocks or not block_size or blocks <= 0 or block_size <= 0:
+        raise ServerCapabilityError(
+            "vllm:cache_config_info has no usable num_gpu_blocks / block_size labels "
+            f"(got {labels.get('num_gpu_blocks')!r} / {labels.get('block_size')!r}); is the engine still starting?"
+        )
+    caching = labels.get("enable_prefix_caching")
+    return ServerPool(
+        engine="vllm",
+        num_blocks=blocks,
+        block_size=block_size,
+        source="vllm:cache_config_info on /metrics",
+        exact=True,
+        cache_dtype=labels.get("cache_dtype"),
+        prefix_caching=None if caching is None else caching.lower() == "true",
+    )
+
+
+def _sglang_pool(info: Mapping[str, Any], source: str) -> ServerPool | None:
+    """SGLang's server info: the figures sit at the top level on older versions, in internal_states on newer."""
+    places: list[Mapping[str, Any]] = [info]
+    states = info.get("internal_states")
+    if isinstance(states, list):
+        places += [s for s in states if isinstance(s, Mapping)]
+    args = info.get("server_args")
+    if isinstance(args, Mapping):
+        places.append(args)
+
+    def first(key: str) -> int | None:
+        for place in places:
+            value = _int(place.get(key))
+            if value is not None and value > 0:
+                return value
+        return None
+
+    tokens = first("max_total_num_tokens")
+    if tokens is None:
+        return None
+    # SGLang's radix cache is paged with page_size tokens per page (1 unless --page-size is set).
+    page = first("page_size") or 1
+    return ServerPool(
+        engine="sglang",
+        num_blocks=tokens // page,
+        block_size=page,
+        source=f"max_total_num_tokens from {source}",
+        exact=True,
+        max_num_seqs=first("max_running_requests"),
+        max_model_len=first("context_length"),
+    )
+
+
+def _llamacpp_pool(props: Mapping[str, Any]) -> ServerPool | None:
+    slots = _int(props.get("total_slots"))
+    settings = props.get("default_generation_settings")
+    n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, Mapping) else None
+    n_ctx = n_ctx or _int(props.get("n_ctx"))
+    if not slots or not n_ctx:
+        return None
+    # llama.cpp gives each slot a fixed share of the context instead of a shared paged pool; the simulator's
+    # equivalent is a pool of slots × n_ctx tokens in 16-token blocks with at most `slots` running requests.
+    block = 16
+    return ServerPool(
+        engine="llamacpp",
+        num_blocks=slots * n_ctx // block,
+        block_size=block,
+        source="total_slots × per-slot n_ctx from /props (llama.cpp has no paged pool; an equivalent)",
+        exact=False,
+        max_num_seqs=slots,
+        max_model_len=n_ctx,
+    )
+
+
+class ServerProbe:
+    """One aiohttp session to one server; use as ``async with ServerProbe(url) as probe``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        connections: int = 512,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 900.0,
+    ) -> None:
+        self.url = base_url(url)
+        self._api_key = api_key
+        self._connections = connections
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:  # never show the key
+        return f"ServerProbe({str(self.url)!r})"
+
+    async def __aenter__(self) -> ServerProbe:
+        # aiohttp's default pool of 100 connections would queue concurrent streams inside the client and
+        # corrupt inter-token timings at high batch sizes, so the pool is sized for the largest batch.
+        connector = aiohttp.TCPConnector(limit=self._connections, limit_per_host=self._connections)
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=headers)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("ServerProbe used outside 'async with'")
+        return self._session
+
+    def _url(self, path: str) -> URL:
+        return self.url.with_path(self.url.path.rstrip("/") + path)
+
+    @contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        """aiohttp's exceptions → ours, naming the request and the server."""
+        where = f"{what} on {self.url}"
+        try:
+            yield
+        except aiohttp.ClientConnectorError as exc:
+            os_error = exc.os_error
+            reason = "connection refused" if isinstance(os_error, ConnectionRefusedError) else str(os_error)
+            raise EndpointUnreachableError(f"cannot reach {self.url}: {reason}") from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise EndpointUnreachableError(f"cannot reach {self.url}: connection timed out") from exc
+        except TimeoutError as exc:  # aiohttp's read timeouts subclass TimeoutError
+            raise EndpointTimeoutError(f"{where}: the server stopped answering (read timeout)") from exc
+        except aiohttp.ClientResponseError as exc:
+            raise EndpointResponseError(f"{where}: HTTP {exc.status} {exc.message}", status=exc.status) from exc
+        except aiohttp.ClientError as exc:
+            raise EndpointError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """Status and body of ``GET path``; every status is returned, connection failures raise."""
+        with self._translate(f"GET {path}"):
+            async with self.session.get(self._url(path)) as resp:
+                return resp.status, await resp.read()
+
+    async def _get_json(self, path: str) -> Any | None:
+        """The JSON body of ``GET path``, or None when the server has no such endpoint (404/405)."""
+        status, body = await self.get(path)
+        if status in (404, 405):
+            return None
+        _raise_for_status(f"GET {path} on {self.url}", status, body)
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise EndpointResponseError(f"GET {path} on {self.url}: the body is not JSON") from exc
+
+    async def metrics(self) -> MetricsSnapshot:
+        status, body = await self.get("/metrics")
+        if status in (404, 405):
+            raise ServerCapabilityError(
+                f"{self.url} has no /metrics (vLLM: drop --disable-log-stats; SGLang: --enable-metrics; "
+                "llama.cpp: --metrics)"
+            )
+        _raise_for_status(f"GET /metrics on {self.url}", status, body)
+        return parse_metrics(body.decode("utf-8", errors="replace"), f"/metrics on {self.url}")
+
+    async def models(self) -> list[ServedModel]:
+        data = await self._get_json("/v1/models")
+        cards = data.get("data") if isinstance(data, Mapping) else None
+        if not isinstance(cards, list):
+            raise EndpointResponseError(f"GET /v1/models on {self.url}: no model list (is this an OpenAI API?)")
+        out = []
+        for card in cards:
+            if isinstance(card, Mapping) and isinstance(card.get("id"), str):
+                root = card.get("root")
+                out.append(
+                    ServedModel(
+                        id=card["id"],
+                        root=root if isinstance(root, str) else None,
+                        max_model_len=_int(card.get("max_model_len")) or None,
+                    )
+                )
+        if not out:
+            raise EndpointResponseError(f"GET /v1/models on {self.url}: the server lists no model")
+        return out
+
+    async def pool(self) -> ServerPool:
+        """The KV pool from the engine's own figures: vLLM metrics, SGLang server info, llama.cpp props."""
+        tried: list[str] = []
+        try:
+            snapshot: MetricsSnapshot | None = await self.metrics()
+        except ServerCapabilityError:
+            snapshot = None
+            tried.append("no /metrics")
+        if snapshot is not None:
+            pool = _vllm_pool(snapshot)
+            if pool is not None:
+                return pool
+            tried.append("/metrics has no vllm:cache_config_info (labels num_gpu_blocks, block_size)")
+        for path in ("/get_server_info", "/server_info"):
+            info = await self._get_json(path)
+            if isinstance(info, Mapping):
+                pool = _sglang_pool(info, path)
+                if pool is not None:
+                    return pool
+                tried.append(f"{path} has no max_total_num_tokens")
+                break
+        else:
+            tried.append("no SGLang /get_server_info")
+        props = await self._get_json("/props")
+        if isinstance(props, Mapping):
+            pool = _llamacpp_pool(props)
+            if pool is not None:
+                return pool
+            tried.append("/props has no total_slots and n_ctx")
+        else:
+            tried.append("no llama.cpp /props")
+        raise ServerCapabilityError(f"cannot read the KV pool of {self.url}: {'; '.join(tried)}")
+
+    async def round_trip(self) -> float:
+        """Seconds for one trivial request (``GET /v1/models``): the network and HTTP share of every latency."""
+        start = time.perf_counter()
+        status, body = await self.get("/v1/models")
+        elapsed = time.perf_counter() - start
+        _raise_for_status(f"GET /v1/models on {self.url}", status, body)
+        return elapsed
+
+    async def stream_completion(self, body: Mapping[str, Any]) -> StreamTiming:
+        """POST a streamed ``/v1/completions`` request and time every chunk that carries text."""
+        data = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
+        usage: Mapping[str, Any] | None = None
+        times: list[float] = []
+        where = f"POST /v1/completions on {self.url}"
+        with self._translate("POST /v1/completions"):
+            sent = time.perf_counter()
+            async with self.session.post(
+                self._url("/v1/completions"), data=data, headers={"Content-Type": "application/json"}
+            ) as resp:
+                if resp.status != 200:
+                    _raise_for_status(where, resp.status, await resp.read())
+                async for raw in resp.content:
+                    now = time.perf_counter()
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    event = _event(payload, where)
+                    choices = event.get("choices")
+                    first = choices[0] if isinstance(choices, list) and choices else None
+                    if isinstance(first, Mapping) and first.get("text"):
+                        times.append(now)
+                    if isinstance(event.get("usage"), Mapping):
+                        usage = event["usage"]
+        details = usage.get("prompt_tokens_details") if usage else None
+        return StreamTiming(
+            sent_at=sent,
+            token_times=tuple(times),
+            prompt_tokens=_int(usage.get("prompt_tokens")) if usage else None,
+            cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, Mapping) else None,
+            completion_tokens=_int(usage.get("completion_tokens")) if usage else None,
+        )
+
+
+def _event(payload: bytes, where: str) -> Mapping[str, Any]:
+    try:
+        event = json.loads(payload)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EndpointResponseError(f"{where}: a malformed stream event") from exc
+    if not isinstance(event, Mapping):
+        raise EndpointResponseError(f"{where}: a stream event that is not a JSON object")
+    if "error" in event:
+        raise EndpointResponseError(f"{where}: the server ended the stream with an error: {_message(event)}")
+    return event
+
+
+def _message(body: Any) -> str:
+    """The message of an OpenAI-style error body, cut short (never the whole body: it may hold secrets)."""
+    err = body.get("error") if isinstance(body, Mapping) else None
+    msg = err.get("message") if isinstance(err, Mapping) else err if isinstance(err, str) else None
+    if msg is None and isinstance(body, Mapping):
+        msg = body.get("message") or body.get("detail")
+    return str(msg)[:300] if msg else "no message"
+
+
+def _raise_for_status(where: str, status: int, body: bytes) -> None:
+    if status < 400:
+        return
+    try:
+        detail = _message(json.loads(body))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        detail = "no JSON error body"
+    hint = " (the server wants an API key)" if status in (401, 403) else ""
+    raise EndpointResponseError(f"{where}: HTTP {status}{hint}: {detail}", status=status)
