@@ -9,6 +9,13 @@ Catch ``AgentloadError`` to catch everything the package raises on purpose::
     │   ├── BadRequestError    malformed body or parameters (400)
     │   ├── ContextLengthError prompt + max_tokens exceed max_model_len (400)
     │   └── ModelNotFoundError the model name is not served (404)
+    ├── EndpointError          talking to a server failed for the whole command (per-request failures are data
+    │   │                      on the RequestRecord, never exceptions)
+    │   ├── EndpointUnreachableError   nothing answers at the URL
+    │   ├── EndpointTimeoutError       it answered too slowly for the command to go on
+    │   ├── EndpointResponseError      it answered with an error status or an unusable body
+    │   └── ServerCapabilityError      it works but lacks what the command needs (no pool figure, no metrics)
+    ├── CheckpointError        a run directory or checkpoint file is unusable (resume)
     └── SimulationError        the simulator reached a state it cannot continue from (a bug or impossible config)
 
 Foreign exceptions (tomllib, pydantic, OSError) are translated at the boundary with ``raise ... from exc`` so the
@@ -64,6 +71,34 @@ class ModelNotFoundError(RequestError):
 
     status = 404
     code = "model_not_found"
+
+
+class EndpointError(AgentloadError):
+    """Talking to a server failed for the whole command."""
+
+
+class EndpointUnreachableError(EndpointError):
+    """Nothing answers at the URL (refused, DNS, TLS)."""
+
+
+class EndpointTimeoutError(EndpointError):
+    """The server answered too slowly for the command to go on."""
+
+
+class EndpointResponseError(EndpointError):
+    """The server answered with an error status or a body that cannot be used."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerCapabilityError(EndpointError):
+    """The server works but lacks what the command needs (a pool figure, a metrics endpoint)."""
+
+
+class CheckpointError(AgentloadError):
+    """A run directory or checkpoint file cannot be used to resume."""
 
 
 class SimulationError(AgentloadError):

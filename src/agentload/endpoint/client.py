@@ -1,0 +1,391 @@
+"""The streaming chat client: one OpenAI-compatible request in, one ``RequestRecord`` out, never an exception.
+
+SSE is parsed by us (``sse.py``) on top of a ``Transport``; every token-bearing chunk's arrival is timed; tool
+calls are assembled from their streamed deltas; usage comes from the server's final chunk
+(``stream_options.include_usage``) or is counted and marked as counted.
+
+Deadlines are phase-aware (domain.md §8) and owned by a ``StallPolicy``: CONNECT (until the status line),
+FIRST_TOKEN (until the first content or tool-call token — a role-only chunk is not progress, since vLLM sends
+it before a long prefill), IDLE (between tokens), and a TOTAL cap. When a phase's budget runs out the policy may
+grant more time (the watchdog does while the server says the request is still queued, prefilling or warming
+up); otherwise the request is cancelled and recorded as a timeout of that phase. Timers are ``loop.call_at``
+handles re-armed per chunk — cheaper than a task or ``wait_for`` per read, which matters at 1,000 streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from agentload.clock import RealClock
+from agentload.endpoint.records import (
+    ErrorKind,
+    Outcome,
+    RequestIds,
+    RequestRecord,
+    ToolCallRecord,
+    UsageSource,
+)
+from agentload.endpoint.sse import SSEParser
+from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Response, StreamBroken, Transport
+
+
+class Phase(StrEnum):
+    CONNECT = "connect"
+    FIRST_TOKEN = "first_token"
+    IDLE = "idle"
+
+
+class StallPolicy(Protocol):
+    """Decides how long each phase may take and whether to wait longer when it runs out."""
+
+    total_s: float
+
+    def budget(self, phase: Phase, prompt_tokens: int) -> float:
+        """Seconds the phase may take before ``extend`` is asked."""
+        ...
+
+    def extend(self, phase: Phase, waited: float) -> float | None:
+        """More seconds to wait, or None to give up (must not block: read signals gathered in the background)."""
+        ...
+
+    def observe(self, record: RequestRecord) -> None:
+        """Learn from a finished request (e.g. the prefill rate)."""
+        ...
+
+
+@dataclass
+class FixedDeadlines:
+    """Plain deadlines that never extend — what most harnesses have, and the baseline the watchdog beats."""
+
+    connect_s: float = 30.0
+    first_token_s: float = 600.0
+    idle_s: float = 120.0
+    total_s: float = 3600.0
+
+    def budget(self, phase: Phase, prompt_tokens: int) -> float:
+        return {Phase.CONNECT: self.connect_s, Phase.FIRST_TOKEN: self.first_token_s, Phase.IDLE: self.idle_s}[phase]
+
+    def extend(self, phase: Phase, waited: float) -> float | None:
+        return None
+
+    def observe(self, record: RequestRecord) -> None:
+        return None
+
+
+_KIND = {
+    Phase.CONNECT: ErrorKind.CONNECT_TIMEOUT,
+    Phase.FIRST_TOKEN: ErrorKind.FIRST_TOKEN_TIMEOUT,
+    Phase.IDLE: ErrorKind.IDLE_TIMEOUT,
+}
+
+
+class _Guard:
+    """Phase timers that cancel the request's task when a phase runs out and the policy grants no more time."""
+
+    def __init__(self, policy: StallPolicy, clock: RealClock | Any) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.phase = Phase.CONNECT
+        self.phase_start = 0.0
+        self.fired: ErrorKind | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._total: asyncio.TimerHandle | None = None
+
+    def start_total(self, seconds: float) -> None:
+        self._total = self.loop.call_later(seconds, self._fire, ErrorKind.TOTAL_TIMEOUT)
+
+    def arm(self, phase: Phase, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.phase = phase
+        self.phase_start = self.loop.time()
+        self._timer = self.loop.call_later(seconds, self._expired)
+
+    def _expired(self) -> None:
+        more = self.policy.extend(self.phase, self.loop.time() - self.phase_start)
+        if more is not None and more > 0:
+            self._timer = self.loop.call_later(more, self._expired)
+            return
+        self._fire(_KIND[self.phase])
+
+    def _fire(self, kind: ErrorKind) -> None:
+        if self.fired is None and self.task is not None:
+            self.fired = kind
+            self.task.cancel()
+
+    def disarm(self) -> None:
+        for t in (self._timer, self._total):
+            if t is not None:
+                t.cancel()
+
+
+class _Acc:
+    """Mutable accumulation of one request; compiled into the immutable record at the end."""
+
+    def __init__(self, t_sent: float) -> None:
+        self.t_sent = t_sent
+        self.t_headers: float | None = None
+        self.t_first_byte: float | None = None
+        self.t_first_token: float | None = None
+        self.chunk_times: list[float] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Mapping[str, Any] | None = None
+        self.outcome = Outcome.OK
+        self.error: ErrorKind | None = None
+        self.error_message = ""
+        self.http_status: int | None = None
+        self.retry_after: float | None = None
+        self.done = False
+
+    def fail(self, outcome: Outcome, error: ErrorKind, message: str) -> None:
+        if self.outcome is Outcome.OK:
+            self.outcome, self.error, self.error_message = outcome, error, message
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: rare for LLM servers; the caller's backoff applies
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body[:200].decode("utf-8", "replace")
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:500]
+        return str(data.get("message", err))[:500]
+    return str(data)[:200]
+
+
+class ChatClient:
+    """Streams chat completions from one OpenAI-compatible base URL (``.../v1``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        transport: Transport | None = None,
+        policy: StallPolicy | None = None,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        clock: RealClock | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self.transport: Transport = transport or AiohttpTransport()
+        self.policy: StallPolicy = policy or FixedDeadlines()
+        self.clock = clock or RealClock()
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        key = os.environ.get(api_key_env) if api_key_env else None
+        if key:
+            # Kept only in the headers sent to the server: never in a record, a log line or a result file.
+            self._headers["Authorization"] = f"Bearer {key}"
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    async def chat(
+        self,
+        body: Mapping[str, Any],
+        *,
+        ids: RequestIds | None = None,
+        policy: StallPolicy | None = None,
+        prompt_tokens_hint: int = 0,
+    ) -> RequestRecord:
+        """Send one chat completion (streamed unless ``body['stream']`` is False) and record what happened."""
+        policy = policy or self.policy
+        stream = bool(body.get("stream", True))
+        payload = dict(body)
+        payload["stream"] = stream
+        if stream:
+            opts = dict(payload.get("stream_options") or {})
+            opts.setdefault("include_usage", True)
+            payload["stream_options"] = opts
+        raw = json.dumps(payload).encode()
+        acc = _Acc(self.clock.now())
+        guard = _Guard(policy, self.clock)
+        guard.start_total(policy.total_s)
+        guard.arm(Phase.CONNECT, policy.budget(Phase.CONNECT, prompt_tokens_hint))
+        resp: Response | None = None
+        try:
+            resp = await self.transport.send("POST", f"{self.base_url}/chat/completions", raw, self._headers)
+            acc.t_headers = self.clock.now()
+            acc.http_status = resp.status
+            guard.arm(Phase.FIRST_TOKEN, policy.budget(Phase.FIRST_TOKEN, prompt_tokens_hint))
+            if resp.status != 200:
+                acc.retry_after = _retry_after(resp.headers)
+                acc.fail(Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, _error_message(await resp.read()))
+            elif stream:
+                await self._consume_stream(resp, acc, guard, policy, prompt_tokens_hint)
+            else:
+                self._consume_body(await resp.read(), acc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if guard.fired is None or task is None:
+                raise
+            task.uncancel()
+            acc.fail(Outcome.TIMEOUT, guard.fired, f"{guard.fired.value.replace('_', ' ')} after "
+                     f"{self.clock.now() - acc.t_sent:.1f} s")  # fmt: skip
+        except ConnectFailed as exc:
+            acc.fail(Outcome.CONNECT_ERROR, ErrorKind.CONNECT, str(exc))
+        except StreamBroken as exc:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.RESET, str(exc))
+        finally:
+            guard.disarm()
+            if resp is not None:
+                resp.close()
+        record = self._compile(acc, payload, ids or RequestIds(), stream)
+        policy.observe(record)
+        return record
+
+    async def _consume_stream(
+        self, resp: Response, acc: _Acc, guard: _Guard, policy: StallPolicy, prompt_hint: int
+    ) -> None:
+        parser = SSEParser()
+        clock = self.clock
+        idle = policy.budget(Phase.IDLE, prompt_hint)
+        loads = json.loads
+        async for data in resp.chunks():
+            t = clock.now()
+            if acc.t_first_byte is None:
+                acc.t_first_byte = t
+            for event in parser.feed(data):
+                if event == b"[DONE]":
+                    acc.done = True
+                    continue
+                try:
+                    obj = loads(event)
+                except ValueError:
+                    acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed SSE data: {event[:80]!r}")
+                    return
+                if not isinstance(obj, dict):
+                    acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, "SSE data is not a JSON object")
+                    return
+                if "error" in obj:
+                    err = obj["error"]
+                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                    acc.fail(Outcome.SERVER_ERROR, ErrorKind.SERVER, str(msg)[:500])
+                    return
+                if obj.get("usage"):
+                    acc.usage = obj["usage"]
+                if self._apply_choices(obj.get("choices"), acc):
+                    acc.chunk_times.append(t)
+                    if acc.t_first_token is None:
+                        acc.t_first_token = t
+                    guard.arm(Phase.IDLE, idle)
+        if not acc.done and acc.outcome is Outcome.OK:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.RESET, "the stream ended before [DONE]")
+
+    @staticmethod
+    def _apply_choices(choices: Any, acc: _Acc) -> bool:
+        """Fold one chunk's choices into ``acc``; True when it carried a token (text, reasoning or tool call)."""
+        if not choices:
+            return False
+        token = False
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        text = delta.get("content")
+        if text:
+            acc.content.append(text)
+            token = True
+        think = delta.get("reasoning_content") or delta.get("reasoning")
+        if think:
+            acc.reasoning.append(think)
+            token = True
+        for tc in delta.get("tool_calls") or ():
+            index = int(tc.get("index", 0))
+            call = acc.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+            if tc.get("id"):
+                call["id"] = tc["id"]
+            fn = tc.get("function") or {}
+            if fn.get("name"):
+                call["name"] += fn["name"]
+            if fn.get("arguments"):
+                call["arguments"] += fn["arguments"]
+            token = True
+        if choice.get("finish_reason"):
+            acc.finish_reason = choice["finish_reason"]
+        return token
+
+    def _consume_body(self, body: bytes, acc: _Acc) -> None:
+        t = self.clock.now()
+        acc.t_first_byte = t
+        try:
+            obj = json.loads(body)
+            choice = obj["choices"][0]
+            message = choice.get("message") or {}
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed response body: {body[:80]!r}")
+            return
+        acc.t_first_token = t
+        acc.done = True
+        acc.content.append(message.get("content") or "")
+        acc.reasoning.append(message.get("reasoning_content") or message.get("reasoning") or "")
+        for i, tc in enumerate(message.get("tool_calls") or ()):
+            fn = tc.get("function") or {}
+            acc.calls[i] = {"id": tc.get("id", ""), "name": fn.get("name", ""), "arguments": fn.get("arguments", "")}
+        acc.finish_reason = choice.get("finish_reason")
+        acc.usage = obj.get("usage")
+
+    def _compile(self, acc: _Acc, payload: Mapping[str, Any], ids: RequestIds, stream: bool) -> RequestRecord:
+        usage = acc.usage
+        cached: int | None = None
+        if usage:
+            source = UsageSource.SERVER
+            prompt = int(usage.get("prompt_tokens") or 0)
+            completion = int(usage.get("completion_tokens") or 0)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                cached = int(details["cached_tokens"])
+        else:
+            # No usage object: count what we can and say so. Output: one token per token-bearing chunk (exact
+            # for vLLM-style servers that stream one token per chunk); prompt: characters / 4, a rough guess.
+            source = UsageSource.COUNTED
+            completion = len(acc.chunk_times)
+            prompt = len(json.dumps(payload.get("messages", ""))) // 4
+        calls = [
+            ToolCallRecord(id=c["id"], name=c["name"], arguments=c["arguments"]) for _, c in sorted(acc.calls.items())
+        ]
+        return RequestRecord(
+            ids=ids,
+            model=str(payload.get("model") or ""),
+            stream=stream,
+            t_sent=acc.t_sent,
+            t_headers=acc.t_headers,
+            t_first_byte=acc.t_first_byte,
+            t_first_token=acc.t_first_token,
+            t_done=self.clock.now(),
+            chunk_times=acc.chunk_times,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=cached,
+            usage_source=source,
+            finish_reason=acc.finish_reason,
+            content="".join(acc.content),
+            reasoning="".join(acc.reasoning),
+            tool_calls=calls,
+            outcome=acc.outcome,
+            error=acc.error,
+            error_message=acc.error_message,
+            http_status=acc.http_status,
+            retry_after_s=acc.retry_after,
+        )

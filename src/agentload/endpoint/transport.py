@@ -1,0 +1,152 @@
+"""The transport seam: how the client moves bytes, behind one small interface (httpx's transport is the model).
+
+``AiohttpTransport`` talks HTTP (its connection pool lifted from aiohttp's default of 100, which would otherwise
+silently serialise a 256-agent fleet). ``MockTransport`` answers in process from a handler function, so tests
+script a server — status, headers, chunks and the silences between them — without patching anything.
+
+A transport raises only ``TransportError`` subclasses; the client turns them into data on the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+
+
+class TransportError(Exception):
+    """Raised by a transport; never leaves the endpoint package."""
+
+
+class ConnectFailed(TransportError):
+    """No response began: refused, unreachable, or reset before the status line."""
+
+
+class StreamBroken(TransportError):
+    """The connection broke after the response began."""
+
+
+class Response(Protocol):
+    status: int
+    headers: Mapping[str, str]
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; raises StreamBroken if the connection breaks."""
+        ...
+
+    async def read(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        """Send a request; return once the status line and headers have arrived."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class _AiohttpResponse:
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers: Mapping[str, str] = resp.headers
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for data in self._resp.content.iter_any():
+                yield data
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
+            raise StreamBroken(str(exc) or type(exc).__name__) from exc
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
+            raise StreamBroken(str(exc) or type(exc).__name__) from exc
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+class AiohttpTransport:
+    """HTTP over aiohttp with an unbounded connection pool (one connection per live stream)."""
+
+    def __init__(self, *, connect_timeout_s: float = 10.0) -> None:
+        self._connect_timeout = connect_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        session = self._get_session()
+        try:
+            resp = await session.request(method, url, data=body, headers=dict(headers))
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError) as exc:
+            raise ConnectFailed(str(exc) or type(exc).__name__) from exc
+        except TimeoutError as exc:
+            raise ConnectFailed("connect timed out") from exc
+        return _AiohttpResponse(resp)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+@dataclass
+class MockRequest:
+    method: str
+    url: str
+    body: bytes | None
+    headers: Mapping[str, str]
+
+
+@dataclass
+class MockResponse:
+    """A scripted response: ``chunks`` are (seconds to wait first, bytes); ``break_after`` cuts the stream."""
+
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    chunks_script: Sequence[tuple[float, bytes]] = ()
+    break_after: int | None = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for i, (delay, data) in enumerate(self.chunks_script):
+            if self.break_after is not None and i >= self.break_after:
+                raise StreamBroken("connection reset by the mock")
+            if delay > 0:
+                await asyncio.sleep(delay)
+            yield data
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
+
+    def close(self) -> None:
+        return None
+
+
+class MockTransport:
+    """An in-process server: ``handler(request)`` returns the response (or raises ConnectFailed)."""
+
+    def __init__(self, handler: Callable[[MockRequest], Awaitable[MockResponse]]) -> None:
+        self._handler = handler
+        self.requests: list[MockRequest] = []
+
+    async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        req = MockRequest(method, url, body, headers)
+        self.requests.append(req)
+        return await self._handler(req)
+
+    async def aclose(self) -> None:
+        return None
