@@ -13,37 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-FAST_PROFILE = """
-name = "bench-fast"
-model = "qwen2.5-0.5b"
-gpu = "laptop"
-max_model_len = 16384
-max_num_batched_tokens = 65536
-max_num_seqs = 4096
-[kv_pool]
-tokens = 4000000
-[step]
-api_overhead_s = 0.0
-[step.pinned]
-prefill_s_per_token = 1e-9
-attention_s_per_pair = 0.0
-weights_s = 0.0005
-kv_s_per_token = 0.0
-step_s = 0.0
-request_s = 0.0
-"""
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).parent))
+from simproc import cpu_seconds, fast_profile, sim_process  # benchmarks run as plain scripts
 
 
 async def one_stream(host: str, port: int, tokens: int, stop_at: float, counts: list[int]) -> None:
@@ -84,36 +59,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=400)
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        profile = Path(tmp) / "fast.toml"
-        profile.write_text(FAST_PROFILE)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "agentload", "sim", "--profile", str(profile), "--port", "0"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert server.stdout is not None
-        address = ""
-        for line in server.stdout:
-            if line.startswith("Serving "):
-                address = line.split("http://", 1)[1].split()[0]
-                break
-        if not address:
-            server.kill()
-            raise SystemExit("the simulated server did not start")
-        cores = os.sched_getaffinity(0)
-        if len(cores) >= 2:
-            first, second = sorted(cores)[:2]
-            os.sched_setaffinity(server.pid, {first})
-            os.sched_setaffinity(0, {second})
-        host, port = address.rsplit(":", 1)
-        try:
-            cpu0, t0 = cpu_seconds(server.pid), time.monotonic()
-            chunks = asyncio.run(drive(host, int(port), args.streams, args.tokens, args.seconds))
-            cpu1, t1 = cpu_seconds(server.pid), time.monotonic()
-        finally:
-            server.terminate()
-            server.communicate(timeout=10)
+    with sim_process(fast_profile(0.0005)) as (server, host, port):
+        cpu0, t0 = cpu_seconds(server.pid), time.monotonic()
+        chunks = asyncio.run(drive(host, port, args.streams, args.tokens, args.seconds))
+        cpu1, t1 = cpu_seconds(server.pid), time.monotonic()
     wall, cpu = t1 - t0, cpu1 - cpu0
     print(f"streams                         {args.streams}")
     print(f"chunks streamed                 {chunks:,}")

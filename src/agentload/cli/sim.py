@@ -92,6 +92,9 @@ def sim(
         bool, typer.Option(help="Report usage.prompt_tokens_details.cached_tokens (vLLM needs a flag for it).")
     ] = True,
     seed: Annotated[int, typer.Option(help="Seed for sampled output lengths and fault draws.")] = 0,
+    stamp_chunks: Annotated[
+        bool, typer.Option(help="Benchmarks: stream each token as the server's monotonic send time.", hidden=True)
+    ] = False,
 ) -> None:
     """Serve a simulated vLLM-style, OpenAI-compatible server: continuous batching, paged KV, prefix cache."""
     prof = load_profile(profile)
@@ -105,6 +108,7 @@ def sim(
         faults=[parse_fault(f) for f in fault or []],
         seed=seed,
         prompt_tokens_details=prompt_tokens_details,
+        stamp_chunks=stamp_chunks,
     )
     server = SimServer(config)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -45,6 +45,9 @@ class SimConfig:
     # vLLM fills usage.prompt_tokens_details only with --enable-prompt-tokens-details; the simulator does by
     # default because agentload's measurements want it, and can mimic the default-off server.
     prompt_tokens_details: bool = True
+    # Benchmarks of client timing: each streamed content token's text becomes the server's monotonic clock at
+    # the moment it was written ("1234.567890 "), so a client on this machine can measure its own lag exactly.
+    stamp_chunks: bool = False
 
 
 def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
@@ -342,6 +345,7 @@ class SimServer:
                  '"finish_reason":null}]}\n\n').encode()
             )  # fmt: skip
         strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
+        stamp = self.config.stamp_chunks
         sent = 0
         calls_started: set[int] = set()
         while True:
@@ -363,7 +367,10 @@ class SimServer:
                     elif fault.kind == "malformed":
                         out.append('data: {"id": "broken", "choices": [{"delta": \n\n')
                     fault = None
-                out.append(head + _delta(pieces[sent], chat, req.request_id, calls_started) + "]}\n\n")
+                piece = pieces[sent]
+                if stamp and piece.kind == "content":
+                    piece = Piece("content", f"{time.monotonic():.6f} ")
+                out.append(head + _delta(piece, chat, req.request_id, calls_started) + "]}\n\n")
                 sent += 1
             if out:
                 await resp.write("".join(out).encode())
