@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from agentload.clock import RealClock
+from agentload.vtime import LoopClock
 from agentload.endpoint.records import (
     ErrorKind,
     Outcome,
@@ -199,14 +199,16 @@ class ChatClient:
         transport: Transport | None = None,
         policy: StallPolicy | None = None,
         api_key_env: str | None = "OPENAI_API_KEY",
-        clock: RealClock | None = None,
+        clock: LoopClock | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
         self.transport: Transport = transport or AiohttpTransport()
         self.policy: StallPolicy = policy or FixedDeadlines()
-        self.clock = clock or RealClock()
+        # The loop's clock: time.monotonic() on a normal loop (comparable across processes), virtual on a
+        # VirtualTimeLoop.
+        self.clock = clock or LoopClock()
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         key = os.environ.get(api_key_env) if api_key_env else None
         if key:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from agentload.clock import RealClock
+from agentload.vtime import LoopClock
 from agentload.sim.engine import Engine, SimRequest, StepResult
 
 
@@ -32,18 +32,19 @@ class EngineRunner:
         self,
         engine: Engine,
         *,
-        clock: RealClock | None = None,
+        clock: LoopClock | None = None,
         cold_start_s: float = 0.0,
         on_step: Callable[[StepResult], None] | None = None,
     ) -> None:
         self.engine = engine
-        self.clock = clock or RealClock()
+        # The loop's clock: wall time on a normal loop, simulated time on a VirtualTimeLoop (sim.inprocess).
+        self.clock = clock or LoopClock()
         self.cold_start_s = cold_start_s
         self.ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._on_step = on_step
-        self.started_at = self.clock.now()
+        self.started_at = 0.0
 
     @property
     def is_ready(self) -> bool:

@@ -13,7 +13,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,33 @@ def error_body(status: int, message: str, err_type: str, param: str | None = Non
 
 def error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
     return web.json_response(error_body(status, message, err_type, param), status=status)
+
+
+class ResetConnection(Exception):
+    """Raised by a response body to make the transport drop the connection (the reset fault)."""
+
+
+@dataclass
+class SimResponse:
+    """A response independent of the transport: status, headers, and the body as it is produced."""
+
+    status: int
+    headers: dict[str, str]
+    body: AsyncGenerator[bytes, None]
+
+    @classmethod
+    def error(
+        cls, status: int, message: str, err_type: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> SimResponse:
+        return cls(
+            status,
+            {"Content-Type": "application/json", **(headers or {})},
+            _once(json.dumps(error_body(status, message, err_type, param)).encode()),
+        )
+
+
+async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
+    yield data
 
 
 @web.middleware
@@ -212,28 +239,45 @@ class SimServer:
         return req, pieces, cut
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body: ChatRequest = parse_body(ChatRequest, await request.read())
-        self._check_model(body)
-        return await self._generate(request, body, render_chat(body), body.messages, body, chat=True)
+        return await self._send(request, await self.open_generation(await request.read(), chat=True))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body: CompletionRequest = parse_body(CompletionRequest, await request.read())
-        self._check_model(body)
-        text = body.prompt_text()
-        return await self._generate(request, body, text, [Message(role="user", content=text)], None, chat=False)
+        return await self._send(request, await self.open_generation(await request.read(), chat=False))
 
-    async def _generate(
-        self,
-        request: web.Request,
-        body: _Common,
-        prompt_text: str,
-        messages: list[Message],
-        chat_body: ChatRequest | None,
-        *,
-        chat: bool,
-    ) -> web.StreamResponse:
-        req, pieces, _ = self._plan(body, prompt_text, messages, chat_body)
-        # A cold server sends nothing at all until it is ready: no headers, no role chunk.
+    async def _send(self, request: web.Request, sim: SimResponse) -> web.StreamResponse:
+        """Write a SimResponse over HTTP; a ResetConnection from its body aborts the TCP connection."""
+        resp = web.StreamResponse(status=sim.status, headers=sim.headers)
+        await resp.prepare(request)
+        try:
+            async for block in sim.body:
+                await resp.write(block)
+        except ResetConnection:
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
+        finally:
+            await sim.body.aclose()
+        await resp.write_eof()
+        return resp
+
+    # -- the transport-neutral API (HTTP above; sim.inprocess calls it without sockets) ----------------------
+    async def open_generation(self, raw: bytes, *, chat: bool) -> SimResponse:
+        """Validate a chat / completion body and start generating; returns once the response would begin.
+
+        Raises RequestError for bad input (the caller turns it into an OpenAI-style error response). A cold
+        server returns only when it is ready: until then the client receives nothing at all.
+        """
+        if chat:
+            cbody: ChatRequest = parse_body(ChatRequest, raw)
+            body: _Common = cbody
+            self._check_model(body)
+            req, pieces, _ = self._plan(body, render_chat(cbody), cbody.messages, cbody)
+        else:
+            pbody: CompletionRequest = parse_body(CompletionRequest, raw)
+            body = pbody
+            self._check_model(body)
+            text = pbody.prompt_text()
+            req, pieces, _ = self._plan(body, text, [Message(role="user", content=text)], None)
         await self.runner.ready.wait()
         fault = self.faults.draw()
         if fault is not None and fault.kind in ("http500", "http503", "http429"):
@@ -243,22 +287,30 @@ class SimServer:
             await asyncio.sleep(overhead)
         req.arrival = self.runner.clock.now()
         delivery = self.runner.submit(req)
+        if body.stream:
+            gen = self._stream(body, req, pieces, delivery, fault, chat=chat)
+            headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        else:
+            gen = self._complete(req, pieces, delivery, fault, chat=chat)
+            headers = {"Content-Type": "application/json"}
+        return SimResponse(200, headers, self._abort_unfinished(gen, req))
+
+    async def _abort_unfinished(self, gen: AsyncIterator[bytes], req: SimRequest) -> AsyncGenerator[bytes, None]:
+        """Pass the body through; if the client goes away first, take the request out of the engine."""
         try:
-            if body.stream:
-                return await self._stream(request, body, req, pieces, delivery, fault, chat=chat)
-            return await self._complete(request, body, req, pieces, delivery, fault, chat=chat)
+            async for block in gen:
+                yield block
         finally:
             if req.finished_at is None:
                 self.runner.abort(req)
 
-    def _fault_response(self, fault: FaultSpec) -> web.Response:
+    def _fault_response(self, fault: FaultSpec) -> SimResponse:
         if fault.kind == "http429":
-            resp = error_response(429, "rate limited (injected fault)", "RateLimitError")
-            resp.headers["Retry-After"] = f"{fault.seconds:g}"
-            return resp
+            return SimResponse.error(429, "rate limited (injected fault)", "RateLimitError",
+                                     headers={"Retry-After": f"{fault.seconds:g}"})  # fmt: skip
         if fault.kind == "http503":
-            return error_response(503, "service unavailable (injected fault)", "ServiceUnavailable")
-        return error_response(500, "internal server error (injected fault)", "InternalServerError")
+            return SimResponse.error(503, "service unavailable (injected fault)", "ServiceUnavailable")
+        return SimResponse.error(500, "internal server error (injected fault)", "InternalServerError")
 
     def _usage(self, req: SimRequest, completion_tokens: int) -> dict[str, Any]:
         usage: dict[str, Any] = {
@@ -271,32 +323,20 @@ class SimServer:
             usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens or 0}
         return usage
 
-    async def _wait_finished(self, req: SimRequest, delivery: Delivery) -> None:
+    async def _complete(
+        self, req: SimRequest, pieces: list[Piece], delivery: Delivery, fault: FaultSpec | None, *, chat: bool
+    ) -> AsyncIterator[bytes]:
         while req.finished_at is None and req.finish_reason != "abort":
             await delivery.event.wait()
             delivery.event.clear()
-
-    async def _complete(
-        self,
-        request: web.Request,
-        body: _Common,
-        req: SimRequest,
-        pieces: list[Piece],
-        delivery: Delivery,
-        fault: FaultSpec | None,
-        *,
-        chat: bool,
-    ) -> web.StreamResponse:
-        await self._wait_finished(req, delivery)
         if fault is not None:
             if fault.kind == "stall":
                 await asyncio.sleep(fault.seconds)
             elif fault.kind == "reset":
-                if request.transport is not None:
-                    request.transport.abort()
-                return web.Response(status=500)
+                raise ResetConnection
             elif fault.kind == "malformed":
-                return web.Response(body=b'{"id": "truncated', content_type="application/json")
+                yield b'{"id": "truncated'
+                return
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
         finish = req.finish_reason or "stop"
         if chat:
@@ -317,11 +357,10 @@ class SimServer:
             "choices": [choice],
             "usage": self._usage(req, len(pieces)),
         }
-        return web.json_response(payload)
+        yield json.dumps(payload).encode()
 
     async def _stream(
         self,
-        request: web.Request,
         body: _Common,
         req: SimRequest,
         pieces: list[Piece],
@@ -329,9 +368,7 @@ class SimServer:
         fault: FaultSpec | None,
         *,
         chat: bool,
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+    ) -> AsyncIterator[bytes]:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = (
@@ -340,10 +377,8 @@ class SimServer:
         )
         if chat:
             # vLLM sends the role at once; with a long prefill the stream then stays silent (domain.md §3).
-            await resp.write(
-                (head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                 '"finish_reason":null}]}\n\n').encode()
-            )  # fmt: skip
+            yield (head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                   '"finish_reason":null}]}\n\n').encode()  # fmt: skip
         strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
         stamp = self.config.stamp_chunks
         sent = 0
@@ -356,14 +391,12 @@ class SimServer:
             while sent < upto:
                 if sent == strike and fault is not None:
                     if out:
-                        await resp.write("".join(out).encode())
+                        yield "".join(out).encode()
                         out = []
                     if fault.kind == "stall":
                         await asyncio.sleep(fault.seconds)
                     elif fault.kind == "reset":
-                        if request.transport is not None:
-                            request.transport.abort()
-                        return resp
+                        raise ResetConnection
                     elif fault.kind == "malformed":
                         out.append('data: {"id": "broken", "choices": [{"delta": \n\n')
                     fault = None
@@ -373,7 +406,7 @@ class SimServer:
                 out.append(head + _delta(piece, chat, req.request_id, calls_started) + "]}\n\n")
                 sent += 1
             if out:
-                await resp.write("".join(out).encode())
+                yield "".join(out).encode()
             if req.finished_at is not None or req.finish_reason == "abort":
                 break
         finish = req.finish_reason or "stop"
@@ -385,9 +418,7 @@ class SimServer:
             usage = json.dumps(self._usage(req, len(pieces)))
             tail.append(head + f'],"usage":{usage}}}\n\n')
         tail.append("data: [DONE]\n\n")
-        await resp.write("".join(tail).encode())
-        await resp.write_eof()
-        return resp
+        yield "".join(tail).encode()
 
 
 def _delta(piece: Piece, chat: bool, request_id: str, started: set[int]) -> str:
