@@ -1,0 +1,123 @@
+"""The benchmark's results: compiled once, at the end of a level and of a run, from records and server samples.
+
+Everything here is immutable and round-trips through JSON (``RunResult.model_validate_json``); reports render
+from the saved file, never from live state.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RESULT_SCHEMA = 1
+
+
+class ServerSample(BaseModel):
+    """One scrape of the server's /metrics, normalised across engines (None where the engine has no such metric)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    t: float  # client clock, seconds since the run started
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0–1
+    prompt_tokens: float | None = None  # counters (cumulative)
+    generation_tokens: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    preemptions: float | None = None
+    recomputed_tokens: float | None = None  # simulator extension
+
+
+class Percentiles(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+class LevelSummary(BaseModel):
+    """One load level (a number of concurrent agents at one context size)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    level: int
+    agents: int
+    context: int
+    workload: str
+    window_s: float  # measured span (warm-up excluded)
+    warmup_s: float
+    sessions_completed: int
+    sessions_failed: int
+    requests_ok: int
+    requests_failed: int
+    turns: int
+    pass_rate: float | None = None  # scored workloads (suite)
+    output_tps: float
+    prefill_tps: float
+    throughput_source: Literal["server", "usage"]
+    prefill_share: float | None = None  # prefill ÷ (prefill + generation) tokens
+    prefix_hit_rate_server: float | None = None
+    prefix_hit_rate_usage: float | None = None
+    ttft_s: Percentiles = Field(default_factory=Percentiles)
+    itl_s: Percentiles = Field(default_factory=Percentiles)
+    queue_wait_s: Percentiles = Field(default_factory=Percentiles)
+    peak_kv_usage: float | None = None
+    mean_kv_usage: float | None = None
+    mean_running: float | None = None
+    mean_waiting: float | None = None
+    preemptions: float | None = None
+    recomputed_tokens: float | None = None
+
+
+class CapacityEstimate(BaseModel):
+    """KV pool ÷ context per session — exact for dense attention, a lower bound for sliding / sparse models."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pool_tokens: int | None
+    block_size: int | None
+    context: int
+    sessions: float | None  # the estimate
+    source: str  # where the pool came from (cache_config_info, profile, startup log, ...)
+    label: str = "dense-attention estimate; a lower bound for sliding-window / sparse attention"
+
+
+class KneeExplanation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cause: Literal["preemption", "cache_eviction", "compute_saturation", "slo", "none"]
+    summary: str  # one sentence a person can read
+    evidence: dict[str, float] = Field(default_factory=dict)  # the numbers behind it, before vs at the knee
+
+
+class Knee(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    agents: int  # the last level before the drop (or the largest meeting the SLO)
+    context: int
+    criterion: str  # e.g. "throughput peak" or "ttft_p95 <= 2s"
+    measured_over_predicted: float | None = None
+    explanation: KneeExplanation
+    agent_turns: int = 0  # the work the search spent
+
+
+class RunResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = RESULT_SCHEMA
+    run_id: str
+    created: str  # ISO-8601 wall-clock date of the start
+    agentload_version: str
+    target: str  # URL, or "sim:PROFILE (in-process, virtual time)"
+    model: str
+    workload: str
+    mode: Literal["sweep", "find-knee", "grid", "soak", "single"]
+    settings: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    levels: list[LevelSummary]
+    capacity: list[CapacityEstimate] = Field(default_factory=list)
+    knee: list[Knee] = Field(default_factory=list)
+    real_over_synthetic: float | None = None
+    notes: list[str] = Field(default_factory=list)

@@ -1,0 +1,53 @@
+"""The contract between a workload and the benchmark that runs it (the consumer, bench/, relies only on this).
+
+A workload makes ``AgentDriver``s; the benchmark starts ``count`` of them for one load level and stops them when
+the level ends. A driver sends its requests through ``ctx.backend`` (which records every attempt), waits with
+``ctx.clock`` (virtual in simulated runs), and checks ``ctx.should_stop()`` between turns. Workloads never time
+anything themselves: the records carry every timing.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from agentload.agent.loop import ChatBackend
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class LoadContext(Protocol):
+    """What a running driver may use."""
+
+    backend: ChatBackend  # every attempt it makes is recorded with the level's ids
+    clock: Clock
+    model: str
+    run_id: str
+    level: int
+
+    def should_stop(self) -> bool:
+        """True once the level's time is up (finish the current turn, then return)."""
+        ...
+
+    def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
+        """Report one finished session (a conversation, a suite pass): ok, and for scored workloads the score."""
+        ...
+
+
+class AgentDriver(Protocol):
+    agent_id: str
+
+    async def run(self, ctx: LoadContext) -> None:
+        """Drive one agent until the workload is done with it or ``ctx.should_stop()``."""
+        ...
+
+
+class Workload(Protocol):
+    name: str
+
+    def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
+        """``count`` independent agents whose conversations aim at ``context`` tokens."""
+        ...
