@@ -1,0 +1,292 @@
+"""``agentload suite``: run the behaviour suite with N agents at once and print what they got right, and how fast.
+
+Without ``--url`` it starts the embedded simulator in this process (127.0.0.1, a free port) with the oracle
+behaviour, which answers every test correctly — a self-check of the harness and a baseline for the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from aiohttp import web
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentload.capacity.profile import load_profile
+from agentload.cli.common import console, err_console, reports_errors
+from agentload.clock import RealClock
+from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.endpoint.client import ChatClient
+from agentload.errors import ConfigError, EndpointUnreachableError
+from agentload.sim.behaviour import OracleBehaviour
+from agentload.sim.scenarios import default_book
+from agentload.sim.server import SimConfig, SimServer
+from agentload.suite.cases import select
+from agentload.suite.cases.stress import PAYLOAD_TOKENS
+from agentload.suite.model import SuiteTest
+from agentload.suite.results import LevelResult, SuiteRun, TestResult, save_run
+from agentload.suite.runner import SuiteConfig, check_agent_counts, run_suite
+from agentload.suite.scoring import Status
+
+EMBEDDED_PROFILE = "qwen3-235b-gb300"  # the source benchmark's deployment, and short simulated steps
+
+
+def parse_counts(agents: int | None, sweep: str | None) -> list[int]:
+    """The agent counts to run from --agents or --sweep (not both); default one agent."""
+    if agents is not None and sweep is not None:
+        raise ConfigError("give --agents or --sweep, not both")
+    if sweep is not None:
+        parts = [p.strip() for p in sweep.split(",") if p.strip()]
+        try:
+            counts = [int(p) for p in parts]
+        except ValueError as exc:
+            raise ConfigError(f"--sweep {sweep!r}: use comma-separated whole numbers, e.g. 1,4,16,64") from exc
+        if not counts:
+            raise ConfigError("--sweep is empty: use comma-separated whole numbers, e.g. 1,4,16,64")
+        return check_agent_counts(counts)
+    if agents is not None and agents <= 0:
+        raise ConfigError(f"--agents must be at least 1, got {agents}")
+    return [agents or 1]
+
+
+def parse_tests(tests: str | None) -> list[str] | None:
+    if tests is None:
+        return None
+    ids = [t.strip() for t in tests.split(",") if t.strip()]
+    if not ids:
+        raise ConfigError("--tests is empty: give test ids such as T1,T5")
+    return ids
+
+
+@asynccontextmanager
+async def embedded_simulator(profile: str) -> AsyncIterator[tuple[str, str]]:
+    """The simulator with the oracle on 127.0.0.1 (a free port) in this event loop; yields (URL, model)."""
+    server = SimServer(SimConfig(profile=load_profile(profile), behaviour=OracleBehaviour(default_book())))
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        yield f"http://127.0.0.1:{port}", server.model_name
+    finally:
+        await runner.cleanup()
+
+
+class _Bar:
+    """Progress on stderr (so --json output stays clean): tests finished out of agents × tests, per level."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("tests  [green]{task.fields[passed]}[/] passed"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        )
+        self.task: TaskID | None = None
+        self.passed = 0
+
+    def level(self, agents: int, tests: int) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.passed = 0
+        self.task = self.progress.add_task(f"{agents} agent{'s' * (agents != 1)}", total=agents * tests, passed=0)
+
+    def test_done(self, agents: int, result: TestResult) -> None:
+        if self.task is None:
+            return
+        self.passed += result.status is Status.PASS
+        self.progress.update(self.task, advance=1, passed=self.passed)
+
+
+async def _run(
+    url: str | None,
+    model: str | None,
+    key_env: str | None,
+    profile: str,
+    tests: list[SuiteTest],
+    counts: list[int],
+    payload_tokens: int,
+    max_tokens: int | None,
+    show_progress: bool,
+) -> SuiteRun:
+    async with _endpoint(url, model, profile) as (base, served, label):
+        client = ChatClient(base, api_key_env=key_env)
+        bar = _Bar()
+        try:
+            with bar.progress if show_progress else contextlib.nullcontext():
+                return await run_suite(
+                    SingleAttemptBackend(client),
+                    tests,
+                    SuiteConfig(model=served, max_tokens=max_tokens, payload_tokens=payload_tokens),
+                    counts,
+                    RealClock(),
+                    endpoint=label,
+                    on_level=bar.level,
+                    on_test=bar.test_done,
+                )
+        finally:
+            await client.aclose()
+
+
+@asynccontextmanager
+async def _endpoint(url: str | None, model: str | None, profile: str) -> AsyncIterator[tuple[str, str, str]]:
+    """(base URL, model, how results name the endpoint): the given server, or the embedded simulator."""
+    if url is not None:
+        yield url, model or "", url
+        return
+    async with embedded_simulator(profile) as (base, served):
+        yield base, model or served, f"embedded simulator ({profile}, oracle)"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0%}" if x in (0.0, 1.0) else f"{x:.1%}"
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "—"
+    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def render_level(level: LevelResult) -> None:
+    """One load level as tables, for people. Reads only the compiled result."""
+    n = level.agents
+    t = Table(title=f"{n} agent{'s' * (n != 1)}: per-test pass rate", title_justify="left")
+    t.add_column("test")
+    t.add_column("category")
+    t.add_column("checks")
+    t.add_column("pass", justify="right")
+    t.add_column("rate", justify="right")
+    t.add_column("note", style="dim")
+    for s in level.per_test:
+        notes = []
+        if s.unscored:
+            notes.append(f"{s.unscored} unscored")
+        if s.median_break_hop is not None:
+            notes.append(f"median break hop {s.median_break_hop:g}")
+        t.add_row(s.test_id, s.category.label, s.title, f"{s.passed}/{n}", _pct(s.pass_rate), ", ".join(notes))
+    console.print(t)
+    figures = Table(show_header=False, box=None, padding=(0, 2))
+    figures.add_column()
+    figures.add_column(justify="right")
+    figures.add_column(style="dim")
+    pooled_over = f"passes ÷ ({n} agents × {len(level.pooled_tests)} tests)"
+    figures.add_row("[bold]pooled pass rate[/]", f"[bold]{_pct(level.pooled_pass_rate)}[/]", pooled_over)
+    figures.add_row(
+        "agents completed / unscored / failed",
+        f"{level.completed} / {level.unscored} / {level.failed}",
+        "unscored: a request failed, so a test could not be judged",
+    )
+    figures.add_row("wall clock", _secs(level.wall_clock_s), "")
+    figures.add_row("median session", _secs(level.median_session_s), "one agent's whole suite")
+    figures.add_row("sessions per minute", f"{level.sessions_per_min:.1f}", "")
+    figures.add_row(
+        "TTFT p50 / p95",
+        f"{_secs(level.ttft_p50_s)} / {_secs(level.ttft_p95_s)}",
+        f"over {level.requests - level.requests_failed:,} successful requests",
+    )
+    if level.requests_failed:
+        figures.add_row("requests failed", f"{level.requests_failed:,} of {level.requests:,}", "")
+    console.print(figures)
+    console.print()
+
+
+def summary(run: SuiteRun) -> dict[str, Any]:
+    """The run without transcripts (those go to --out): what --json prints."""
+    return run.model_dump(mode="json", exclude={"levels": {"__all__": {"agent_results"}}})
+
+
+@reports_errors
+def suite(
+    url: Annotated[
+        str | None, typer.Option("--url", help="OpenAI-compatible server (…/v1). Default: the embedded simulator.")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name to request (needed with --url).")] = (
+        None
+    ),
+    agents: Annotated[int | None, typer.Option("--agents", "-n", help="Agents at once (default 1).")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="Several agent counts in turn, e.g. 1,4,16,64.")] = (
+        None
+    ),
+    tests: Annotated[str | None, typer.Option("--tests", help="Only these tests, e.g. T1,T5 (default: all).")] = None,
+    skip_hop: Annotated[bool, typer.Option("--skip-hop", help="Leave out the 50-hop relay (H1).")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the full result, transcripts included, here.")] = (
+        None
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON instead of tables.")] = False,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="Environment variable holding the API key (never stored).")
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help=f"Embedded simulator's profile (default {EMBEDDED_PROFILE}).")
+    ] = None,
+    payload_tokens: Annotated[
+        int, typer.Option("--payload-tokens", help="Size of T11's large tool result; lower it for short contexts.")
+    ] = PAYLOAD_TOKENS,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Output cap per turn (default: none).")] = None,
+) -> None:
+    """Run the behaviour suite (T1–T17 and the H1 relay) with N agents at once; pass rates, timing, TTFT."""
+    counts = parse_counts(agents, sweep)
+    selected = select(parse_tests(tests), skip_hop=skip_hop, payload_tokens=payload_tokens)
+    if url is not None:
+        if not model:
+            raise ConfigError("--model is required with --url")
+        if profile is not None:
+            raise ConfigError("--profile sets up the embedded simulator; it does not apply with --url")
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if api_key_env is not None and not os.environ.get(api_key_env):
+        raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory")
+    try:
+        run = asyncio.run(
+            _run(
+                url,
+                model,
+                api_key_env,
+                profile or EMBEDDED_PROFILE,
+                selected,
+                counts,
+                payload_tokens,
+                max_tokens,
+                show_progress=not as_json,
+            )
+        )
+    except KeyboardInterrupt:
+        err_console.print("interrupted: no results written")
+        raise typer.Exit(130) from None
+    if out is not None:
+        path = save_run(run, out)
+        err_console.print(f"[dim]results with every transcript: {path}[/]")
+    if as_json:
+        typer.echo(json.dumps(summary(run), indent=2))
+    else:
+        console.print(f"[bold]agentload suite {run.suite_version}[/] — {run.model} at {run.endpoint}")
+        for level in run.levels:
+            render_level(level)
+    _raise_if_unreachable(run)
+
+
+def _raise_if_unreachable(run: SuiteRun) -> None:
+    """A run in which not one request succeeded says nothing about the model: say so, and exit non-zero."""
+    levels = run.levels
+    if levels and all(lv.requests and lv.requests_failed == lv.requests for lv in levels):
+        first = next(
+            (rec for lv in levels for a in lv.agent_results for r in a.tests for rec in r.transcript.records()),
+            None,
+        )
+        why = f": {first.error_message}" if first is not None and first.error_message else ""
+        raise EndpointUnreachableError(f"every request to {run.endpoint} failed{why}")

@@ -1,0 +1,251 @@
+"""Suite results: immutable pydantic models that round-trip through a JSON file, with every transcript inside.
+
+The runner accumulates per-agent results while it runs and calls ``compile_level`` once a load level is over;
+reports render from the compiled (or re-loaded) result, never from live state. ``rescore`` re-judges stored
+transcripts with the current scorers and recompiles the figures — nothing is re-run.
+
+Figures per load level, as the seed runner defines them (domain.md §2): pooled pass rate = passes / (agents ×
+tests) over the scored tests T1–T17 (the H1 relay is reported on its own, as the seed keeps its escalation out
+of the pooled figure); agents completed / unscored / failed; wall clock; median session time; sessions per
+minute. Streaming adds what the seed's non-streaming requests could not give: time to first token, p50 / p95.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from agentload.agent.loop import Transcript
+from agentload.errors import ConfigError
+from agentload.suite.model import SUITE_VERSION, Category, SuiteTest
+from agentload.suite.scoring import Status, score
+
+
+class TestResult(BaseModel):
+    """One agent's run of one test: the verdict and the whole conversation it was judged on."""
+
+    __test__ = False  # not a pytest class, whatever its name says
+    model_config = ConfigDict(frozen=True)
+
+    test_id: str
+    category: Category
+    status: Status
+    reason: str
+    break_hop: int | None = None
+    hops_completed: int | None = None
+    suite_version: str  # the suite whose scorer produced this verdict
+    played_version: str  # the suite whose prompts and tools produced the transcript
+    started_s: float  # seconds after the load level began
+    duration_s: float
+    transcript: Transcript
+
+
+class AgentStatus(StrEnum):
+    COMPLETED = "completed"  # every test ran and was scored
+    UNSCORED = "unscored"  # the session ran to the end but at least one test's request failed
+    FAILED = "failed"  # the session stopped early (an error escaped the agent)
+
+
+class AgentResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    agent_id: str
+    status: AgentStatus
+    error: str = ""
+    session_s: float
+    tests: list[TestResult]
+
+
+class TestSummary(BaseModel):
+    __test__ = False
+    model_config = ConfigDict(frozen=True)
+
+    test_id: str
+    category: Category
+    title: str
+    passed: int
+    failed: int
+    unscored: int
+    pass_rate: float  # passes / agents: a test an agent never reached counts against it
+    median_break_hop: float | None = None  # H1 only, over the agents whose chain broke
+
+
+class LevelResult(BaseModel):
+    """One load level: N agents, each running the whole suite in order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agents: int
+    suite_version: str
+    tests: list[str]
+    wall_clock_s: float
+    per_test: list[TestSummary]
+    pooled_tests: list[str]
+    pooled_pass_rate: float | None  # None when only H1 ran
+    completed: int
+    unscored: int
+    failed: int
+    median_session_s: float | None
+    sessions_per_min: float
+    requests: int
+    requests_failed: int
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    agent_results: list[AgentResult]
+
+
+class SuiteRun(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    suite_version: str
+    model: str
+    endpoint: str  # the base URL, or "embedded simulator (profile)"; never a credential
+    started_at: datetime
+    payload_tokens: int
+    levels: list[LevelResult]
+
+
+@dataclass(frozen=True)
+class TestInfo:
+    """What a level's summary needs to know of a test (stored results carry it, so rescoring needs no more)."""
+
+    __test__ = False
+
+    id: str
+    category: Category
+    title: str
+
+    @classmethod
+    def of(cls, test: SuiteTest) -> TestInfo:
+        return cls(test.id, test.category, test.title)
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values), q)) if values else None
+
+
+def compile_level(
+    agents: int, wall_clock_s: float, tests: Sequence[TestInfo], results: Iterable[AgentResult]
+) -> LevelResult:
+    """The level's figures from its agents' results (the one place they are computed)."""
+    done = sorted(results, key=lambda a: a.agent_id)
+    per_test: list[TestSummary] = []
+    for test in tests:
+        mine = [r for a in done for r in a.tests if r.test_id == test.id]
+        n_pass = sum(r.status is Status.PASS for r in mine)
+        hops = [r.break_hop for r in mine if r.break_hop is not None]
+        per_test.append(
+            TestSummary(
+                test_id=test.id,
+                category=test.category,
+                title=test.title,
+                passed=n_pass,
+                failed=sum(r.status is Status.FAIL for r in mine),
+                unscored=sum(r.status is Status.UNSCORED for r in mine),
+                pass_rate=n_pass / agents if agents else 0.0,
+                median_break_hop=statistics.median(hops) if hops else None,
+            )
+        )
+    pooled = [s for s in per_test if s.category is not Category.MULTIHOP]
+    pooled_rate = sum(s.passed for s in pooled) / (agents * len(pooled)) if pooled and agents else None
+    finished = [a for a in done if a.status is not AgentStatus.FAILED]
+    records = [rec for a in done for r in a.tests for rec in r.transcript.records()]
+    ttfts = [x for rec in records if rec.ok and (x := rec.ttft) is not None]
+    return LevelResult(
+        agents=agents,
+        suite_version=SUITE_VERSION,
+        tests=[t.id for t in tests],
+        wall_clock_s=wall_clock_s,
+        per_test=per_test,
+        pooled_tests=[s.test_id for s in pooled],
+        pooled_pass_rate=pooled_rate,
+        completed=sum(a.status is AgentStatus.COMPLETED for a in done),
+        unscored=sum(a.status is AgentStatus.UNSCORED for a in done),
+        failed=sum(a.status is AgentStatus.FAILED for a in done),
+        median_session_s=statistics.median(a.session_s for a in finished) if finished else None,
+        sessions_per_min=len(finished) / (wall_clock_s / 60.0) if wall_clock_s > 0 else 0.0,
+        requests=len(records),
+        requests_failed=sum(not rec.ok for rec in records),
+        ttft_p50_s=_percentile(ttfts, 50),
+        ttft_p95_s=_percentile(ttfts, 95),
+        agent_results=done,
+    )
+
+
+def judge(
+    test: SuiteTest, transcript: Transcript, *, played_version: str, started_s: float, duration_s: float
+) -> TestResult:
+    status, verdict = score(test, transcript)
+    return TestResult(
+        test_id=test.id,
+        category=test.category,
+        status=status,
+        reason=verdict.reason,
+        break_hop=verdict.break_hop,
+        hops_completed=verdict.hops_completed,
+        suite_version=SUITE_VERSION,
+        played_version=played_version,
+        started_s=started_s,
+        duration_s=duration_s,
+        transcript=transcript,
+    )
+
+
+def _rescore_one(old: TestResult, tests: Mapping[str, SuiteTest]) -> TestResult:
+    test = tests.get(old.test_id)
+    if test is None:
+        return old.model_copy(
+            update={
+                "status": Status.UNSCORED,
+                "reason": f"suite {SUITE_VERSION} has no test {old.test_id}",
+                "suite_version": SUITE_VERSION,
+                "break_hop": None,
+                "hops_completed": None,
+            }
+        )
+    return judge(
+        test, old.transcript, played_version=old.played_version, started_s=old.started_s, duration_s=old.duration_s
+    )
+
+
+def rescore(run: SuiteRun, tests: Mapping[str, SuiteTest] | None = None) -> SuiteRun:
+    """Re-judge every stored transcript with the current scorers and recompile every level's figures."""
+    from agentload.suite.cases import by_id
+
+    table = dict(tests) if tests is not None else by_id(run.payload_tokens)
+    levels: list[LevelResult] = []
+    for level in run.levels:
+        agents = [
+            a.model_copy(update={"tests": [_rescore_one(r, table) for r in a.tests]}) for a in level.agent_results
+        ]
+        # The level's own test list and order: a test the current suite lacks is still reported (unscored).
+        infos = [TestInfo(s.test_id, s.category, s.title) for s in level.per_test]
+        levels.append(compile_level(level.agents, level.wall_clock_s, infos, agents))
+    return run.model_copy(update={"levels": levels, "suite_version": SUITE_VERSION})
+
+
+def save_run(run: SuiteRun, out_dir: Path) -> Path:
+    """Write ``run`` as ``suite-<start time>.json`` in ``out_dir`` (created if needed); return the path."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"suite-{run.started_at.strftime('%Y%m%d-%H%M%S')}.json"
+        path.write_text(run.model_dump_json(), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write results to {out_dir}: {exc.strerror or exc}") from exc
+    return path
+
+
+def load_run(path: Path) -> SuiteRun:
+    try:
+        return SuiteRun.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        raise ConfigError(f"{path} is not a suite result: {exc.errors()[0]['msg']}") from exc

@@ -1,0 +1,194 @@
+"""Run the suite: N agents at once, each running every selected test in order, as the seed runner does.
+
+The seed started one process per agent, all at once, with non-streaming requests (domain.md §2). Here an agent
+is an asyncio task over a shared ``ChatBackend`` (streaming, so time to first token is measured too); every
+agent starts together and runs the tests one after another, each test a fresh conversation with fresh tools.
+A sweep runs one load level after another, never overlapping, so each level's figures are its own.
+
+What can go wrong with one agent is data: a failed request makes that test unscored and the agent moves on to
+the next test; an error that escapes the agent loop ends that agent's session as failed. Neither stops the
+level. Cancelling the run (Ctrl-C) is the one thing that does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from agentload.agent.loop import AgentSpec, ChatBackend, run_agent
+from agentload.agent.tools import ToolRegistry
+from agentload.errors import ConfigError
+from agentload.suite.cases.stress import PAYLOAD_TOKENS
+from agentload.suite.model import SUITE_VERSION, SuiteTest
+from agentload.suite.results import (
+    AgentResult,
+    AgentStatus,
+    LevelResult,
+    SuiteRun,
+    TestInfo,
+    TestResult,
+    compile_level,
+    judge,
+)
+from agentload.suite.scoring import Status
+
+
+class SuiteClock(Protocol):
+    """Time for the runner: stamps for the figures, sleeps for the agents' think and tool time."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+TestDone = Callable[[int, TestResult], None]  # (agents in the level, the finished test's result)
+LevelStart = Callable[[int, int], None]  # (agents in the level, tests each agent runs)
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    model: str
+    max_tokens: int | None = None  # per turn; None lets the server decide (reasoning models need room)
+    temperature: float | None = None  # None: the server's default, as agents in the wild run
+    payload_tokens: int = PAYLOAD_TOKENS
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("the suite needs a model name")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError(f"max tokens must be positive, got {self.max_tokens}")
+
+
+def check_agent_counts(counts: Sequence[int]) -> list[int]:
+    if not counts:
+        raise ConfigError("no agent counts to run")
+    bad = [n for n in counts if n <= 0]
+    if bad:
+        raise ConfigError(f"agent counts must be positive, got {', '.join(map(str, bad))}")
+    return list(counts)
+
+
+class LevelAccumulator:
+    """Mutable state of one load level while it runs; ``compile`` turns it into the immutable result."""
+
+    def __init__(self, agents: int, tests: Sequence[SuiteTest], started: float) -> None:
+        self.agents = agents
+        self.tests = [TestInfo.of(t) for t in tests]
+        self.started = started
+        self.sessions: list[AgentResult] = []
+        self.tests_done = 0
+
+    def test_done(self) -> None:
+        self.tests_done += 1
+
+    def session_done(self, result: AgentResult) -> None:
+        self.sessions.append(result)
+
+    def compile(self, ended: float) -> LevelResult:
+        return compile_level(self.agents, ended - self.started, self.tests, self.sessions)
+
+
+async def run_session(
+    agent_id: str,
+    tests: Sequence[SuiteTest],
+    backend: ChatBackend,
+    config: SuiteConfig,
+    clock: SuiteClock,
+    acc: LevelAccumulator,
+    *,
+    run_id: str = "",
+    on_test: TestDone | None = None,
+) -> AgentResult:
+    """One agent's whole suite, test after test."""
+    start = clock.now()
+    results: list[TestResult] = []
+    error = ""
+    try:
+        for test in tests:
+            t0 = clock.now()
+            spec = AgentSpec(
+                agent_id=f"{agent_id}/{test.id}",
+                model=config.model,
+                messages=test.messages(),
+                max_rounds=test.max_rounds,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+            )
+            tools = ToolRegistry.of(test.tools())  # fresh per agent: the T17 list is this agent's own
+            transcript = await run_agent(spec, backend, tools, clock, run_id=run_id, level=acc.agents)
+            result = judge(
+                test, transcript, played_version=SUITE_VERSION, started_s=t0 - acc.started, duration_s=clock.now() - t0
+            )
+            results.append(result)
+            acc.test_done()
+            if on_test is not None:
+                on_test(acc.agents, result)
+    except Exception as exc:  # one agent's crash is data about that agent, not a reason to stop the others
+        error = f"{type(exc).__name__}: {exc}"
+    if error:
+        status = AgentStatus.FAILED
+    elif any(r.status is Status.UNSCORED for r in results):
+        status = AgentStatus.UNSCORED
+    else:
+        status = AgentStatus.COMPLETED
+    session = AgentResult(agent_id=agent_id, status=status, error=error, session_s=clock.now() - start, tests=results)
+    acc.session_done(session)
+    return session
+
+
+async def run_level(
+    backend: ChatBackend,
+    tests: Sequence[SuiteTest],
+    agents: int,
+    config: SuiteConfig,
+    clock: SuiteClock,
+    *,
+    run_id: str = "",
+    on_test: TestDone | None = None,
+) -> LevelResult:
+    """``agents`` sessions started together; the level ends when the last one does."""
+    check_agent_counts([agents])
+    acc = LevelAccumulator(agents, tests, clock.now())
+    width = len(str(agents - 1))
+    await asyncio.gather(
+        *(
+            run_session(f"agent-{i:0{width}d}", tests, backend, config, clock, acc, run_id=run_id, on_test=on_test)
+            for i in range(agents)
+        )
+    )
+    return acc.compile(clock.now())
+
+
+async def run_suite(
+    backend: ChatBackend,
+    tests: Sequence[SuiteTest],
+    config: SuiteConfig,
+    agent_counts: Sequence[int],
+    clock: SuiteClock,
+    *,
+    endpoint: str = "",
+    on_level: LevelStart | None = None,
+    on_test: TestDone | None = None,
+) -> SuiteRun:
+    """One level per agent count, in the order given."""
+    counts = check_agent_counts(agent_counts)
+    if not tests:
+        raise ConfigError("no tests to run")
+    started_at = datetime.now(UTC)
+    run_id = f"suite-{started_at:%Y%m%d-%H%M%S}"
+    levels: list[LevelResult] = []
+    for n in counts:
+        if on_level is not None:
+            on_level(n, len(tests))
+        levels.append(await run_level(backend, tests, n, config, clock, run_id=run_id, on_test=on_test))
+    return SuiteRun(
+        suite_version=SUITE_VERSION,
+        model=config.model,
+        endpoint=endpoint,
+        started_at=started_at,
+        payload_tokens=config.payload_tokens,
+        levels=levels,
+    )
