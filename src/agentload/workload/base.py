@@ -22,11 +22,22 @@ class Clock(Protocol):
 class LoadContext(Protocol):
     """What a running driver may use."""
 
-    backend: ChatBackend  # every attempt it makes is recorded with the level's ids
-    clock: Clock
-    model: str
-    run_id: str
-    level: int
+    @property
+    def backend(self) -> ChatBackend:
+        """Every attempt made through it is recorded with the level's ids."""
+        ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def level(self) -> int: ...
 
     def should_stop(self) -> bool:
         """True once the level's time is up (finish the current turn, then return)."""
