@@ -1,0 +1,154 @@
+"""Resending a turn that failed for a passing reason: the agent loop's ``ChatBackend`` with retries.
+
+A turn is resent with the very same body, so the conversation cannot gain or lose a message: the agent loop
+appends the assistant reply and tool results only after ``complete`` returns, from the final record. Every attempt
+is returned (``RequestIds.attempt`` counts from 0), because failed attempts are measurements too.
+
+Which failures are worth a resend is ``RequestRecord.transient``: connect errors, stalls (timeouts), resets,
+malformed streams, HTTP 429/500/502/503/504. The wait before the next attempt:
+
+* a ``Retry-After`` from the server is honoured — never resent earlier, plus up to 10% so that 256 agents told the
+  same number do not return in the same millisecond; one longer than ``max_retry_after_s`` (a quota that resets
+  in an hour) ends the turn instead;
+* otherwise exponential backoff with "equal jitter" (AWS Architecture Blog, *Exponential Backoff and Jitter*):
+  half of ``min(max_backoff_s, base_backoff_s × 2^attempt)`` fixed plus a random share of the other half, so
+  retries spread out but never come back at once.
+
+A server that is gone is not retried into: when the stall policy can tell (``Watchdog.server_dead()``: no answer
+to its signal poller for ``dead_after_s``), the turn ends. Without that, refused connections end after
+``max_attempts`` — 0.5 + 1 + 2 + 4 = 7.5 s of backoff at most with the defaults.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from agentload.clock import RealClock
+from agentload.endpoint.client import StallPolicy
+from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.endpoint.watchdog import estimate_prompt_tokens
+
+
+class ChatSender(Protocol):
+    """What the retry layer needs of a client (``ChatClient``)."""
+
+    policy: StallPolicy
+
+    async def chat(
+        self,
+        body: Mapping[str, Any],
+        *,
+        ids: RequestIds | None = ...,
+        policy: StallPolicy | None = ...,
+        prompt_tokens_hint: int = ...,
+    ) -> RequestRecord: ...
+
+
+class Sleeper(Protocol):
+    async def sleep(self, seconds: float) -> None: ...
+
+
+@runtime_checkable
+class ServerHealth(Protocol):
+    """A stall policy that can tell when the server is gone (``Watchdog``)."""
+
+    def server_dead(self) -> bool: ...
+
+
+@dataclass
+class RetryStatistics:
+    turns: int = 0
+    attempts: int = 0
+    retried: dict[str, int] = field(default_factory=dict)  # by failure (error kind or HTTP status)
+    slept_s: float = 0.0
+    gave_up: dict[str, int] = field(default_factory=dict)  # turns that ended failed, by why
+
+
+def _failure(record: RequestRecord) -> str:
+    if record.http_status is not None and record.http_status != 200:
+        return f"http_{record.http_status}"
+    return record.error.value if record.error is not None else record.outcome.value
+
+
+class RetryingBackend:
+    """A ``ChatBackend`` that resends the same turn on transient failures; see the module docstring."""
+
+    def __init__(
+        self,
+        client: ChatSender,
+        *,
+        policy: StallPolicy | None = None,
+        max_attempts: int = 5,
+        base_backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        clock: Sleeper | None = None,
+        max_retry_after_s: float = 120.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if base_backoff_s < 0 or max_backoff_s < base_backoff_s:
+            raise ValueError("need 0 <= base_backoff_s <= max_backoff_s")
+        self.client = client
+        self.policy = policy
+        self.max_attempts = max_attempts
+        self.base_backoff_s = base_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.max_retry_after_s = max_retry_after_s
+        self.clock: Sleeper = clock or RealClock()
+        self._rng = rng or random.Random()
+        self.stats = RetryStatistics()
+
+    def _health(self) -> ServerHealth | None:
+        policy = self.policy or self.client.policy
+        return policy if isinstance(policy, ServerHealth) else None
+
+    def delay(self, attempt: int, record: RequestRecord) -> float | None:
+        """Seconds to wait after failed attempt ``attempt`` (0-based), or None to stop retrying."""
+        if record.retry_after_s is not None:
+            if record.retry_after_s > self.max_retry_after_s:
+                return None
+            return record.retry_after_s * (1.0 + self._rng.uniform(0.0, 0.1))
+        ceiling = min(self.max_backoff_s, self.base_backoff_s * 2.0**attempt)
+        return ceiling / 2 + self._rng.uniform(0.0, ceiling / 2)
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        records: list[RequestRecord] = []
+        hint = estimate_prompt_tokens(body)
+        health = self._health()
+        stats = self.stats
+        stats.turns += 1
+        why = ""
+        for attempt in range(self.max_attempts):
+            record = await self.client.chat(
+                body, ids=ids.model_copy(update={"attempt": attempt}), policy=self.policy, prompt_tokens_hint=hint
+            )
+            records.append(record)
+            stats.attempts += 1
+            if record.ok:
+                return records
+            if not record.transient:
+                why = "not_transient"
+                break
+            if attempt + 1 >= self.max_attempts:
+                why = "max_attempts"
+                break
+            if health is not None and health.server_dead():
+                why = "server_dead"
+                break
+            wait = self.delay(attempt, record)
+            if wait is None:
+                why = "retry_after_too_long"
+                break
+            failure = _failure(record)
+            stats.retried[failure] = stats.retried.get(failure, 0) + 1
+            stats.slept_s += wait
+            await self.clock.sleep(wait)
+            if health is not None and health.server_dead():
+                why = "server_dead"
+                break
+        stats.gave_up[why] = stats.gave_up.get(why, 0) + 1
+        return records
