@@ -1,0 +1,182 @@
+"""The suite against the simulated server: the oracle passes everything at 1 and 64 agents, every known-bad
+behaviour fails its test, the relay reports its break hop, stored results re-score identically."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentload.clock import RealClock
+from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.endpoint.client import ChatClient
+from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.sim.behaviour import Behaviour, OracleBehaviour
+from agentload.sim.faults import parse_fault
+from agentload.sim.scenarios import default_book
+from agentload.suite.cases import all_tests, by_id, select
+from agentload.suite.model import SuiteTest, failed
+from agentload.suite.oracle import STOP_EARLY_AFTER, WRONG_KEY_AT, scenarios
+from agentload.suite.results import AgentStatus, SuiteRun, load_run, rescore, save_run
+from agentload.suite.runner import SuiteConfig, run_suite
+from agentload.suite.scoring import Status
+from tests.simserver import running_sim
+
+KNOWN_BAD = [(s.id, name) for s in scenarios() for name in sorted(s.bad)]
+
+
+async def run_on_sim(
+    tests: Sequence[SuiteTest],
+    agents: int = 1,
+    behaviour: Behaviour | None = None,
+    *,
+    api_key_env: str | None = None,
+    **sim: Any,
+) -> SuiteRun:
+    behaviour = behaviour or OracleBehaviour(default_book())
+    async with running_sim(behaviour=behaviour, **sim) as (server, url):
+        client = ChatClient(url, api_key_env=api_key_env)
+        try:
+            config = SuiteConfig(model=server.model_name)
+            return await run_suite(SingleAttemptBackend(client), tests, config, [agents], RealClock(), endpoint=url)
+        finally:
+            await client.aclose()
+
+
+def test_default_book_registers_every_suite_test_with_a_known_bad() -> None:
+    book = default_book()
+    for test in all_tests():
+        scenario = book.get(test.id)
+        assert scenario is not None, test.id
+        assert scenario.bad, f"{test.id} has no known-bad behaviour"
+    assert {s.id for s in scenarios()} == {t.id for t in all_tests()}
+
+
+async def test_oracle_passes_the_whole_suite_with_one_agent() -> None:
+    run = await run_on_sim(all_tests())
+    level = run.levels[0]
+    assert level.pooled_pass_rate == 1.0
+    assert [s.pass_rate for s in level.per_test] == [1.0] * 18
+    assert (level.completed, level.unscored, level.failed) == (1, 0, 0)
+    # The oracle's turns, test by test: 7 basic, 6 parallel, 8 stress, 9 instruction, 5 edge, 50 hops + answer.
+    assert level.requests == 86
+    assert level.requests_failed == 0
+    assert level.ttft_p50_s is not None
+    assert level.ttft_p95_s is not None
+    assert 0 < level.ttft_p50_s <= level.ttft_p95_s
+    assert level.median_session_s is not None
+    assert 0 < level.median_session_s <= level.wall_clock_s
+    result = level.agent_results[0].tests[0]
+    assert result.suite_version == result.played_version == run.suite_version
+    assert result.transcript.turns, "the transcript is kept whole"
+
+
+@pytest.mark.slow
+async def test_oracle_passes_the_whole_suite_with_sixty_four_agents() -> None:
+    run = await run_on_sim(all_tests(), agents=64)
+    level = run.levels[0]
+    assert level.pooled_pass_rate == 1.0
+    assert all(s.passed == 64 for s in level.per_test)
+    assert (level.completed, level.unscored, level.failed) == (64, 0, 0)
+    assert level.requests == 64 * 86
+    assert len({a.agent_id for a in level.agent_results}) == 64
+
+
+@pytest.mark.parametrize(("test_id", "bad"), KNOWN_BAD, ids=[f"{t}-{b}" for t, b in KNOWN_BAD])
+async def test_each_known_bad_behaviour_fails_its_test(test_id: str, bad: str) -> None:
+    run = await run_on_sim(select([test_id]), behaviour=OracleBehaviour(default_book(), known_bad=bad))
+    result = run.levels[0].agent_results[0].tests[0]
+    assert result.status is Status.FAIL, result.reason
+    assert run.levels[0].per_test[0].pass_rate == 0.0
+
+
+@pytest.mark.parametrize(("bad", "hop"), [("stop-early", STOP_EARLY_AFTER + 1), ("wrong-key", WRONG_KEY_AT)])
+async def test_relay_reports_where_the_chain_broke(bad: str, hop: int) -> None:
+    run = await run_on_sim(select(["H1"]), agents=2, behaviour=OracleBehaviour(default_book(), known_bad=bad))
+    level = run.levels[0]
+    assert [r.break_hop for a in level.agent_results for r in a.tests] == [hop, hop]
+    assert [r.hops_completed for a in level.agent_results for r in a.tests] == [hop - 1, hop - 1]
+    assert level.per_test[0].median_break_hop == hop
+    assert level.pooled_pass_rate is None  # the relay is not part of the pooled T1–T17 figure
+
+
+async def test_rescoring_a_saved_run_gives_the_same_scores(tmp_path: Path) -> None:
+    # Half the replies known-bad, so the stored run has passes and failures to reproduce.
+    tests = select(["T1", "T3", "T5", "T13", "T17"])
+    run = await run_on_sim(tests, agents=4, behaviour=OracleBehaviour(default_book(), error_rate=0.5))
+    level = run.levels[0]
+    assert level.pooled_pass_rate is not None
+    assert 0.0 < level.pooled_pass_rate < 1.0
+    loaded = load_run(save_run(run, tmp_path))
+    again = rescore(loaded)
+    assert again.levels[0].per_test == level.per_test
+    assert again.levels[0].pooled_pass_rate == level.pooled_pass_rate
+
+    def verdicts(r: SuiteRun) -> list[tuple[str, str, Status, str]]:
+        return [(a.agent_id, t.test_id, t.status, t.reason) for a in r.levels[0].agent_results for t in a.tests]
+
+    assert verdicts(again) == verdicts(run)
+
+
+async def test_rescore_applies_the_current_scorers(tmp_path: Path) -> None:
+    run = await run_on_sim(select(["T1", "T2"]), agents=2)
+    assert run.levels[0].pooled_pass_rate == 1.0
+    stricter: Mapping[str, SuiteTest] = {
+        **by_id(),
+        "T1": dataclasses.replace(by_id()["T1"], score=lambda t: failed("stricter rule")),
+    }
+    again = rescore(load_run(save_run(run, tmp_path)), stricter)
+    assert [s.pass_rate for s in again.levels[0].per_test] == [0.0, 1.0]
+    assert again.levels[0].pooled_pass_rate == 0.5
+    assert {t.reason for a in again.levels[0].agent_results for t in a.tests if t.test_id == "T1"} == {"stricter rule"}
+
+
+async def test_failed_requests_leave_tests_unscored_not_failed() -> None:
+    run = await run_on_sim(select(["T1", "T2"]), agents=2, faults=[parse_fault("http500:1")])
+    level = run.levels[0]
+    assert (level.completed, level.unscored, level.failed) == (0, 2, 0)
+    assert all(s.unscored == 2 and s.failed == 0 for s in level.per_test)
+    assert level.pooled_pass_rate == 0.0
+    assert level.requests_failed == level.requests == 4
+
+
+class _CrashOn:
+    """A backend that raises (a harness bug, say) on one test's first request."""
+
+    def __init__(self, inner: SingleAttemptBackend, test_id: str, agent: str) -> None:
+        self.inner, self.test_id, self.agent = inner, test_id, agent
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        if ids.agent == f"{self.agent}/{self.test_id}":
+            raise RuntimeError("backend exploded")
+        return await self.inner.complete(body, ids)
+
+
+async def test_an_agent_that_crashes_is_failed_and_the_others_carry_on() -> None:
+    async with running_sim(behaviour=OracleBehaviour(default_book())) as (server, url):
+        client = ChatClient(url, api_key_env=None)
+        backend = _CrashOn(SingleAttemptBackend(client), "T2", "agent-1")
+        try:
+            run = await run_suite(
+                backend, select(["T1", "T2", "T3"]), SuiteConfig(model=server.model_name), [3], RealClock()
+            )
+        finally:
+            await client.aclose()
+    level = run.levels[0]
+    status = {a.agent_id: a.status for a in level.agent_results}
+    assert status == {"agent-0": AgentStatus.COMPLETED, "agent-1": AgentStatus.FAILED, "agent-2": AgentStatus.COMPLETED}
+    crashed = next(a for a in level.agent_results if a.agent_id == "agent-1")
+    assert crashed.error == "RuntimeError: backend exploded"
+    assert [t.test_id for t in crashed.tests] == ["T1"]  # what it finished is kept
+    assert [s.passed for s in level.per_test] == [3, 2, 2]
+
+
+async def test_the_api_key_is_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTLOAD_SUITE_TEST_KEY", "sk-very-secret-4711")
+    run = await run_on_sim(select(["T1"]), api_key_env="AGENTLOAD_SUITE_TEST_KEY")
+    path = save_run(run, tmp_path)
+    assert "sk-very-secret-4711" not in path.read_text(encoding="utf-8")
+    assert run.levels[0].pooled_pass_rate == 1.0
