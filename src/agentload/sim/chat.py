@@ -144,6 +144,13 @@ def render_tool_call(name: str, arguments: str) -> str:
 
 def render_chat(req: ChatRequest) -> str:
     """The prompt text the model would see, ending with the assistant generation prompt."""
+    return "".join(render_chat_parts(req))
+
+
+def render_chat_parts(req: ChatRequest) -> list[str]:
+    """The prompt as one piece per message. Every piece starts with ``<|im_start|>`` and the ones before the last
+    end with a newline, so each boundary is also a token boundary: tokenizing piece by piece gives exactly the
+    tokens of the joined text (which lets the server cache a conversation's earlier messages)."""
     parts: list[str] = []
     messages = list(req.messages)
     system = ""
@@ -170,4 +177,4 @@ def render_chat(req: ChatRequest) -> str:
             role = "system" if m.role == "developer" else m.role
             parts.append(f"<|im_start|>{role}\n{m.text()}<|im_end|>\n")
     parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
+    return parts

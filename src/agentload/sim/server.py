@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,15 @@ from aiohttp import web
 from agentload.capacity.profile import ServingProfile
 from agentload.errors import BadRequestError, ContextLengthError, ModelNotFoundError, RequestError
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, truncate
-from agentload.sim.chat import ChatRequest, CompletionRequest, Message, _Common, parse_body, render_chat
+from agentload.sim.chat import (
+    ChatRequest,
+    CompletionRequest,
+    Message,
+    _Common,
+    parse_body,
+    render_chat,
+    render_chat_parts,
+)
 from agentload.sim.engine import Engine, SimRequest, StepResult
 from agentload.sim.faults import FaultInjector, FaultSpec
 from agentload.sim.metrics import SimMetrics
@@ -115,6 +124,7 @@ class SimServer:
         self.runner = EngineRunner(self.engine, cold_start_s=config.cold_start_s, on_step=self._on_step)
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self._ids = itertools.count(1)
+        self._token_cache: OrderedDict[str, list[int]] = OrderedDict()
         self._created = int(time.time())
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -202,11 +212,29 @@ class SimServer:
         if body.model is not None and body.model not in self._aliases:
             raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
 
+    def _tokenize_parts(self, parts: list[str]) -> list[int]:
+        """Tokens of the joined parts, each part's tokens cached: agents resend their whole conversation every
+        turn, and re-tokenizing 40k-token prompts dominated the simulator's CPU time."""
+        cache = self._token_cache
+        out: list[int] = []
+        for part in parts:
+            ids = cache.get(part)
+            if ids is None:
+                ids = tokenize(part)
+                if len(part) > 256:  # short parts are cheaper to tokenize than to keep
+                    cache[part] = ids
+                    if len(cache) > 8192:
+                        cache.popitem(last=False)
+            else:
+                cache.move_to_end(part)
+            out.extend(ids)
+        return out
+
     def _plan(
-        self, body: _Common, prompt_text: str, turn_messages: list[Message], chat: ChatRequest | None
+        self, body: _Common, prompt_parts: list[str], turn_messages: list[Message], chat: ChatRequest | None
     ) -> tuple[SimRequest, list[Piece], bool]:
         """Tokenize the prompt, check its length, ask the behaviour for a reply, and build the engine request."""
-        prompt = tokenize(prompt_text)
+        prompt = self._tokenize_parts(prompt_parts)
         limit = self.profile.max_model_len
         asked = body.output_limit
         if len(prompt) + (asked or 1) > limit:
@@ -271,13 +299,13 @@ class SimServer:
             cbody: ChatRequest = parse_body(ChatRequest, raw)
             body: _Common = cbody
             self._check_model(body)
-            req, pieces, _ = self._plan(body, render_chat(cbody), cbody.messages, cbody)
+            req, pieces, _ = self._plan(body, render_chat_parts(cbody), cbody.messages, cbody)
         else:
             pbody: CompletionRequest = parse_body(CompletionRequest, raw)
             body = pbody
             self._check_model(body)
             text = pbody.prompt_text()
-            req, pieces, _ = self._plan(body, text, [Message(role="user", content=text)], None)
+            req, pieces, _ = self._plan(body, [text], [Message(role="user", content=text)], None)
         await self.runner.ready.wait()
         fault = self.faults.draw()
         if fault is not None and fault.kind in ("http500", "http503", "http429"):
