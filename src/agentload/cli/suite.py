@@ -25,7 +25,8 @@ from agentload.cli.common import console, err_console, reports_errors
 from agentload.clock import RealClock
 from agentload.endpoint.backend import SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
-from agentload.errors import ConfigError, EndpointUnreachableError
+from agentload.endpoint.records import Outcome
+from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.scenarios import default_book
 from agentload.sim.server import SimConfig, SimServer
@@ -101,7 +102,7 @@ class _Bar:
         if self.task is not None:
             self.progress.remove_task(self.task)
         self.passed = 0
-        self.task = self.progress.add_task(f"{agents} agent{'s' * (agents != 1)}", total=agents * tests, passed=0)
+        self.task = self.progress.add_task(_agents(agents), total=agents * tests, passed=0)
 
     def test_done(self, agents: int, result: TestResult) -> None:
         if self.task is None:
@@ -150,6 +151,10 @@ async def _endpoint(url: str | None, model: str | None, profile: str) -> AsyncIt
         yield base, model or served, f"embedded simulator ({profile}, oracle)"
 
 
+def _agents(n: int) -> str:
+    return f"{n} agent{'s' * (n != 1)}"
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.0%}" if x in (0.0, 1.0) else f"{x:.1%}"
 
@@ -163,7 +168,7 @@ def _secs(s: float | None) -> str:
 def render_level(level: LevelResult) -> None:
     """One load level as tables, for people. Reads only the compiled result."""
     n = level.agents
-    t = Table(title=f"{n} agent{'s' * (n != 1)}: per-test pass rate", title_justify="left")
+    t = Table(title=f"{_agents(n)}: per-test pass rate", title_justify="left")
     t.add_column("test")
     t.add_column("category")
     t.add_column("checks")
@@ -182,7 +187,8 @@ def render_level(level: LevelResult) -> None:
     figures.add_column()
     figures.add_column(justify="right")
     figures.add_column(style="dim")
-    pooled_over = f"passes ÷ ({n} agents × {len(level.pooled_tests)} tests)"
+    k = len(level.pooled_tests)
+    pooled_over = f"passes ÷ ({_agents(n)} × {k} tests)" if k else "no test of T1–T17 ran"
     figures.add_row("[bold]pooled pass rate[/]", f"[bold]{_pct(level.pooled_pass_rate)}[/]", pooled_over)
     figures.add_row(
         "agents completed / unscored / failed",
@@ -281,12 +287,12 @@ def suite(
 
 
 def _raise_if_unreachable(run: SuiteRun) -> None:
-    """A run in which not one request succeeded says nothing about the model: say so, and exit non-zero."""
+    """A run in which not one request succeeded says nothing about the model: say why, and exit non-zero."""
     levels = run.levels
-    if levels and all(lv.requests and lv.requests_failed == lv.requests for lv in levels):
-        first = next(
-            (rec for lv in levels for a in lv.agent_results for r in a.tests for rec in r.transcript.records()),
-            None,
-        )
-        why = f": {first.error_message}" if first is not None and first.error_message else ""
-        raise EndpointUnreachableError(f"every request to {run.endpoint} failed{why}")
+    if not levels or not all(lv.requests and lv.requests_failed == lv.requests for lv in levels):
+        return
+    first = next(rec for lv in levels for a in lv.agent_results for r in a.tests for rec in r.transcript.records())
+    why = f": {first.error_message}" if first.error_message else ""
+    if first.outcome is Outcome.CONNECT_ERROR:
+        raise EndpointUnreachableError(f"every request to {run.endpoint} failed to connect{why}")
+    raise EndpointResponseError(f"every request to {run.endpoint} failed{why}", status=first.http_status)
