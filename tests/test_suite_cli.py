@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agentload.cli.suite import suite
+from agentload.cli.suite import redact, suite
 from agentload.suite.results import load_run
 from agentload.suite.scoring import Status
 
@@ -115,3 +115,16 @@ def test_a_model_the_server_does_not_serve_is_one_clear_error() -> None:
     assert code == 2, out + err
     assert "every request to embedded simulator" in err
     assert "does not exist" in err
+
+
+def test_credentials_in_the_url_are_never_shown() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://user:hunter2@127.0.0.1:{port}/v1?api_key=sk-abc"
+    code, out, err = _run("--url", url, "--model", "m", "--tests", "T1", "--json")
+    assert code == 2
+    assert "hunter2" not in out + err
+    assert "sk-abc" not in out + err
+    assert json.loads(out)["endpoint"] == f"http://127.0.0.1:{port}/v1"
+    assert redact("https://[::1]:8443/v1") == "https://[::1]:8443/v1"

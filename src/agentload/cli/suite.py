@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from aiohttp import web
@@ -145,10 +146,20 @@ async def _run(
 async def _endpoint(url: str | None, model: str | None, profile: str) -> AsyncIterator[tuple[str, str, str]]:
     """(base URL, model, how results name the endpoint): the given server, or the embedded simulator."""
     if url is not None:
-        yield url, model or "", url
+        yield url, model or "", redact(url)
         return
     async with embedded_simulator(profile) as (base, served):
         yield base, model or served, f"embedded simulator ({profile}, oracle)"
+
+
+def redact(url: str) -> str:
+    """The URL as results and messages may show it: no user, password or query (where API keys hide)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal keeps its brackets
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _agents(n: int) -> str:

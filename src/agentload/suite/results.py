@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentload.agent.loop import Transcript
 from agentload.errors import ConfigError
+from agentload.suite.cases import by_id
 from agentload.suite.model import SUITE_VERSION, Category, SuiteTest
 from agentload.suite.scoring import Status, score
 
@@ -170,6 +171,7 @@ def compile_level(
         unscored=sum(a.status is AgentStatus.UNSCORED for a in done),
         failed=sum(a.status is AgentStatus.FAILED for a in done),
         median_session_s=statistics.median(a.session_s for a in finished) if finished else None,
+        # A session counts once it ran to its end, judged or not; one that crashed did not finish.
         sessions_per_min=len(finished) / (wall_clock_s / 60.0) if wall_clock_s > 0 else 0.0,
         requests=len(records),
         requests_failed=sum(not rec.ok for rec in records),
@@ -182,6 +184,7 @@ def compile_level(
 def judge(
     test: SuiteTest, transcript: Transcript, *, played_version: str, started_s: float, duration_s: float
 ) -> TestResult:
+    """Score a finished conversation and keep it whole with the verdict."""
     status, verdict = score(test, transcript)
     return TestResult(
         test_id=test.id,
@@ -217,8 +220,6 @@ def _rescore_one(old: TestResult, tests: Mapping[str, SuiteTest]) -> TestResult:
 
 def rescore(run: SuiteRun, tests: Mapping[str, SuiteTest] | None = None) -> SuiteRun:
     """Re-judge every stored transcript with the current scorers and recompile every level's figures."""
-    from agentload.suite.cases import by_id
-
     table = dict(tests) if tests is not None else by_id(run.payload_tokens)
     levels: list[LevelResult] = []
     for level in run.levels:
