@@ -229,6 +229,16 @@ async def test_the_simulator_without_prompt_tokens_details_gets_the_advice() -> 
     assert any("--prompt-tokens-details" in w for w in warnings)
 
 
+async def test_a_server_still_starting_says_so() -> None:
+    async with running_sim("laptop", cold_start_s=5.0) as (_, url):
+        result = await probe(url, timeout_s=0.5)
+    assert result.engine == "agentload-sim"
+    assert result.pool_tokens == 65536  # /metrics answers during the warm-up
+    assert result.reports_cached_tokens is None  # the chat request got no answer in time
+    assert any("still starting" in n for n in result.notes)
+    assert any("connect_timeout" in n for n in result.notes)
+
+
 # -- unreachable ------------------------------------------------------------------------------------------------
 @pytest.fixture
 def closed_port() -> Iterator[int]:

@@ -73,6 +73,7 @@ CACHED_TOKENS_ADVICE: dict[str, str | None] = {
 # Endpoints asked for detection; absent ones answer 404 and cost a round trip each, asked concurrently.
 _PATHS = (
     "/v1/models",
+    "/health",
     "/version",
     "/metrics",
     "/props",
@@ -367,6 +368,9 @@ async def _read(root: str, answers: Mapping[str, _Answer], model: str | None, cl
         except ScrapeError:
             notes.append("/metrics answered but is not Prometheus text")
     engine, version = _detect(answers, snapshot, evidence)
+    health = answers.get("/health")
+    if health is not None and health.status == 503:
+        notes.append("/health says not ready (503): the server is still starting, so some figures may be missing")
 
     models_answer = answers.get("/v1/models")
     cards = _cards(_json_at(answers, "/v1/models"))
