@@ -1,0 +1,49 @@
+"""``agentload runs``: the run history — every finished run under a root, newest first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentload.cli.common import console, reports_errors
+from agentload.report.console import history_table
+from agentload.store import DEFAULT_ROOT, ROOT_ENV, RunStore
+
+RootOption = Annotated[
+    Path,
+    typer.Option(
+        "--root",
+        envvar=ROOT_ENV,
+        help="Where runs are saved: each in <root>/<run id>/, indexed in <root>/history.sqlite.",
+    ),
+]
+
+
+@reports_errors
+def runs(
+    root: RootOption = DEFAULT_ROOT,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Show only the newest N runs.")] = None,
+    rebuild: Annotated[
+        bool,
+        typer.Option("--rebuild", help="Re-index every run directory under the root first (after copying runs in)."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the history as JSON instead of a table.")] = False,
+) -> None:
+    """List saved runs: date, target, model, workload, mode, knee, best output tok/s and where each lives."""
+    store = RunStore(root)
+    if rebuild:
+        indexed, skipped = store.history.rebuild()
+        console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {root}")
+        for path, why in skipped:
+            console.print(f"  skipped {path}: {why}", style="yellow")
+    entries = store.runs(limit)
+    if as_json:
+        typer.echo(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
+        return
+    if not entries:
+        console.print(f"no runs in {store.history.path} (run `agentload bench`, or `agentload runs --rebuild`)")
+        return
+    console.print(history_table(entries))

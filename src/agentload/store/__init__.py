@@ -1,0 +1,27 @@
+"""Run directories (records, samples, the compiled result, CSV export) and the SQLite run history.
+
+See ``store.rundir`` for the layout and ``store.history`` for the index.
+"""
+
+from agentload.store.csvexport import export_csv
+from agentload.store.history import HistoryEntry, RunHistory, best_output_tps
+from agentload.store.jsonl import JsonlReader, JsonlWriter
+from agentload.store.rundir import LevelSample, RunDir, RunWriter, new_run_id
+from agentload.store.runstore import DEFAULT_ROOT, ROOT_ENV, RunStore, default_root
+
+__all__ = [
+    "DEFAULT_ROOT",
+    "ROOT_ENV",
+    "HistoryEntry",
+    "JsonlReader",
+    "JsonlWriter",
+    "LevelSample",
+    "RunDir",
+    "RunHistory",
+    "RunStore",
+    "RunWriter",
+    "best_output_tps",
+    "default_root",
+    "export_csv",
+    "new_run_id",
+]

@@ -1,0 +1,207 @@
+"""The run history: one SQLite table indexing every finished run under a root, for ``agentload runs``.
+
+It is an index, not the data: each row is derived from a run's ``result.json`` and can be rebuilt from the run
+directories at any time (``RunHistory.rebuild``), so a lost or damaged history loses nothing. Paths inside the
+root are stored relative to it, so a root can be moved or copied to another machine as a whole.
+
+Every call opens its own short connection (with a busy timeout): two benchmarks finishing at once on one root
+serialise on SQLite's lock instead of failing, and no connection outlives the call that needed it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from agentload.bench.results import RunResult
+from agentload.errors import CheckpointError
+from agentload.store.rundir import RESULT, RunDir
+
+HISTORY = "history.sqlite"
+HISTORY_SCHEMA = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id              TEXT PRIMARY KEY,
+    created         TEXT NOT NULL,      -- ISO-8601 start of the run (RunResult.created)
+    target          TEXT NOT NULL,
+    model           TEXT NOT NULL,
+    workload        TEXT NOT NULL,
+    mode            TEXT NOT NULL,
+    levels          INTEGER NOT NULL,
+    knee_agents     INTEGER,            -- the (first) knee; NULL when the run found none
+    knees           TEXT NOT NULL,      -- JSON: every knee (a context x agents grid has one per context)
+    best_output_tps REAL,               -- the highest output tok/s of any level
+    path            TEXT NOT NULL,      -- relative to the root when inside it
+    indexed         TEXT NOT NULL       -- when this row was written (UTC)
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
+"""
+
+
+class KneeEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    agents: int
+    context: int
+    cause: str
+
+
+class HistoryEntry(BaseModel):
+    """One row of the history."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    created: str
+    target: str
+    model: str
+    workload: str
+    mode: str
+    levels: int
+    knees: list[KneeEntry]
+    best_output_tps: float | None
+    path: Path  # absolute (resolved against the root)
+
+    @property
+    def knee_agents(self) -> int | None:
+        return self.knees[0].agents if self.knees else None
+
+
+def best_output_tps(result: RunResult) -> float | None:
+    return max((lv.output_tps for lv in result.levels), default=None)
+
+
+class RunHistory:
+    """The SQLite index at ``<root>/history.sqlite``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / HISTORY
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        try:
+            with closing(sqlite3.connect(self.path, timeout=10.0)) as conn:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > HISTORY_SCHEMA:
+                    raise CheckpointError(
+                        f"{self.path} is a run history of schema {version}; this agentload reads {HISTORY_SCHEMA}"
+                    )
+                if version < HISTORY_SCHEMA:
+                    with conn:
+                        conn.executescript(_SCHEMA)
+                        conn.execute(f"PRAGMA user_version = {HISTORY_SCHEMA}")
+                yield conn
+        except sqlite3.DatabaseError as exc:
+            # "file is not a database", "unable to open database file", a locked database past the timeout.
+            raise CheckpointError(f"run history {self.path}: {exc}") from exc
+
+    def _stored_path(self, path: Path) -> str:
+        resolved = path.resolve()
+        try:
+            return str(resolved.relative_to(self.root.resolve()))
+        except ValueError:
+            return str(resolved)
+
+    def add(self, result: RunResult, path: Path) -> None:
+        """Index (or re-index) one finished run."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create {self.root}: {exc.strerror or exc}") from exc
+        knees = [KneeEntry(agents=k.agents, context=k.context, cause=k.explanation.cause) for k in result.knee]
+        row = (
+            result.run_id,
+            result.created,
+            result.target,
+            result.model,
+            result.workload,
+            result.mode,
+            len(result.levels),
+            knees[0].agents if knees else None,
+            json.dumps([k.model_dump() for k in knees]),
+            best_output_tps(result),
+            self._stored_path(path),
+            datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+        with self._connect() as conn, conn:
+            conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    def _entry(self, row: sqlite3.Row) -> HistoryEntry:
+        path = Path(row["path"])
+        return HistoryEntry(
+            id=row["id"],
+            created=row["created"],
+            target=row["target"],
+            model=row["model"],
+            workload=row["workload"],
+            mode=row["mode"],
+            levels=row["levels"],
+            knees=[KneeEntry.model_validate(k) for k in json.loads(row["knees"])],
+            best_output_tps=row["best_output_tps"],
+            path=path if path.is_absolute() else self.root / path,
+        )
+
+    def entries(self, limit: int | None = None) -> list[HistoryEntry]:
+        """Newest first. An absent history is an empty one (reading never creates the file)."""
+        if not self.path.exists():
+            return []
+        with self._connect() as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute(
+                "SELECT * FROM runs ORDER BY created DESC, id DESC LIMIT ?", (-1 if limit is None else limit,)
+            ).fetchall()
+        return [self._entry(r) for r in rows]
+
+    def get(self, run_id: str) -> HistoryEntry | None:
+        if not self.path.exists():
+            return None
+        with self._connect() as conn:
+            conn.row_factory = sqlite3.Row
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else self._entry(row)
+
+    def remove(self, run_id: str) -> bool:
+        if not self.path.exists():
+            return False
+        with self._connect() as conn, conn:
+            return conn.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
+
+    def rebuild(self) -> tuple[int, list[tuple[Path, str]]]:
+        """Re-index every finished run directly under the root; drop rows whose directory is gone.
+
+        Returns (runs indexed, [(directory, why it was skipped)]) — unfinished or damaged runs are skipped
+        with the reason, never fatal: one bad directory must not hide the others.
+        """
+        indexed = 0
+        skipped: list[tuple[Path, str]] = []
+        if self.root.is_dir():
+            for child in sorted(p for p in self.root.iterdir() if p.is_dir()):
+                run = RunDir(child)
+                if not run.finished:
+                    if any(child.glob("*.jsonl")):
+                        skipped.append((child, f"no {RESULT} (the run did not finish)"))
+                    continue
+                try:
+                    result = run.result()
+                except CheckpointError as exc:
+                    skipped.append((child, str(exc)))
+                    continue
+                if result.run_id != child.name:
+                    # The history is keyed on the id, and `report ID` must find this directory: a copied run
+                    # directory renamed on disk is indexed under its directory name's id only if they agree.
+                    skipped.append((child, f"its result is of run {result.run_id!r}, not {child.name!r}"))
+                    continue
+                self.add(result, child)
+                indexed += 1
+        for entry in self.entries():
+            if not (entry.path / RESULT).is_file():
+                self.remove(entry.id)
+        return indexed, skipped

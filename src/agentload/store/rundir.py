@@ -1,0 +1,234 @@
+"""One run on disk: what the benchmark appends while it runs, and the compiled result it leaves at the end.
+
+``<root>/<run_id>/``
+    ``records.jsonl``  one ``RequestRecord`` per line, appended as requests finish (``RunWriter.record``)
+    ``samples.jsonl``  one ``ServerSample`` per line, flat, with the ``level`` it was taken in
+    ``result.json``    the ``RunResult``, written once at the end (atomically: a reader never sees half of it)
+    ``records.csv``, ``levels.csv``, ``samples.csv``   the same data for spreadsheets, written at the end
+
+Accumulate, then compile (style.md §5): the JSONL files grow while the run goes, so a run that dies keeps
+everything it collected; ``result.json`` is what ``agentload report`` renders, never live state. A directory
+with records but no result is a run that did not finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from agentload.bench.results import RESULT_SCHEMA, RunResult, ServerSample
+from agentload.endpoint.records import RequestRecord
+from agentload.errors import CheckpointError
+from agentload.store.jsonl import JsonlReader, JsonlWriter
+
+RESULT = "result.json"
+RECORDS = "records.jsonl"
+SAMPLES = "samples.jsonl"
+
+# Run ids name directories and appear in URLs of a report; keep them to characters no shell or filesystem minds.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+# Called once a run has finished writing (the store indexes it in the history with this).
+FinishHook = Callable[[RunResult, Path], None]
+
+
+class LevelSample(BaseModel):
+    """A server sample and the load level that was running when it was taken.
+
+    On disk it is one flat object (``{"level": 3, "t": 12.0, "running": 24, ...}``) so ``jq`` and the CSV
+    export see plain columns; in Python the sample stays the bench's own ``ServerSample``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    level: int
+    sample: ServerSample
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sample" not in data:
+            flat = dict(data)
+            level = flat.pop("level", None)
+            return {"level": level, "sample": flat}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _to_flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        nested: dict[str, Any] = handler(self)
+        return {"level": nested["level"], **nested["sample"]}
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id) or run_id in (".", ".."):
+        raise CheckpointError(
+            f"run id {run_id!r} cannot name a directory: use letters, digits, '.', '_' and '-' (at most 128)"
+        )
+    return run_id
+
+
+def new_run_id(now: datetime | None = None, *, prefix: str = "") -> str:
+    """A sortable, unique id such as ``20261101-142305-3f9a`` (the random tail tells apart runs in one second)."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return check_run_id(f"{prefix}{stamp}-{secrets.token_hex(2)}")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file, fsync and rename, so a reader sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def _validation_line(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "top level"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+class RunDir:
+    """A run directory, read back: the result, the records and the samples (each loaded on demand)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def finished(self) -> bool:
+        return (self.path / RESULT).is_file()
+
+    def result(self) -> RunResult:
+        path = self.path / RESULT
+        if not self.path.is_dir():
+            raise CheckpointError(f"{self.path} is not a run directory (no such directory)")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            if (self.path / RECORDS).exists():
+                raise CheckpointError(
+                    f"{self.path} has no {RESULT}: the run did not finish (what it collected is in {RECORDS})"
+                ) from exc
+            raise CheckpointError(f"{self.path} is not a run directory (no {RESULT})") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        # Parse once as plain JSON first: a result from a newer agentload should say so, not fail on a field.
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not JSON (line {exc.lineno}: {exc.msg}); the file is damaged") from exc
+        version = raw.get("schema_version") if isinstance(raw, dict) else None
+        if isinstance(version, int) and version > RESULT_SCHEMA:
+            raise CheckpointError(
+                f"{path} has result schema {version}; this agentload reads up to {RESULT_SCHEMA} (upgrade it)"
+            )
+        try:
+            return RunResult.model_validate(raw)
+        except ValidationError as exc:
+            raise CheckpointError(f"{path} is not an agentload result ({_validation_line(exc)})") from exc
+
+    def records(self) -> JsonlReader[RequestRecord]:
+        """The request records, streamed from disk (a long run holds more than is worth keeping in memory)."""
+        return JsonlReader(self.path / RECORDS, RequestRecord)
+
+    def samples(self) -> list[LevelSample]:
+        return list(JsonlReader(self.path / SAMPLES, LevelSample))
+
+
+class RunWriter:
+    """Where a running benchmark puts what it collects; ``finish`` writes the compiled result and the CSVs.
+
+    ``record`` and ``sample`` reach the file before they return (see ``store.jsonl``), so nothing collected is
+    lost when the process dies; call ``flush`` at the end of each level to make it durable against a crash of
+    the machine too. Use it as a context manager, or call ``close`` (``finish`` closes it).
+    """
+
+    def __init__(self, path: Path, *, on_finish: FinishHook | None = None) -> None:
+        self.path = path
+        check_run_id(path.name)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create the run directory {path}: {exc.strerror or exc}") from exc
+        if (path / RESULT).exists():
+            raise CheckpointError(f"{path} already holds a finished run ({RESULT}); choose another run id")
+        self._records: JsonlWriter[RequestRecord] = JsonlWriter(path / RECORDS)
+        self._samples: JsonlWriter[LevelSample] = JsonlWriter(path / SAMPLES)
+        self._on_finish = on_finish
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def records_written(self) -> int:
+        return self._records.written
+
+    @property
+    def samples_written(self) -> int:
+        return self._samples.written
+
+    def record(self, record: RequestRecord) -> None:
+        self._records.write(record)
+
+    def sample(self, level: int, sample: ServerSample) -> None:
+        self._samples.write(LevelSample(level=level, sample=sample))
+
+    def flush(self) -> None:
+        self._records.flush()
+        self._samples.flush()
+
+    def close(self) -> None:
+        try:
+            self._records.close()
+        finally:
+            self._samples.close()
+
+    def finish(self, result: RunResult) -> RunDir:
+        """Close the logs, write ``result.json`` and the CSV export, and index the run in the history."""
+        # Imported here: csvexport reads run directories back, so a module-level import would be circular.
+        from agentload.store.csvexport import export_csv
+
+        if result.run_id != self.run_id:
+            raise CheckpointError(f"result of run {result.run_id!r} written into the directory of {self.run_id!r}")
+        self.close()
+        write_text_atomic(self.path / RESULT, result.model_dump_json(indent=2))
+        run = RunDir(self.path)
+        export_csv(run, result)
+        if self._on_finish is not None:
+            self._on_finish(result, self.path)
+        return run
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
