@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from agentload.capacity.profile import ServingProfile, parse_profile
 from agentload.errors import SimulationError
-from agentload.sim.engine import Engine, SimRequest, StepResult
+from agentload.sim.engine import Engine, EngineStats, ReadUnits, SimRequest, StepResult
 
 BS = 16
 
@@ -79,9 +80,10 @@ def drain(engine: Engine, now: float = 0.0) -> tuple[float, list[StepResult]]:
 # -- block accounting ------------------------------------------------------------------------------------------
 
 
-def test_random_traffic_with_aborts_and_preemptions_leaks_no_block() -> None:
+@pytest.mark.parametrize("fast", [False, True])
+def test_random_traffic_with_aborts_and_preemptions_leaks_no_block(fast: bool) -> None:
     prof = profile(num_blocks=48, budget=128, max_seqs=6)
-    engine = Engine(prof)
+    engine = Engine(prof, fast=fast)
     rng = random.Random(7)
     families = [tokens(1000 + f, 400) for f in range(5)]  # shared prefixes
     submitted: list[SimRequest] = []
@@ -380,6 +382,76 @@ def test_an_evicted_prefix_is_loaded_from_the_offload_tier_instead_of_recomputed
     assert fast.first_token is not None
     assert slow.first_token is not None
     assert fast.first_token - fast.arrival < slow.first_token - slow.arrival
+
+
+# -- fast mode ---------------------------------------------------------------------------------------------------
+
+SPARSE_HYBRID_MODEL = HYBRID_MODEL.replace('name = "hybrid-tiny"', 'name = "hybrid-sparse"\nsparse_read_tokens = 96')
+
+FAST_CASES: dict[str, dict[str, Any]] = {
+    "dense, preempting": {"num_blocks": 40, "budget": 64, "max_seqs": 8},
+    "hybrid window + sparse reads": {"num_blocks": 120, "budget": 96, "max_seqs": 8, "model": SPARSE_HYBRID_MODEL},
+    "offload tier": {"num_blocks": 40, "budget": 128, "max_seqs": 6, "offload_gib": 0.005},
+    "more sequences than budget": {"num_blocks": 200, "budget": 8, "max_seqs": 16},
+}
+
+
+def _traffic(fast: bool, seed: int, **kw: Any) -> tuple[list[object], list[object], EngineStats]:
+    """Per-step outcomes, per-request end states and the counters of a random run with aborts."""
+    engine = Engine(profile(**kw), fast=fast)
+    rng = random.Random(seed)
+    shared = tokens(seed, 200)
+    submitted: list[SimRequest] = []
+    steps: list[object] = []
+    now = 0.0
+    while len(submitted) < 300 or engine.has_work():
+        if len(submitted) < 300 and rng.random() < 0.3:
+            prompt = shared[: rng.randrange(0, 150)] + tokens(len(submitted), rng.randrange(1, 80))
+            req = request(f"r{len(submitted)}", prompt, rng.randrange(1, 120), now)
+            engine.add(req)
+            submitted.append(req)
+        if engine.running and rng.random() < 0.01:
+            engine.abort(engine.running[rng.randrange(engine.num_running)])
+        if not engine.has_work():
+            now += 0.01
+            continue
+        res = engine.step(now)
+        ids = [[r.request_id for r in group] for group in (res.emitted, res.finished, res.preempted)]
+        steps.append((res.duration, res.end, ids, res.batch, engine.kv.num_free, engine.num_waiting))
+        now = res.end
+    engine.kv.check_invariants()
+    engine.sync()
+    ends: list[object] = [
+        (r.num_output, r.num_computed, r.cached_tokens, r.first_token, r.finished_at, r.preemptions, r.finish_reason)
+        for r in submitted
+    ]
+    return steps, ends, engine.stats
+
+
+@pytest.mark.parametrize("case", FAST_CASES)
+def test_fast_mode_gives_the_step_by_step_results(case: str) -> None:
+    exact = _traffic(False, 11, **FAST_CASES[case])
+    fast = _traffic(True, 11, **FAST_CASES[case])
+    assert fast[2] == exact[2]
+    assert fast[1] == exact[1]
+    assert fast[0] == exact[0]
+    # The runs covered what fast mode has to get right.
+    stats = exact[2]
+    assert stats.generation_tokens > 10_000
+    assert stats.finished.get("abort", 0) > 0
+    if case == "dense, preempting":
+        assert stats.preemptions > 10
+    if case == "offload tier":
+        assert stats.offload_hit_tokens > 0
+
+
+def test_read_units_follow_the_step_time_models_read_span() -> None:
+    for prof in (profile(), profile(model=HYBRID_MODEL), profile(model=SPARSE_HYBRID_MODEL)):
+        units = ReadUnits(prof.model)
+        layers = prof.model.num_layers
+        for context in [0, 1, 15, 63, 64, 65, 95, 96, 97, 1000, 40_000]:
+            assert units.units(context) / layers == pytest.approx(prof.step_model.read_span(context), rel=1e-12)
+            assert units.slope(context) == units.units(context + 1) - units.units(context)
 
 
 # -- determinism -------------------------------------------------------------------------------------------------

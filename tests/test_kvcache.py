@@ -7,7 +7,7 @@ import pytest
 from agentload.capacity.kv import KVLayout
 from agentload.capacity.profile import parse_profile
 from agentload.errors import SimulationError
-from agentload.sim.kvcache import KVCacheManager
+from agentload.sim.kvcache import BlockTable, KVCacheManager
 from agentload.sim.tokens import block_hashes
 
 BS = 16
@@ -46,8 +46,8 @@ def dense_layout() -> KVLayout:
     return parse_profile(DENSE, "dense").layout
 
 
-def new_held(kv: KVCacheManager) -> list[list[int]]:
-    return [[] for _ in kv.layout.groups]
+def new_held(kv: KVCacheManager) -> BlockTable:
+    return kv.new_table()
 
 
 def chain(seed: int, blocks: int) -> list[int]:
@@ -55,7 +55,7 @@ def chain(seed: int, blocks: int) -> list[int]:
     return block_hashes([seed * 100_003 + i for i in range(blocks * BS)], BS)
 
 
-def computed(kv: KVCacheManager, hashes: list[int]) -> list[list[int]]:
+def computed(kv: KVCacheManager, hashes: list[int]) -> BlockTable:
     """A request that computed (and cached) the blocks of ``hashes``; its blocks are still held."""
     held = new_held(kv)
     assert kv.allocate(held, len(hashes) * BS)
@@ -76,7 +76,7 @@ def test_allocate_and_free_account_for_every_block() -> None:
     assert kv.num_free == 12
     kv.check_invariants()
     kv.free(held)
-    assert held == [[]]
+    assert len(held[0]) == 0
     assert kv.num_free == 16
     assert kv.usage == 0.0
     kv.check_invariants()
@@ -88,7 +88,7 @@ def test_allocate_that_does_not_fit_changes_nothing() -> None:
     assert kv.allocate(other, 10 * BS)
     held = new_held(kv)
     assert not kv.allocate(held, 7 * BS)
-    assert held == [[]]
+    assert len(held[0]) == 0
     assert kv.num_free == 6
     assert kv.allocate(held, 6 * BS)
     assert kv.num_free == 0
@@ -129,7 +129,7 @@ def test_a_hit_takes_cached_blocks_back_from_the_free_queue() -> None:
     held = new_held(kv)
     assert kv.blocks_needed(held, 5 * BS, lookup) == 5  # four free hits to take back, one new block
     assert kv.allocate(held, 5 * BS, lookup)
-    assert held[0][:4] == lookup.hit_blocks[0]
+    assert held[0].tolist()[:4] == lookup.hit_blocks[0].tolist()
     assert kv.num_free == 3
     # The hit blocks are held again, so filling the rest of the pool cannot evict them.
     filler = new_held(kv)
@@ -204,7 +204,7 @@ def test_the_first_block_cached_under_a_hash_keeps_it() -> None:
     a = computed(kv, hashes)
     b = computed(kv, hashes)  # the same content computed again by a request that did not look it up
     assert kv.num_cached_blocks == 2
-    assert kv.lookup(hashes, 2).hit_blocks[0] == a[0]
+    assert kv.lookup(hashes, 2).hit_blocks[0].tolist() == a[0].tolist()
     kv.free(b)
     kv.free(a)
     taker = new_held(kv)

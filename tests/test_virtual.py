@@ -8,10 +8,13 @@ window keeps scaling through 48 sessions on the same pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from agentload.capacity.profile import load_profile
 from agentload.errors import ConfigError
+from agentload.sim.engine import StepResult
 from agentload.sim.virtual import SessionShape, VirtualRunResult, run_sessions
 
 # 300 s of virtual time with a 100 s warm-up: long enough that every session has completed several turns in
@@ -67,6 +70,38 @@ def test_sliding_window_groups_keep_scaling_on_the_same_pool() -> None:
     assert all(r.preemptions == 0 for r in curve.values())
     assert curve[48].prefix_hit_rate > 0.9
     assert curve[48].peak_kv_usage < 0.9
+
+
+# -- the fast path -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("profile_name", "sessions", "shape"),
+    [
+        ("qwen3-235b-gb300", 28, HELD_40K),  # past the knee: preemptions, evictions, recomputation
+        ("deepseek-sliding-gb300", 40, HELD_40K),  # sliding groups
+        (
+            "laptop",
+            12,
+            SessionShape(context=8_000, start_context=2_000, growth="grow", system_tokens=500, turn_input_tokens=600),
+        ),
+    ],
+)
+def test_fast_path_gives_the_step_by_step_results(profile_name: str, sessions: int, shape: SessionShape) -> None:
+    """Decode cohorts and chained steps without clock events change nothing, to the last bit."""
+    profile = load_profile(profile_name)
+    seen: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
+
+    def watcher(fast: bool) -> Callable[[StepResult], None]:
+        return lambda res: seen[fast].append((res.end, len(res.emitted)))
+
+    results = {
+        fast: run_sessions(profile, sessions, shape, duration_s=120, warmup_s=30, fast=fast, on_step=watcher(fast))
+        for fast in (False, True)
+    }
+    assert results[True] == results[False]
+    assert seen[True] == seen[False]
+    assert results[False].turns_completed > sessions
 
 
 # -- the driver itself ---------------------------------------------------------------------------------------

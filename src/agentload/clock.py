@@ -62,6 +62,10 @@ class VirtualClock:
     def pending(self) -> int:
         return len(self._queue)
 
+    def next_time(self) -> float | None:
+        """When the earliest scheduled event is due (None if nothing is scheduled)."""
+        return self._queue[0][0] if self._queue else None
+
     def run(self, until: float | None = None) -> None:
         """Execute events in (time, priority, counter) order until none are left or ``until`` is reached."""
         while self._queue:

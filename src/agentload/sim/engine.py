@@ -13,19 +13,36 @@ Per step (vLLM V1, FCFS):
    it fits or it was itself the one preempted;
 2. then, only if nothing was preempted this step, waiting requests in order while the token budget, the
    ``max_num_seqs`` cap and the free blocks allow: prefix lookup (capped at total tokens − 1), allocate, admit.
+
+Fast mode (``Engine(profile, fast=True)``, used by virtual-time runs). Most of a long run is steps in which
+dozens of requests each decode one token and nothing happens to them except, every ``block_size`` tokens, one
+new block and one newly full block to cache. Fast mode keeps such steady decoders in a *cohort*: the leading
+requests of the running list, whose counters advance implicitly with the cohort's tick and whose share of the
+step cost is kept as running sums. Only what happens to one of them — a block to allocate, a block to cache,
+the last token, a read-span breakpoint, a preemption — touches it, at the tick it is due, in the order the
+step-by-step scheduler would have done it. A step then costs O(events) instead of O(running requests). The
+results are identical to ``fast=False`` (tests/test_engine.py and tests/test_virtual.py compare both); the
+price is that a cohort member's ``num_computed``/``num_output``/``ever_computed`` are brought up to date only
+when it leaves the cohort or on ``sync()`` — fine for virtual runs, not for the HTTP server, which streams
+``num_output`` and therefore runs with ``fast=False``.
+
+Step cost sums are kept in integer "layer-token" units (``read_span × num_layers``) so that they do not depend
+on the order of addition: the cohort's running sums and a request-by-request sum agree to the last bit.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
+from agentload.capacity.models import ModelSpec
 from agentload.capacity.profile import ServingProfile
 from agentload.capacity.steptime import BatchShape
 from agentload.errors import SimulationError
-from agentload.sim.kvcache import KVCacheManager, Lookup
-from agentload.sim.tokens import extend_block_hashes
+from agentload.sim.kvcache import BlockTable, KVCacheManager, Lookup
+from agentload.sim.tokens import ROOT_HASH, chain_hash, extend_block_hashes
 
 
 @dataclass(eq=False, slots=True)
@@ -40,7 +57,7 @@ class SimRequest:
     handle: object = None  # the driver's own reference (a stream, a session)
     num_computed: int = 0
     num_output: int = 0
-    blocks: list[list[int]] = field(default_factory=list)
+    blocks: BlockTable = field(default_factory=list)
     num_hashed: int = 0
     cached_tokens: int | None = None  # prefix hit at first admission, reported in usage
     ever_computed: int = 0  # highest position ever computed, to count recomputation after preemption
@@ -49,6 +66,9 @@ class SimRequest:
     finished_at: float | None = None
     finish_reason: str | None = None
     preemptions: int = 0
+    seq: int = -1  # admission order (the running list's order); renewed on every admission
+    cohort_tick: int = -1  # fast mode: the tick the counters are valid at while in the cohort, else -1
+    cohort_epoch: int = 0  # fast mode: bumped on leaving the cohort, so its pending events go stale
 
     @property
     def prompt_len(self) -> int:
@@ -90,8 +110,55 @@ class StepResult:
     batch: BatchShape
 
 
+class ReadUnits:
+    """``StepTimeModel.read_span(c) × num_layers`` as an integer: layer-tokens of KV one step reads.
+
+    Mirrors ``read_span`` (full layers read min(c, sparse), sliding layers min(c, window)); a test pins the two
+    together. ``slope(c)`` is ``units(c + 1) − units(c)``: it changes only where c reaches the window or the
+    sparse-read limit, which fast mode schedules as events.
+    """
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.layers = model.num_layers
+        self.full = model.num_full_layers
+        self.sliding = model.num_sliding_layers
+        self.window = model.sliding_window if self.sliding else None
+        self.sparse = model.sparse_read_tokens
+        self.units: Callable[[int], int] = self._general
+        if self.window is None and self.sparse is None:
+            self.units = self._dense
+
+    def _dense(self, context: int) -> int:
+        return self.layers * context
+
+    def _general(self, context: int) -> int:
+        full = context if self.sparse is None else min(context, self.sparse)
+        local = 0 if self.window is None else min(context, self.window)
+        return self.full * full + self.sliding * local
+
+    def slope(self, context: int) -> int:
+        s = self.full if self.sparse is None or context < self.sparse else 0
+        if self.window is not None and context < self.window:
+            s += self.sliding
+        return s
+
+    def breakpoints(self) -> list[tuple[int, int]]:
+        """(context, slope lost there) for each context at which ``slope`` drops."""
+        points = []
+        if self.window is not None:
+            points.append((self.window, self.sliding))
+        if self.sparse is not None:
+            points.append((self.sparse, self.full))
+        return points
+
+
+# Cohort event kinds, in the order they act within a step.
+_ALLOC, _REGISTER, _FINISH = 0, 1, 2
+_by_seq = attrgetter("seq")
+
+
 class Engine:
-    def __init__(self, profile: ServingProfile) -> None:
+    def __init__(self, profile: ServingProfile, *, fast: bool = False) -> None:
         self.profile = profile
         self.block_size = profile.block_size
         self.kv = KVCacheManager(
@@ -104,25 +171,40 @@ class Engine:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
-        self._num_groups = profile.layout.num_groups
+        self.fast = fast
         self._load_s_per_block = profile.layout.page_bytes * len(self.kv.full_groups) / profile.offload_load_bytes_per_s
+        self._read = ReadUnits(profile.model)
+        self._admitted = 0
+        # Fast mode: running[:_members] is the cohort; _tick counts steps; _units_sum is Σ units(before) over the
+        # members at the current tick and _slope_sum Σ slope(before); _events maps a tick to what is due then.
+        self._members = 0
+        self._tick = 0
+        self._units_sum = 0
+        self._slope_sum = 0
+        self._events: dict[int, list[tuple[int, SimRequest, int]]] = {}
+        self._slope_events: dict[int, list[tuple[SimRequest, int, int]]] = {}
 
     # -- intake --------------------------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
         if not req.output:
             raise SimulationError(f"request {req.request_id} asks for no output tokens")
-        req.blocks = [[] for _ in range(self._num_groups)]
+        req.blocks = self.kv.new_table()
         extend_block_hashes(req.hashes, req.prompt, self.block_size)
         self.waiting.append(req)
 
     def abort(self, req: SimRequest, reason: str = "abort") -> None:
-        """Drop a request (client went away); its computed blocks stay cached."""
+        """Drop a request (client went away); its computed blocks stay cached. Not live any more: no-op."""
         if req.finished_at is not None:
             return
-        if req in self.running:
+        if req.cohort_tick >= 0:
+            self._leave(req)
+            self.running.remove(req)
+        elif req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        else:
+            return
         self.kv.free(req.blocks)
         req.finish_reason = reason
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
@@ -138,8 +220,56 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    def sync(self) -> None:
+        """Bring every request's counters up to date (fast mode defers them for steady decoders)."""
+        for req in self.running[: self._members]:
+            self._catch_up(req)
+
+    # -- the cohort (fast mode) ----------------------------------------------------------------------------
+    def _catch_up(self, req: SimRequest) -> int:
+        """Apply the decode steps a member took since its counters were last written; returns num_computed."""
+        behind = self._tick - req.cohort_tick
+        if behind:
+            req.num_computed += behind
+            req.num_output += behind
+            req.ever_computed = req.num_computed
+            req.cohort_tick = self._tick
+        return req.num_computed
+
+    def _leave(self, req: SimRequest) -> None:
+        """Take a member out of the cohort at the current tick (its counters written, its events stale)."""
+        before = self._catch_up(req)
+        self._units_sum -= self._read.units(before)
+        self._slope_sum -= self._read.slope(before)
+        req.cohort_tick = -1
+        req.cohort_epoch += 1
+        self._members -= 1
+
+    def _at(self, tick: int, kind: int, req: SimRequest) -> None:
+        due = self._events.get(tick)
+        if due is None:
+            self._events[tick] = [(kind, req, req.cohort_epoch)]
+        else:
+            due.append((kind, req, req.cohort_epoch))
+
+    def _join(self, req: SimRequest) -> None:
+        """Make a decoding request (the first non-member of the running list) a cohort member."""
+        t, bs, c = self._tick, self.block_size, req.num_computed
+        req.cohort_tick = t
+        self._units_sum += self._read.units(c)
+        self._slope_sum += self._read.slope(c)
+        self._members += 1
+        self._at(t + (-c) % bs, _ALLOC, req)  # before % bs == 0: the step needs a new block
+        self._at(t + (-c - 1) % bs, _REGISTER, req)  # after % bs == 0: a block just became full
+        self._at(t + len(req.output) - req.num_output - 1, _FINISH, req)
+        for point, lost in self._read.breakpoints():
+            if c < point:
+                self._slope_events.setdefault(t + point - c, []).append((req, req.cohort_epoch, lost))
+
     # -- the step ------------------------------------------------------------------------------------------
     def _preempt(self, victim: SimRequest) -> None:
+        if victim.cohort_tick >= 0:
+            self._leave(victim)
         self.kv.free(victim.blocks)
         victim.num_computed = 0
         victim.num_hashed = 0
@@ -150,17 +280,60 @@ class Engine:
     def step(self, now: float) -> StepResult:
         """Run one engine step that starts at ``now``."""
         budget = self.profile.max_num_batched_tokens
-        scheduled: list[tuple[SimRequest, int]] = []
+        scheduled: list[tuple[SimRequest, int]] = []  # requests outside the cohort, in batch order
         preempted: list[SimRequest] = []
         kv = self.kv
         running = self.running
+        bs = self.block_size
+        t = self._tick
 
-        i = 0
-        while i < len(running) and budget > 0:
+        # What falls due for cohort members this step (stale entries belong to members that have left).
+        allocs: list[SimRequest] = []
+        registers: list[SimRequest] = []
+        finishing: list[SimRequest] = []
+        due = self._events.pop(t, None)
+        if due is not None:
+            for kind, req, epoch in due:
+                if req.cohort_epoch != epoch:
+                    continue
+                if kind == _ALLOC:
+                    allocs.append(req)
+                elif kind == _REGISTER:
+                    registers.append(req)
+                else:
+                    finishing.append(req)
+
+        # 1. Running requests. Members come first in the running list and each take one token; only those that
+        # need a block do anything, in running order.
+        budget -= self._members
+        stopped = False
+        if len(allocs) > 1:
+            allocs.sort(key=_by_seq)
+        for req in allocs:
+            if req.cohort_tick < 0:
+                continue  # preempted earlier in this step
+            before = self._catch_up(req)
+            while not kv.allocate(req.blocks, before + 1):
+                victim = running.pop()
+                if victim.cohort_tick >= 0:
+                    budget += 1  # its token was counted above
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    stopped = True
+                    break
+            if stopped:
+                break
+            self._at(t + bs, _ALLOC, req)
+
+        i = self._members
+        while not stopped and i < len(running) and budget > 0:
             req = running[i]
             n = min(req.total_tokens - req.num_computed, budget)
             while not kv.allocate(req.blocks, req.num_computed + n):
                 victim = running.pop()
+                if victim.cohort_tick >= 0:
+                    budget += 1
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
@@ -172,6 +345,7 @@ class Engine:
             budget -= n
             i += 1
 
+        # 2. Admissions, unless this step preempted.
         load_blocks = 0
         if not preempted:
             max_seqs = self.profile.max_num_seqs
@@ -181,22 +355,24 @@ class Engine:
                 lookup: Lookup | None = None
                 start = req.num_computed
                 if start == 0:
-                    extend_block_hashes(req.hashes, _Tokens(req), self.block_size, total)
-                    lookup = kv.lookup(req.hashes, (total - 1) // self.block_size)
-                    start = (lookup.num_hit_blocks + lookup.offload_blocks) * self.block_size
+                    extend_block_hashes(req.hashes, _Tokens(req), bs, total)
+                    lookup = kv.lookup(req.hashes, (total - 1) // bs)
+                    start = (lookup.num_hit_blocks + lookup.offload_blocks) * bs
                 n = min(total - start, budget)
                 if not kv.allocate(req.blocks, start + n, lookup):
                     break
                 self.waiting.popleft()
                 running.append(req)
+                req.seq = self._admitted
+                self._admitted += 1
                 if lookup is not None:
-                    hit = lookup.num_hit_blocks * self.block_size
+                    hit = lookup.num_hit_blocks * bs
                     self.stats.prefix_queries += total
                     self.stats.prefix_hits += hit
                     if lookup.offload_blocks:
                         kv.note_offload_load(req.hashes, lookup.num_hit_blocks, lookup.offload_blocks)
                         load_blocks += lookup.offload_blocks
-                        self.stats.offload_hit_tokens += lookup.offload_blocks * self.block_size
+                        self.stats.offload_hit_tokens += lookup.offload_blocks * bs
                     req.num_hashed = lookup.num_hit_blocks
                     req.num_computed = start
                     if req.cached_tokens is None:
@@ -206,30 +382,53 @@ class Engine:
                 scheduled.append((req, n))
                 budget -= n
 
-        # Cost of the batch, from the one step-time model.
-        sm = self.step_model
-        new_tokens = 0
-        pairs = 0.0
-        kv_read = 0.0
+        # Cost of the batch, from the one step-time model, in layer-token units (see the module docstring).
+        members = self._members
+        layers = self._read.layers
+        units = self._read.units
+        kv_units = self._units_sum + self._slope_sum  # Σ units(before + 1) over the members
+        pair_units = 2 * self._units_sum + members * layers  # Σ n·(2·units(before) + n·layers), n = 1
+        new_tokens = members
         for req, n in scheduled:
             before = req.num_computed
             new_tokens += n
-            if n == 1:
-                kv_read += sm.read_span(before + 1)
-                pairs += sm.read_span(before) + 0.5
-            else:
-                span = sm.read_span(before)
-                pairs += n * (span + n / 2.0)
-                kv_read += sm.read_span(before + n)
-        batch = BatchShape(len(scheduled), new_tokens, pairs, kv_read)
-        duration = sm.step_time(batch) + load_blocks * self._load_s_per_block if scheduled else 0.0
+            kv_units += units(before + n)
+            pair_units += n * (2 * units(before) + n * layers)
+        num_requests = members + len(scheduled)
+        batch = BatchShape(num_requests, new_tokens, pair_units / (2 * layers), kv_units / layers)
+        duration = self.step_model.step_time(batch) + load_blocks * self._load_s_per_block if num_requests else 0.0
         end = now + duration
 
-        # Effects, as of the end of the step.
-        emitted: list[SimRequest] = []
-        finished: list[SimRequest] = []
+        # Effects, as of the end of the step, in batch order: members (running order) then the rest.
         stats = self.stats
-        bs = self.block_size
+        emitted = running[:members]
+        finished: list[SimRequest] = []
+        if len(registers) > 1:
+            registers.sort(key=_by_seq)
+        for req in registers:
+            if req.cohort_tick < 0:
+                continue
+            after = self._catch_up(req) + 1
+            full = after // bs
+            hashes = req.hashes
+            if len(hashes) == full - 1:
+                # The common case, without the generic walk: one block, usually all generated tokens.
+                a, n = after - bs, len(req.prompt)
+                block = req.output[a - n : after - n] if a >= n else _Tokens(req)[a:after]
+                hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, block))
+            else:
+                extend_block_hashes(hashes, _Tokens(req), bs, after)
+            kv.register(req.blocks, hashes, req.num_hashed, full)
+            req.num_hashed = full
+            self._at(t + bs, _REGISTER, req)
+        if len(finishing) > 1:
+            finishing.sort(key=_by_seq)
+        finishing = [req for req in finishing if req.cohort_tick >= 0]
+        for req in finishing:
+            self._finish(req, end)  # its counters are written when it leaves the cohort, below
+            finished.append(req)
+        stats.generation_tokens += len(emitted)
+
         for req, n in scheduled:
             before = req.num_computed
             after = before + n
@@ -253,20 +452,43 @@ class Engine:
                 stats.generation_tokens += 1
                 emitted.append(req)
                 if req.num_output >= len(req.output):
-                    req.finished_at = end
-                    req.finish_reason = "length" if req.finish_reason is None else req.finish_reason
+                    self._finish(req, end)
                     finished.append(req)
-        if finished:
-            done = set(map(id, finished))
-            self.running = [r for r in running if id(r) not in done]
-            for req in finished:
-                kv.free(req.blocks)
-                reason = req.finish_reason or "length"
-                stats.finished[reason] = stats.finished.get(reason, 0) + 1
-        if scheduled:
+
+        # The tick advances: every member moved one token on; some reached a read-span breakpoint.
+        self._units_sum += self._slope_sum
+        self._tick = t + 1
+        for req, epoch, lost in self._slope_events.pop(t + 1, ()):
+            if req.cohort_epoch == epoch:
+                self._slope_sum -= lost
+        for req in finishing:
+            self._leave(req)
+        for req in finished:
+            running.remove(req)
+            kv.free(req.blocks)
+            reason = req.finish_reason or "length"
+            stats.finished[reason] = stats.finished.get(reason, 0) + 1
+        if self.fast:
+            # Decoders right behind the cohort join it (the cohort stays a prefix of the running list, and
+            # never outgrows the token budget, so every member gets its token every step).
+            limit = min(len(running), self.profile.max_num_batched_tokens)
+            while self._members < limit:
+                req = running[self._members]
+                if (
+                    req.num_output == 0
+                    or req.num_computed != req.total_tokens - 1
+                    or req.ever_computed > req.num_computed
+                ):
+                    break
+                self._join(req)
+        if num_requests:
             stats.steps += 1
             stats.busy_seconds += duration
         return StepResult(duration, end, emitted, finished, preempted, batch)
+
+    def _finish(self, req: SimRequest, end: float) -> None:
+        req.finished_at = end
+        req.finish_reason = "length" if req.finish_reason is None else req.finish_reason
 
 
 class _Tokens(Sequence[int]):
@@ -285,7 +507,10 @@ class _Tokens(Sequence[int]):
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
             n = len(req.prompt)
-            if stop <= n and step == 1:
-                return req.prompt[start:stop]
+            if step == 1:
+                if stop <= n:
+                    return req.prompt[start:stop]
+                if start >= n:
+                    return req.output[start - n : stop - n]
             return [req.token_at(p) for p in range(start, stop, step)]
         return req.token_at(index)

@@ -2,8 +2,8 @@
 
 Mirrors vLLM V1's KVCacheManager / BlockPool (domain.md §3):
 
-* every block id lives in the pool; a block with no reference sits in the free queue (an ``OrderedDict`` used
-  as an LRU: the front is evicted first) and keeps its hash until it is taken for new data;
+* every block id lives in the pool; a block with no reference sits in the free queue (the front is evicted
+  first) and keeps its hash until it is taken for new data;
 * a request's blocks are freed in reverse order, so a conversation's tail is evicted before its shared head;
 * a prefix hit pulls a cached block out of the free queue (or shares a running request's block) and adds a
   reference;
@@ -12,22 +12,98 @@ Mirrors vLLM V1's KVCacheManager / BlockPool (domain.md §3):
   caches and looks those blocks up too); it is re-allocated on the hit, so the pool accounting stays exact;
 * an optional CPU tier receives the hashes of evicted blocks (LRU, bounded); a later lookup that misses on the
   GPU but hits there loads the blocks at link bandwidth instead of recomputing them.
+
+Agent contexts run to thousands of blocks per request, freed and hit again every turn, so the pool works on
+numpy arrays of block ids: reference counts are one array, and the free queue is an append-only array whose
+entries are checked lazily — an entry is live while its block has no reference and the block's ``stamp``
+still names that entry's position. vLLM's doubly linked free list gets O(1) removal from the middle (a hit)
+the same way: here the stale entry is skipped when the front reaches it. Freeing a 6,000-block request is a
+handful of array operations instead of 6,000 list updates.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
+
+import numpy as np
+import numpy.typing as npt
 
 from agentload.capacity.kv import KVLayout
 from agentload.errors import SimulationError
+
+BlockIds = npt.NDArray[np.int32]
+_NO_BLOCKS: BlockIds = np.zeros(0, dtype=np.int32)
+
+
+class BlockList:
+    """One request's blocks in one KV cache group, oldest first: a growable array of block ids."""
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self) -> None:
+        self._buf = _NO_BLOCKS
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: int) -> int:
+        if not -self._n <= index < self._n:
+            raise IndexError(index)
+        return int(self._buf[index % self._n])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tolist())
+
+    def __repr__(self) -> str:
+        return f"BlockList({self.tolist()})"
+
+    def tolist(self) -> list[int]:
+        return [int(b) for b in self._buf[: self._n]]
+
+    def view(self) -> BlockIds:
+        """The ids as an array (a view: valid until the list changes)."""
+        return self._buf[: self._n]
+
+    def _reserve(self, extra: int) -> None:
+        if self._n + extra > len(self._buf):
+            grown = np.empty(max(2 * len(self._buf), self._n + extra, 16), dtype=np.int32)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+
+    def append(self, block: int) -> None:
+        self._reserve(1)
+        self._buf[self._n] = block
+        self._n += 1
+
+    def extend(self, blocks: BlockIds) -> None:
+        m = len(blocks)
+        self._reserve(m)
+        self._buf[self._n : self._n + m] = blocks
+        self._n += m
+
+    def drop_front(self, count: int) -> BlockIds:
+        """Remove and return the ``count`` oldest blocks."""
+        out = self._buf[:count].copy()
+        self._buf[: self._n - count] = self._buf[count : self._n]
+        self._n -= count
+        return out
+
+    def clear(self) -> None:
+        self._n = 0
+
+
+BlockTable = list[BlockList]  # a request's blocks, one list per KV cache group
 
 
 @dataclass(slots=True)
 class Lookup:
     """The result of a prefix lookup: blocks hit per full group, and logical blocks loadable from offload."""
 
-    hit_blocks: list[list[int]]
+    hit_blocks: list[BlockIds]
     offload_blocks: int
 
     @property
@@ -42,6 +118,125 @@ class CacheStats:
     offload_loaded_blocks: int = 0
 
 
+_EMPTY = -1  # hash() never returns -1, so it marks an empty slot
+_GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of hash × 2⁶⁴/φ spread any set of keys
+_MASK64 = (1 << 64) - 1
+_SCALAR_TAIL = 8  # probing this few keys on is cheaper one by one than with array calls
+
+
+class _HashIndex:
+    """Block hash → block id for one KV cache group: open addressing (linear probing) in numpy arrays.
+
+    A Python dict of a million entries churned by tens of millions of inserts and deletes (an agent fleet
+    re-prefilling past the KV knee) spends its time in cache misses and rehashing; here a whole chain is probed
+    per numpy call. Entries are never deleted: the pool's key arrays say whether the block an entry names is
+    still cached under that hash, so an eviction costs nothing here, and stale entries are overwritten when
+    their hash comes back or dropped when the table is rebuilt.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self._min_bits = max(10, (4 * num_blocks - 1).bit_length())  # ≤ 1/4 full right after a rebuild
+        self._resize(self._min_bits)
+
+    def _resize(self, bits: int) -> None:
+        self._bits = bits
+        self._mask = (1 << bits) - 1
+        self.keys = np.full(1 << bits, _EMPTY, dtype=np.int64)
+        self.blocks = np.zeros(1 << bits, dtype=np.int32)
+        self.used = 0
+
+    def room_for(self, count: int) -> bool:
+        return (self.used + count) * 2 <= len(self.keys)
+
+    def rebuild(self, hashes: npt.NDArray[np.int64], blocks: BlockIds) -> None:
+        """Start again from the live entries only."""
+        bits = self._min_bits
+        while 4 * (len(hashes) + 1) > 1 << bits:
+            bits += 1
+        self._resize(bits)
+        slots, _ = self.place(hashes)
+        self.blocks[slots] = blocks
+
+    def home(self, hashes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        mixed = hashes.view(np.uint64) * np.uint64(_GOLDEN)
+        return (mixed >> np.uint64(64 - self._bits)).astype(np.int64)
+
+    def home_one(self, h: int) -> int:
+        return ((h & _MASK64) * _GOLDEN & _MASK64) >> (64 - self._bits)
+
+    def find(self, hashes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The block each hash's entry names, −1 where there is no entry."""
+        out = np.full(len(hashes), -1, dtype=np.int64)
+        pending = np.arange(len(hashes))
+        slots = self.home(hashes)
+        keys = hashes
+        while len(pending) > _SCALAR_TAIL:
+            found = self.keys[slots]
+            match = found == keys
+            out[pending[match]] = self.blocks[slots[match]]
+            more = ~(match | (found == _EMPTY))
+            pending, slots, keys = pending[more], (slots[more] + 1) & self._mask, keys[more]
+        for i in pending.tolist():
+            out[i] = self.find_one(int(hashes[i]))
+        return out
+
+    def find_one(self, h: int) -> int:
+        slot = self.home_one(h)
+        keys = self.keys
+        while True:
+            k = keys[slot]
+            if k == h:
+                return int(self.blocks[slot])
+            if k == _EMPTY:
+                return -1
+            slot = (slot + 1) & self._mask
+
+    def place_one(self, h: int) -> int:
+        """``place`` for one hash, with scalar reads (a decode step caches one block at a time)."""
+        slot = self.home_one(h)
+        keys = self.keys
+        while True:
+            k = keys[slot]
+            if k == h:
+                return slot
+            if k == _EMPTY:
+                keys[slot] = h
+                self.used += 1
+                return slot
+            slot = (slot + 1) & self._mask
+
+    def place(self, hashes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Each (distinct) hash's slot, claiming an empty one where it has none; and which already had one."""
+        n = len(hashes)
+        out = np.empty(n, dtype=np.int64)
+        existed = np.zeros(n, dtype=np.bool_)
+        pending = np.arange(n)
+        slots = self.home(hashes)
+        while len(pending) > _SCALAR_TAIL:
+            keys = hashes[pending]
+            found = self.keys[slots]
+            match = found == keys
+            out[pending[match]] = slots[match]
+            existed[pending[match]] = True
+            done = match
+            empty = np.flatnonzero(found == _EMPTY)
+            if len(empty):
+                # Two new keys may want the same empty slot: write all, and those whose key stuck have it.
+                self.keys[slots[empty]] = keys[empty]
+                won = empty[self.keys[slots[empty]] == keys[empty]]
+                self.used += len(won)
+                out[pending[won]] = slots[won]
+                done = match.copy()
+                done[won] = True
+            more = ~done
+            pending, slots = pending[more], (slots[more] + 1) & self._mask
+        for i in pending.tolist():
+            before = self.used
+            out[i] = self.place_one(int(hashes[i]))
+            existed[i] = self.used == before
+        return out, existed
+
+
 class KVCacheManager:
     """Owns the block pool; the engine asks it to look up, allocate, register and free a request's blocks."""
 
@@ -54,10 +249,20 @@ class KVCacheManager:
         self.prefix_caching = prefix_caching
         self.full_groups = [i for i, g in enumerate(layout.groups) if g.window is None]
         self.sliding_groups = [(i, g) for i, g in enumerate(layout.groups) if g.window is not None]
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._ref = [0] * num_blocks
-        self._key: list[tuple[int, int] | None] = [None] * num_blocks
-        self._cached: list[dict[int, int]] = [{} for _ in layout.groups]
+        # Blocks a sliding group holds once its window is full (blocks_for of an unbounded context).
+        self._sliding_caps = [(i, g.blocks_for(2**62, self.block_size)) for i, g in self.sliding_groups]
+        self._ref = np.zeros(num_blocks, dtype=np.int32)
+        # The free queue: live entries are queue[head:tail] whose block is unreferenced and stamped there.
+        self._queue = np.empty(2 * num_blocks + 1024, dtype=np.int32)
+        self._queue[:num_blocks] = np.arange(num_blocks, dtype=np.int32)
+        self._stamp = np.arange(num_blocks, dtype=np.int64)
+        self._head = 0
+        self._tail = num_blocks
+        self._num_free = num_blocks
+        # Which cache table holds a block (-1: none) and under which hash.
+        self._key_group = np.full(num_blocks, -1, dtype=np.int16)
+        self._key_hash = np.zeros(num_blocks, dtype=np.int64)
+        self._index = {gi: _HashIndex(num_blocks) for gi in self.full_groups}
         # One offload entry stands for a logical block across all full groups.
         self._offload_capacity = offload_blocks // max(1, len(self.full_groups))
         self._offload: OrderedDict[int, None] = OrderedDict()
@@ -66,143 +271,264 @@ class KVCacheManager:
     # -- views -------------------------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def usage(self) -> float:
         """vLLM's kv_cache_usage_perc: the share of blocks held by requests (cached-but-free counts as free)."""
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self._num_free / self.num_blocks
 
     @property
     def num_cached_blocks(self) -> int:
-        return sum(len(c) for c in self._cached)
+        return int(np.count_nonzero(self._key_group >= 0))
 
     @property
     def offload_entries(self) -> int:
         return len(self._offload)
 
+    def new_table(self) -> BlockTable:
+        """An empty block table for a new request."""
+        return [BlockList() for _ in self.layout.groups]
+
     def check_invariants(self) -> None:
-        """Every block is either free with no reference or referenced and not free (used by tests)."""
-        for b in range(self.num_blocks):
-            if (b in self._free) != (self._ref[b] == 0):
-                raise SimulationError(f"block {b}: ref {self._ref[b]} but free={b in self._free}")
-        for gi, table in enumerate(self._cached):
-            for h, b in table.items():
-                if self._key[b] != (gi, h):
-                    raise SimulationError(f"cache entry {h:#x} -> block {b} whose key is {self._key[b]}")
+        """Free blocks are exactly the unreferenced ones, each live once in the queue; cache keys agree."""
+        if (self._ref < 0).any():
+            raise SimulationError(f"negative reference count on block {int(np.flatnonzero(self._ref < 0)[0])}")
+        live = self._live_entries(self._head, self._tail)
+        unreferenced = np.flatnonzero(self._ref == 0)
+        if len(live) != self._num_free or len(np.unique(live)) != len(live):
+            raise SimulationError(f"{len(live)} live free-queue entries for {self._num_free} free blocks")
+        if not np.array_equal(np.sort(live), unreferenced):
+            raise SimulationError("the free queue and the unreferenced blocks differ")
+        for gi, index in self._index.items():
+            keyed = np.flatnonzero(self._key_group == gi).astype(np.int32)
+            if not np.array_equal(index.find(self._key_hash[keyed]), keyed):
+                raise SimulationError(f"group {gi}: a cached block is not what its hash finds")
+        if np.isin(self._key_group[self._key_group >= 0], list(self._index), invert=True).any():
+            raise SimulationError("a block is keyed in a group that caches nothing")
 
     # -- pool primitives ----------------------------------------------------------------------------------
-    def _take(self) -> int:
-        try:
-            block, _ = self._free.popitem(last=False)
-        except KeyError as exc:
-            raise SimulationError("allocated from an empty pool; the caller must check num_free first") from exc
-        key = self._key[block]
-        if key is not None:
-            group, h = key
-            if self._cached[group].get(h) == block:
-                del self._cached[group][h]
-                self.stats.evicted_blocks += 1
-                if group == self.full_groups[0] and self._offload_capacity:
-                    self._offload[h] = None
-                    self._offload.move_to_end(h)
-                    self.stats.offload_stored_blocks += 1
-                    if len(self._offload) > self._offload_capacity:
-                        self._offload.popitem(last=False)
-            self._key[block] = None
-        self._ref[block] = 1
-        return block
+    def _live_entries(self, start: int, stop: int) -> BlockIds:
+        entries = self._queue[start:stop]
+        live = (self._ref[entries] == 0) & (self._stamp[entries] == np.arange(start, stop))
+        out: BlockIds = entries[live]
+        return out
 
-    def _release(self, block: int) -> None:
-        self._ref[block] -= 1
-        if self._ref[block] == 0:
-            self._free[block] = None
+    def _enqueue(self, blocks: BlockIds) -> None:
+        """Append blocks whose last reference just went, in the order they should be evicted."""
+        n = len(blocks)
+        if self._tail + n > len(self._queue):
+            live = self._live_entries(self._head, self._tail)
+            size = max(len(self._queue), 2 * (len(live) + n) + 1024)
+            if size > len(self._queue):
+                self._queue = np.empty(size, dtype=np.int32)
+            self._queue[: len(live)] = live
+            self._stamp[live] = np.arange(len(live))
+            self._head, self._tail = 0, len(live)
+        t = self._tail
+        self._queue[t : t + n] = blocks
+        self._stamp[blocks] = np.arange(t, t + n)
+        self._tail = t + n
+        self._num_free += n
+
+    def _take_one(self) -> int:
+        """Take the block at the front of the free queue (a decode step's new block: scalar reads, no arrays)."""
+        if not self._num_free:
+            raise SimulationError("allocated from an empty pool; the caller must check num_free first")
+        queue, ref, stamp = self._queue, self._ref, self._stamp
+        head = self._head
+        while True:
+            b = int(queue[head])
+            if ref[b] == 0 and stamp[b] == head:
+                break
+            head += 1
+        self._head = head + 1
+        ref[b] = 1
+        self._num_free -= 1
+        group = self._key_group[b]
+        if group >= 0:
+            self._key_group[b] = -1  # its index entry goes stale
+            self.stats.evicted_blocks += 1
+            if group == self.full_groups[0] and self._offload_capacity:
+                self._store_offload([int(self._key_hash[b])])
+        return b
+
+    def _take(self, count: int) -> BlockIds:
+        """Take ``count`` blocks from the front of the free queue, evicting whatever they cached."""
+        if count > self._num_free:
+            raise SimulationError("allocated from an empty pool; the caller must check num_free first")
+        head = self._head
+        parts = []
+        need = count
+        window = 2 * count + 32
+        while need:
+            # Stale entries (blocks hit again since they were queued) can fill long stretches: widen as we go.
+            stop = min(self._tail, head + window)
+            window *= 2
+            entries = self._queue[head:stop]
+            live = np.flatnonzero((self._ref[entries] == 0) & (self._stamp[entries] == np.arange(head, stop)))
+            if len(live) >= need:
+                live = live[:need]
+                head += int(live[-1]) + 1
+                need = 0
+            else:
+                head = stop
+                need -= len(live)
+            parts.append(entries[live])
+        self._head = head
+        taken = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._ref[taken] = 1
+        self._num_free -= count
+        groups = self._key_group[taken]
+        keyed = groups >= 0
+        if keyed.any():
+            evicted = taken[keyed]
+            self._key_group[evicted] = -1  # their index entries go stale
+            self.stats.evicted_blocks += len(evicted)
+            if self._offload_capacity:
+                first = evicted[groups[keyed] == self.full_groups[0]]
+                self._store_offload(self._key_hash[first].tolist())
+        return taken
+
+    def _store_offload(self, hashes: list[int]) -> None:
+        """Evicted blocks' hashes enter the CPU tier, in eviction order; its least recent entries drop out."""
+        tier = self._offload
+        # A hash stored again moves to the back, as inserting one at a time would.
+        for _ in map(tier.pop, hashes, repeat(None)):
+            pass
+        tier.update(zip(hashes, repeat(None)))
+        self.stats.offload_stored_blocks += len(hashes)
+        while len(tier) > self._offload_capacity:
+            tier.popitem(last=False)
+
+    def _release(self, blocks: BlockIds) -> None:
+        """Drop one reference from each block; those left unreferenced join the back of the free queue."""
+        if len(blocks) == 0:
+            return
+        self._ref[blocks] -= 1
+        freed = blocks[self._ref[blocks] == 0]
+        if len(freed):
+            self._enqueue(freed)
 
     # -- request operations --------------------------------------------------------------------------------
     def lookup(self, hashes: list[int], max_blocks: int) -> Lookup:
         """Walk the chain of ``hashes[:max_blocks]`` and stop at the first miss (then try the offload tier)."""
         groups = self.full_groups
-        hit: list[list[int]] = [[] for _ in groups]
-        if not self.prefix_caching or max_blocks <= 0:
-            return Lookup(hit, 0)
-        first = self._cached[groups[0]]
-        others = [self._cached[g] for g in groups[1:]]
-        i = 0
         limit = min(max_blocks, len(hashes))
+        if not self.prefix_caching or limit <= 0:
+            return Lookup([_NO_BLOCKS for _ in groups], 0)
+        # Probe the chain in growing pieces: a miss is often early (past the knee), a full hit walks it all.
+        chain = np.array(hashes[:limit], dtype=np.int64)
+        columns: list[list[BlockIds]] = [[] for _ in groups]
+        i, step = 0, 64
         while i < limit:
-            h = hashes[i]
-            b = first.get(h)
-            if b is None:
+            piece = chain[i : i + step]
+            stop = len(piece)
+            for column, g in zip(columns, groups, strict=True):
+                found = self._index[g].find(piece[:stop])
+                safe = np.maximum(found, 0)
+                live = (found >= 0) & (self._key_group[safe] == g) & (self._key_hash[safe] == piece[:stop])
+                if not live.all():
+                    stop = int(np.argmin(live))  # every full group must hold the block for it to count
+                column.append(found[:stop].astype(np.int32))
+            i += stop
+            if stop < len(piece):
                 break
-            if others:
-                rest = [t.get(h) for t in others]
-                if any(x is None for x in rest):
-                    break
-                for lst, x in zip(hit[1:], rest, strict=True):
-                    lst.append(x)  # type: ignore[arg-type]  # None excluded just above
-            hit[0].append(b)
-            i += 1
+            step *= 4
         loads = 0
         if self._offload:
-            while i + loads < limit and hashes[i + loads] in self._offload:
+            tier = self._offload
+            while i + loads < limit and hashes[i + loads] in tier:
                 loads += 1
-        return Lookup(hit, loads)
+        return Lookup([np.concatenate(column)[:i] if column else _NO_BLOCKS for column in columns], loads)
 
-    def blocks_needed(self, held: list[list[int]], target_tokens: int, lookup: Lookup | None = None) -> int:
+    def blocks_needed(self, held: BlockTable, target_tokens: int, lookup: Lookup | None = None) -> int:
         """Free blocks an allocation to ``target_tokens`` would consume (hits taken out of the free queue too)."""
         bs = self.block_size
         logical = -(-target_tokens // bs)
         need = 0
-        hits = lookup.num_hit_blocks if lookup else 0
-        if lookup:
-            for lst in lookup.hit_blocks:
-                need += sum(1 for b in lst if self._ref[b] == 0)
+        hits = 0
+        if lookup is not None:
+            hits = lookup.num_hit_blocks
+            for blocks in lookup.hit_blocks:
+                need += int(np.count_nonzero(self._ref[blocks] == 0))
         for gi in self.full_groups:
             need += max(0, logical - len(held[gi]) - hits)
-        for gi, g in self.sliding_groups:
-            need += max(0, g.blocks_for(target_tokens, bs) - len(held[gi]))
+        for gi, cap in self._sliding_caps:
+            need += max(0, min(logical, cap) - len(held[gi]))
         return need
 
-    def allocate(self, held: list[list[int]], target_tokens: int, lookup: Lookup | None = None) -> bool:
+    def allocate(self, held: BlockTable, target_tokens: int, lookup: Lookup | None = None) -> bool:
         """Grow ``held`` (per-group block lists) to cover ``target_tokens``; False, changing nothing, if it can't."""
-        if self.blocks_needed(held, target_tokens, lookup) > len(self._free):
-            return False
-        bs = self.block_size
-        if lookup is not None:
-            for gi, lst in zip(self.full_groups, lookup.hit_blocks, strict=True):
-                for b in lst:
-                    if self._ref[b] == 0:
-                        del self._free[b]
-                    self._ref[b] += 1
-                held[gi].extend(lst)
-        logical = -(-target_tokens // bs)
-        for gi in self.full_groups:
-            blocks = held[gi]
-            for _ in range(logical - len(blocks)):
-                blocks.append(self._take())
-        for gi, g in self.sliding_groups:
-            blocks = held[gi]
-            want = g.blocks_for(target_tokens, bs)
-            for _ in range(want - len(blocks)):
-                blocks.append(self._take())
-            # Blocks that slid out of the window go back to the pool at once, oldest first.
-            while len(blocks) > want:
-                self._release(blocks.pop(0))
+        logical = -(-target_tokens // self.block_size)
+        if lookup is None:
+            # A running request growing (most calls, mostly by nothing or one block): no arrays unless needed.
+            wants = [(gi, logical - len(held[gi])) for gi in self.full_groups]
+            wants += [(gi, min(logical, cap) - len(held[gi])) for gi, cap in self._sliding_caps]
+            total = sum(w for _, w in wants if w > 0)
+            if total > self._num_free:
+                return False
+        else:
+            if self.blocks_needed(held, target_tokens, lookup) > self._num_free:
+                return False
+            for gi, blocks in zip(self.full_groups, lookup.hit_blocks, strict=True):
+                if len(blocks):
+                    was_free = int(np.count_nonzero(self._ref[blocks] == 0))
+                    self._ref[blocks] += 1  # a chain names each block once
+                    self._num_free -= was_free
+                    held[gi].extend(blocks)
+            wants = [(gi, logical - len(held[gi])) for gi in self.full_groups]
+            wants += [(gi, min(logical, cap) - len(held[gi])) for gi, cap in self._sliding_caps]
+            total = sum(w for _, w in wants if w > 0)
+        if total == 1:
+            for gi, w in wants:
+                if w == 1:
+                    held[gi].append(self._take_one())
+        elif total:
+            taken = self._take(total)
+            at = 0
+            for gi, w in wants:
+                if w > 0:
+                    held[gi].extend(taken[at : at + w])
+                    at += w
+        for gi, w in wants:
+            if w < 0:
+                # A window that shrank (never in a growing request): the oldest blocks go back at once.
+                self._release(held[gi].drop_front(-w))
         return True
 
-    def register(self, held: list[list[int]], hashes: list[int], start: int, stop: int) -> None:
+    def register(self, held: BlockTable, hashes: list[int], start: int, stop: int) -> None:
         """Cache the full blocks ``start..stop-1`` of a request under their chained hashes."""
-        if not self.prefix_caching:
+        if not self.prefix_caching or stop <= start:
             return
         for gi in self.full_groups:
-            table = self._cached[gi]
-            blocks = held[gi]
-            for i in range(start, stop):
-                h = hashes[i]
-                if h not in table:
-                    b = blocks[i]
-                    table[h] = b
-                    self._key[b] = (gi, h)
+            index = self._index[gi]
+            blocks = held[gi].view()[start:stop]
+            if stop - start == 1:
+                h, b = hashes[start], int(blocks[0])
+                owner = index.find_one(h)
+                if owner >= 0 and self._key_group[owner] == gi and self._key_hash[owner] == h:
+                    continue  # the first block cached under a hash keeps it
+                if owner < 0 and not index.room_for(1):
+                    self._rebuild(gi)
+                index.blocks[index.place_one(h)] = b
+                self._key_group[b] = gi
+                self._key_hash[b] = h
+                continue
+            mine = np.array(hashes[start:stop], dtype=np.int64)
+            if not index.room_for(len(mine)):
+                self._rebuild(gi)
+            slots, existed = index.place(mine)
+            current = index.blocks[slots]
+            live = existed & (self._key_group[current] == gi) & (self._key_hash[current] == mine)
+            new = ~live  # the first block cached under a hash keeps it; stale entries are taken over
+            index.blocks[slots[new]] = blocks[new]
+            self._key_group[blocks[new]] = gi
+            self._key_hash[blocks[new]] = mine[new]
+
+    def _rebuild(self, gi: int) -> None:
+        keyed = np.flatnonzero(self._key_group == gi).astype(np.int32)
+        self._index[gi].rebuild(self._key_hash[keyed], keyed)
 
     def note_offload_load(self, hashes: list[int], start: int, count: int) -> None:
         """Record a load from the CPU tier (the blocks were allocated as misses and are registered as computed)."""
@@ -211,9 +537,10 @@ class KVCacheManager:
                 self._offload.move_to_end(h)
         self.stats.offload_loaded_blocks += count * len(self.full_groups)
 
-    def free(self, held: list[list[int]]) -> None:
+    def free(self, held: BlockTable) -> None:
         """Release a request's blocks, tail first, so its shared head stays cached longest."""
+        parts = [blocks.view()[::-1] for blocks in held if len(blocks)]
+        if parts:
+            self._release(parts[0] if len(parts) == 1 else np.concatenate(parts))
         for blocks in held:
-            for b in reversed(blocks):
-                self._release(b)
             blocks.clear()

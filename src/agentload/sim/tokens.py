@@ -33,6 +33,11 @@ def tokenize(text: str) -> list[int]:
     return [zlib.crc32(p.encode("utf-8")) % VOCAB_SIZE for p in _TOKEN_RE.findall(text)]
 
 
+def chain_hash(parent: int, block: Sequence[int]) -> int:
+    """The hash of a full block: its tokens chained on the hash of the block before it (``ROOT_HASH`` first)."""
+    return hash((parent, tuple(block)))
+
+
 def extend_block_hashes(
     hashes: list[int], tokens: Sequence[int], block_size: int, upto: int | None = None
 ) -> list[int]:
@@ -40,7 +45,7 @@ def extend_block_hashes(
     limit = len(tokens) if upto is None else upto
     parent = hashes[-1] if hashes else ROOT_HASH
     for start in range(len(hashes) * block_size, limit - block_size + 1, block_size):
-        parent = hash((parent, tuple(tokens[start : start + block_size])))
+        parent = chain_hash(parent, tokens[start : start + block_size])
         hashes.append(parent)
     return hashes
 

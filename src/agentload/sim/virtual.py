@@ -12,8 +12,7 @@ dominate; the engine's counters are diffed across the window.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -65,7 +64,8 @@ class VirtualRunResult:
     peak_kv_usage: float
     mean_running: float
     mean_waiting: float
-    wall_events: int
+    wall_events: int  # engine steps simulated
+    end_s: float = 0.0  # virtual time the run stopped: ``duration_s``, or earlier once every session is done
 
     @property
     def output_tps(self) -> float:
@@ -83,20 +83,54 @@ class VirtualRunResult:
         return float(np.percentile(self.ttft_s, q)) if self.ttft_s else float("nan")
 
 
+class _Prompt(Sequence[int]):
+    """A turn's prompt without copying the conversation: the first ``n`` tokens of ``head`` then ``tail``.
+
+    ``head`` is never changed below ``n`` (a growing conversation only appends; a held one's base is fixed), so
+    earlier turns' prompts stay as they were.
+    """
+
+    __slots__ = ("_head", "_len", "_n", "_tail")
+
+    def __init__(self, head: list[int], n: int, tail: list[int] | None = None) -> None:
+        self._head = head
+        self._n = n
+        self._tail = tail or []
+        self._len = n + len(self._tail)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]  # Sequence has overloads; one untyped body serves both
+        n = self._n
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step == 1 and stop <= n:
+                return self._head[start:stop]
+            if step == 1 and start >= n:
+                return self._tail[start - n : stop - n]
+            return [self[i] for i in range(start, stop, step)]
+        if not -self._len <= index < self._len:
+            raise IndexError(index)
+        index %= self._len
+        return self._head[index] if index < n else self._tail[index - n]
+
+
 class _Session:
     def __init__(self, index: int, shape: SessionShape, system: list[int], system_hashes: list[int], bs: int):
         self.index = index
         self.shape = shape
-        self.rng = random.Random(1_000_003 * (index + 1))
+        self.rng = np.random.default_rng(1_000_003 * (index + 1))
         self.bs = bs
         self.system = system
         self.system_hashes = system_hashes
         self.turn = 0
         self.restart()
 
-    def _fresh(self, n: int) -> list[int]:
-        r = self.rng.randrange
-        return [r(VOCAB_SIZE) for _ in range(n)]
+    def fresh(self, n: int) -> list[int]:
+        """``n`` random tokens (tool output, or what the model will say)."""
+        tokens: list[int] = self.rng.integers(0, VOCAB_SIZE, n).tolist()
+        return tokens
 
     def restart(self) -> None:
         """Start a new conversation (first turn, or after a compaction)."""
@@ -105,26 +139,27 @@ class _Session:
             base_len = s.context - s.turn_input_tokens - s.output_tokens
         else:
             base_len = s.start_context or max(s.context // 4, s.system_tokens + s.turn_input_tokens)
-        self.base = self.system + self._fresh(base_len - len(self.system))
+        self.base = self.system + self.fresh(base_len - len(self.system))
         self.base_hashes = extend_block_hashes(list(self.system_hashes), self.base, self.bs)
         self.tokens: list[int] = list(self.base)
         self.hashes: list[int] = list(self.base_hashes)
 
-    def next_prompt(self, last_output: list[int] | None) -> tuple[list[int], list[int]]:
+    def next_prompt(self, last_output: list[int] | None) -> tuple[Sequence[int], list[int]]:
         """The prompt for the next turn and the block hashes already known for it."""
         s = self.shape
-        tool = self._fresh(s.turn_input_tokens)
         if last_output is None:
-            return self.tokens, list(self.hashes)
+            return _Prompt(self.tokens, len(self.tokens)), list(self.hashes)
+        tool = self.fresh(s.turn_input_tokens)
         if s.growth == "hold":
-            self.tokens = self.base + last_output + tool
-            return self.tokens, list(self.base_hashes)
+            return _Prompt(self.base, len(self.base), last_output + tool), list(self.base_hashes)
         if len(self.tokens) + len(last_output) + len(tool) + s.output_tokens > s.context:
             self.restart()
-            return self.tokens, list(self.hashes)
-        self.tokens = self.tokens + last_output + tool
-        extend_block_hashes(self.hashes, self.tokens, self.bs)
-        return self.tokens, list(self.hashes)
+        else:
+            # In place: earlier turns' prompts are prefixes of this list and stay as they were.
+            self.tokens += last_output
+            self.tokens += tool
+            extend_block_hashes(self.hashes, self.tokens, self.bs)
+        return _Prompt(self.tokens, len(self.tokens)), list(self.hashes)
 
 
 def run_sessions(
@@ -136,31 +171,39 @@ def run_sessions(
     warmup_s: float = 120.0,
     stagger_s: float = 1.0,
     on_step: Callable[[StepResult], None] | None = None,
+    turns_per_session: int | None = None,
+    fast: bool = True,
 ) -> VirtualRunResult:
-    """Drive ``sessions`` closed-loop agents for ``duration_s`` of virtual time; measure after ``warmup_s``."""
+    """Drive ``sessions`` closed-loop agents for ``duration_s`` of virtual time; measure after ``warmup_s``.
+
+    With ``turns_per_session`` each agent stops after that many turns and the run ends when all have (or at
+    ``duration_s``); the measurement window then ends there too.
+    """
     if sessions <= 0:
         raise ConfigError("sessions must be positive")
+    if turns_per_session is not None and turns_per_session <= 0:
+        raise ConfigError("turns_per_session must be positive")
     if not 0 <= warmup_s < duration_s:
         raise ConfigError("warm-up must be shorter than the run")
     shape.check(profile.max_model_len)
-    engine = Engine(profile)
+    engine = Engine(profile, fast=fast)
     clock = VirtualClock()
     bs = profile.block_size
-    sys_rng = random.Random(42)
-    system = [sys_rng.randrange(VOCAB_SIZE) for _ in range(shape.system_tokens)]
+    system: list[int] = np.random.default_rng(42).integers(0, VOCAB_SIZE, shape.system_tokens).tolist()
     system_hashes = extend_block_hashes([], system, bs)
     agents = [_Session(i, shape, system, system_hashes, bs) for i in range(sessions)]
     overhead = profile.coefficients.api_overhead_s
     state = {"stepping": False, "events": 0}
     ttfts: list[float] = []
     turns = [0]
+    last_turn = [0.0]
     snap: dict[str, EngineStats] = {}
     usage_sum = [0.0, 0.0, 0.0, 0.0]  # time-weighted kv usage, running, waiting, peak
     counter = [0]
 
     def submit(agent: _Session, last_output: list[int] | None) -> None:
         prompt, known = agent.next_prompt(last_output)
-        out = [agent.rng.randrange(VOCAB_SIZE) for _ in range(shape.output_tokens)]
+        out = agent.fresh(shape.output_tokens)
         counter[0] += 1
         req = SimRequest(f"s{agent.index}-{counter[0]}", prompt, out, clock.now(), hashes=known, handle=agent)
         req.finish_reason = "stop"
@@ -178,24 +221,36 @@ def run_sessions(
 
     def do_step() -> None:
         now = clock.now()
-        res = engine.step(now)
-        state["events"] += 1
-        if res.batch.num_requests == 0:
-            if not engine.running:
-                raise SimulationError("the head of the waiting queue can never be admitted (pool too small)")
-            raise SimulationError("an engine step scheduled nothing while requests were running")
-        if now >= warmup_s:
-            d = res.duration
-            usage_sum[0] += engine.kv.usage * d
-            usage_sum[1] += engine.num_running * d
-            usage_sum[2] += engine.num_waiting * d
-            usage_sum[3] = max(usage_sum[3], engine.kv.usage)
-        if on_step is not None:
-            on_step(res)
+        while True:
+            res = engine.step(now)
+            state["events"] += 1
+            if res.batch.num_requests == 0:
+                if not engine.running:
+                    raise SimulationError("the head of the waiting queue can never be admitted (pool too small)")
+                raise SimulationError("an engine step scheduled nothing while requests were running")
+            if now >= warmup_s:
+                d = res.duration
+                usage_sum[0] += engine.kv.usage * d
+                usage_sum[1] += engine.num_running * d
+                usage_sum[2] += engine.num_waiting * d
+                usage_sum[3] = max(usage_sum[3], engine.kv.usage)
+            if on_step is not None:
+                on_step(res)
+            # Fast path: when nothing else is due by the end of this step and no agent has a reply to act on,
+            # the next step follows at once — what the deliver and do_step events would have done, without
+            # them. Only a later event may be pending; one due at the very instant falls back to the queue.
+            if not fast or res.finished or not engine.has_work() or res.end > duration_s:
+                break
+            due = clock.next_time()
+            if due is not None and due <= res.end:
+                break
+            now = res.end
         clock.call_at(res.end, lambda: deliver(res), PRIORITY_ENGINE)
 
     def deliver(res: StepResult) -> None:
         now = clock.now()
+        if res.finished:
+            last_turn[0] = now
         for req in res.finished:
             agent = req.handle
             assert isinstance(agent, _Session)
@@ -203,6 +258,9 @@ def run_sessions(
                 turns[0] += 1
                 assert req.first_token is not None
                 ttfts.append(req.first_token - req.arrival)
+            agent.turn += 1
+            if turns_per_session is not None and agent.turn >= turns_per_session:
+                continue
             out = list(req.output)
             clock.call_later(shape.think_s, lambda a=agent, o=out: submit(a, o))  # type: ignore[misc]
         state["stepping"] = False
@@ -215,9 +273,13 @@ def run_sessions(
         clock.call_at(stagger_s * i / max(1, sessions), lambda a=agent: submit(a, None))  # type: ignore[misc]
     clock.call_at(warmup_s, lambda: take_snapshot("start"), PRIORITY_ENGINE)
     clock.run(until=duration_s)
+    end = min(clock.now(), duration_s)
+    if turns_per_session is not None and all(s.turn >= turns_per_session for s in agents):
+        end = last_turn[0]
     take_snapshot("end")
-    a, b = snap["start"], snap["end"]
-    window = duration_s - warmup_s
+    a, b = snap.get("start", snap["end"]), snap["end"]
+    window = max(0.0, end - warmup_s)
+    span = window or 1.0  # a run that ended before its warm-up measured nothing: its sums are zero too
     return VirtualRunResult(
         sessions=sessions,
         window_s=window,
@@ -229,9 +291,10 @@ def run_sessions(
         preemptions=b.preemptions - a.preemptions,
         turns_completed=turns[0],
         ttft_s=ttfts,
-        mean_kv_usage=usage_sum[0] / window,
+        mean_kv_usage=usage_sum[0] / span,
         peak_kv_usage=usage_sum[3],
-        mean_running=usage_sum[1] / window,
-        mean_waiting=usage_sum[2] / window,
+        mean_running=usage_sum[1] / span,
+        mean_waiting=usage_sum[2] / span,
         wall_events=state["events"],
+        end_s=end,
     )

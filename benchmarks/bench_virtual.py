@@ -1,0 +1,128 @@
+"""How fast the simulator runs in virtual time: simulated seconds per wall second, on one core.
+
+Scenarios (pick with ``--scenario``; default: all):
+
+* ``fleet`` — the issue's goal (≥ 1,000× real time): 256 coding agents × 40 turns, contexts growing from 12k to
+  ~100k tokens (1,800 tool-result tokens + 400 output tokens per turn, 2 s of tool time), on Qwen3-235B-A22B
+  (fp4 weights, fp8 KV) over 4 × GB300 with max_model_len 131,072 and the pool derived from memory
+  (9.46M tokens): the fleet starts inside the pool and ends far past it, so the run crosses the KV knee.
+* ``fleet-1gpu`` — the same fleet on the built-in single DGX Station GB300 (997,753-token pool, max_model_len
+  raised to 131,072): deep past the knee from the start, every turn a re-prefill.
+* ``qwen-24`` / ``deepseek-48`` — the capacity-curve runs of tests/test_virtual.py at 900 s (300 s warm-up):
+  Qwen3-235B at its knee (24 sessions near 40k tokens) and the sliding-window model at 48 sessions.
+
+``--exact`` runs the step-by-step path (no fast-forwarding of decode steps) for comparison; both must print the
+same simulation figures. ``--profile`` prints the top of a cProfile of each run.
+
+    .venv/bin/python benchmarks/bench_virtual.py [--scenario fleet] [--exact] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentload.capacity.profile import ServingProfile, load_profile, parse_profile
+from agentload.sim.virtual import SessionShape, VirtualRunResult, run_sessions
+
+QWEN_4X_GB300 = """
+name = "qwen3-235b-4xgb300-128k"
+model = "qwen3-235b-a22b"
+gpu = "gb300"
+num_gpus = 4
+weight_dtype = "fp4"
+kv_cache_dtype = "fp8"
+max_model_len = 131072
+"""
+
+QWEN_1X_GB300_128K = """
+name = "qwen3-235b-gb300-128k"
+model = "qwen3-235b-a22b"
+gpu = "dgx-station-gb300"
+weight_dtype = "fp4"
+kv_cache_dtype = "fp8"
+max_model_len = 131072
+[kv_pool]
+tokens = 997753
+"""
+
+CODING_AGENT = SessionShape(
+    context=100_000,
+    start_context=12_000,
+    growth="grow",
+    system_tokens=2_000,
+    turn_input_tokens=1_800,
+    output_tokens=400,
+    think_s=2.0,
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    profile: Callable[[], ServingProfile]
+    sessions: int
+    shape: SessionShape
+    duration_s: float
+    warmup_s: float
+    turns: int | None = None
+
+
+SCENARIOS = [
+    Scenario("fleet", lambda: parse_profile(QWEN_4X_GB300, "bench"), 256, CODING_AGENT, 24 * 3600.0, 0.0, 40),
+    Scenario("fleet-1gpu", lambda: parse_profile(QWEN_1X_GB300_128K, "bench"), 256, CODING_AGENT, 1800.0, 0.0),
+    Scenario("qwen-24", lambda: load_profile("qwen3-235b-gb300"), 24, SessionShape(context=40_000), 900.0, 300.0),
+    Scenario(
+        "deepseek-48", lambda: load_profile("deepseek-sliding-gb300"), 48, SessionShape(context=40_000), 900.0, 300.0
+    ),
+]
+
+
+def run(sc: Scenario, *, fast: bool) -> VirtualRunResult:
+    return run_sessions(
+        sc.profile(),
+        sc.sessions,
+        sc.shape,
+        duration_s=sc.duration_s,
+        warmup_s=sc.warmup_s,
+        turns_per_session=sc.turns,
+        fast=fast,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=[s.name for s in SCENARIOS], action="append")
+    parser.add_argument("--exact", action="store_true", help="step by step, without the decode fast path")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile summary of each run")
+    args = parser.parse_args()
+    chosen = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
+    for sc in chosen:
+        prof = sc.profile()
+        profiler = cProfile.Profile() if args.profile else None
+        t0, c0 = time.perf_counter(), time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        res = run(sc, fast=not args.exact)
+        if profiler is not None:
+            profiler.disable()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(
+            f"{sc.name:12s} {prof.name} pool {prof.pool_tokens:,} tokens, {sc.sessions} sessions: "
+            f"{res.end_s:,.0f} virtual s in {wall:.2f} wall s = {res.end_s / wall:,.0f}x real time "
+            f"({cpu:.2f} CPU s = {res.end_s / cpu:,.0f}x); "
+            f"{res.wall_events:,} steps ({res.wall_events / wall:,.0f}/s), {res.turns_completed:,} turns; "
+            f"output {res.output_tps:,.1f} tok/s, prefill {res.prefill_tps:,.0f} tok/s, "
+            f"hit {res.prefix_hit_rate:.3f}, preemptions {res.preemptions}, running {res.mean_running:.1f}",
+            flush=True,
+        )
+        if profiler is not None:
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()
