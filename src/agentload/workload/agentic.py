@@ -1,0 +1,467 @@
+"""Agentic sessions: the traffic shape of coding agents, scaled to a context target (issue 4, item 1).
+
+An agent session is one long conversation resent and extended every turn (domain.md §1): a system prompt shared
+by every agent (so the server prefix-caches it once), a per-session prefix (the task, the files it read first),
+then turns whose context grows by the model's reply and a tool result. Outputs are short against long, growing
+prompts; between turns the agent runs a tool and thinks, slept on ``ctx.clock`` (virtual in simulated runs).
+
+Two variants:
+
+* ``grow`` (workload ``agentic``): the context grows from the opening prompt toward the target. A session ends
+  when its next turn would pass the target, and the agent starts a fresh conversation — every session is a
+  whole conversation, reported through ``ctx.session_done``.
+* ``hold`` (workload ``agentic-hold``): the context stays near the target — a stable long prefix plus the last
+  exchange, the idea of ``sim/virtual.py``'s held sessions — so every agent occupies about ``context`` tokens
+  of KV cache all the time, which is what a knee search wants to hold fixed. A held session lasts the published
+  median number of turns, then the agent starts a fresh one.
+
+Sizes are in the simulator's tokens: its tokenizer makes one token of every whitespace-separated word (with its
+trailing space), and the text here is random common English words, so N words are N tokens on the simulator.
+On a real server such words cost about 1–1.3 tokens each; the drivers end sessions from the server's own
+``prompt_tokens`` and scale new text by the tokens per word measured on the session's first turn, so the target
+holds there too, but every other size is approximate.
+
+Defaults follow the published shapes (domain.md §1): sessions start at ~12k tokens, last ~43 turns, and send
+131 input tokens per output token. Those figures describe sessions reaching ~100k tokens — 12k growing linearly
+over 43 turns to a mean prompt of 131 × 444 ≈ 58k ends near 104k — so at another target the turn count and the
+ratio are held and the per-turn sizes scale: at 40,960 the reply is ~200 tokens and the tool result ~470 (at
+~104k they are the published 444 and ~1.7k). Prefix reuse then comes out at ~97%, inside the published 94–96%+.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+import numpy as np
+
+from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
+from agentload.errors import ConfigError
+from agentload.workload.base import AgentDriver, LoadContext
+
+# -- the published shape (domain.md §1) ----------------------------------------------------------------------
+PUBLISHED_TURNS = 43  # median turns per session (one essay's figures)
+PUBLISHED_OUTPUT_TOKENS = 444  # median reply
+PUBLISHED_IO_RATIO = 131.0  # input : output tokens (Codex traces on SWE-bench Pro)
+PUBLISHED_START_TOKENS = 12_000  # context of a session's first turn (same traces)
+# When the target is too small for a 12k opening, the opening takes this share of it (12k of 40k ≈ 0.3).
+START_SHARE_CAP = 0.3
+# Of the opening, the part every agent shares (harness instructions and tool schemas); the rest is the
+# session's own task and the files it read first. No source gives the split; a third keeps both substantial.
+SYSTEM_SHARE = 1 / 3
+# Spread of per-turn sizes (lognormal sigmas): replies vary less than tool results, which range from a one-line
+# command status to a whole file. Published figures give medians only; these are judgement, not measurement.
+OUTPUT_SIGMA = 0.6
+TOOL_RESULT_SIGMA = 0.8
+# Time between turns: tool latency (tests, builds: heavy-tailed) then the harness's own think time. No source
+# gives figures; together they average ~2.2 s, near the planner's 2 s so planned and measured knees compare.
+TOOL_LATENCY_MEDIAN_S = 1.0
+TOOL_LATENCY_SIGMA = 1.0
+THINK_MEDIAN_S = 0.5
+THINK_SIGMA = 0.5
+# Draws are capped at this many sigmas above the median, so one freak draw cannot blow a session's budget.
+CAP_SIGMAS = 2.5
+
+# -- the simulator's chat template (ChatML, sim/chat.py), in its tokens; a few tokens off on real templates ---
+OPENING_OVERHEAD_TOKENS = 3  # system header, user header, the assistant generation prompt
+SINGLE_MESSAGE_OVERHEAD_TOKENS = 2  # user header and the generation prompt
+TURN_OVERHEAD_TOKENS = 3  # the reply's end marker, the next user header, the next generation prompt
+
+# A failed turn ends its session; the agent waits this long before a fresh one so a dead server is not hammered.
+FAILURE_PAUSE_S = 1.0
+
+# Common English words, each a single token with its leading space on the usual BPE vocabularies (Llama, Qwen,
+# GPT) and exactly one token on the simulator. With ~256 of them, 16 random words repeat with odds ~256^-16,
+# so two random texts never share a KV block by chance.
+_WORD_LIST = """
+    the of and to in is was for on that with as by at from his it an be this are or which had have not but
+    were one their all they been has more also when who first two new its time would other only after into
+    over most some there can may such than many these then any so made used between three while during well
+    both each years under part where back same through work year state city later system world high known
+    life family school based small group number area government early found game people since four form
+    around began several music until long second film name member large season because against home line
+    public played series general including water team became local end government another last without
+    within main often show record death left house war set right five days along just power still point
+    top court began among local major order great being best like around law however way make early few
+    take field six type end seven eight nine ten data file test code build patch plan step task tool call
+    read write list check run fix error value result output input model agent server request token cache
+    block prefix context session turn reply prompt queue batch step memory speed load level count rate time
+    stage phase table index field column row page note text word line path name key map set graph node edge
+    tree root leaf branch merge split sort search match parse format print open close start stop wait send
+    green blue red black white light dark heavy fast slow
+"""
+WORDS: tuple[str, ...] = tuple(dict.fromkeys(_WORD_LIST.split()))  # the list repeats a few; each counts once
+_VOCAB = np.asarray(WORDS, dtype=object)
+
+
+def words(rng: np.random.Generator, n: int) -> str:
+    """``n`` random words: ``n`` tokens on the simulator (no trailing space, so the last word ends the message)."""
+    if n <= 0:
+        return ""
+    return " ".join(_VOCAB[rng.integers(0, len(_VOCAB), n)])
+
+
+def stable_int(text: str) -> int:
+    """A process-independent integer for seeding from a string (``hash`` of a str is salted per process)."""
+    return zlib.crc32(text.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class Lognormal:
+    """A positive size or duration: lognormal around ``median``, capped at ``CAP_SIGMAS`` sigmas above it."""
+
+    median: float
+    sigma: float
+
+    @property
+    def mean(self) -> float:
+        return self.median * math.exp(self.sigma**2 / 2)
+
+    @property
+    def cap(self) -> float:
+        return self.median * math.exp(CAP_SIGMAS * self.sigma)
+
+    def draw(self, rng: np.random.Generator) -> float:
+        if self.sigma == 0:
+            return self.median
+        return min(float(rng.lognormal(math.log(self.median), self.sigma)), self.cap)
+
+    def tokens(self, rng: np.random.Generator) -> int:
+        return max(1, round(self.draw(rng)))
+
+    @classmethod
+    def with_mean(cls, mean: float, sigma: float) -> Lognormal:
+        return cls(mean / math.exp(sigma**2 / 2), sigma)
+
+
+Growth = Literal["grow", "hold"]
+
+
+@dataclass(frozen=True)
+class AgenticShape:
+    """What one agent's sessions look like: token sizes (simulator tokens) and the time between turns."""
+
+    context: int  # the target: grow sessions end before passing it, held ones stay just under it
+    growth: Growth
+    system_tokens: int  # shared by every agent
+    prefix_tokens: int  # the session's own opening (task, first files)
+    output: Lognormal  # reply per turn (sent as max_tokens)
+    tool_result: Lognormal  # appended per turn
+    tool_latency_s: Lognormal
+    think_s: Lognormal
+    turns: int  # grow: turns the sizes are scaled for; hold: turns per session
+
+    @property
+    def opening_tokens(self) -> int:
+        return self.system_tokens + self.prefix_tokens + OPENING_OVERHEAD_TOKENS
+
+    @classmethod
+    def published(
+        cls,
+        context: int,
+        growth: Growth = "grow",
+        *,
+        turns: int = PUBLISHED_TURNS,
+        io_ratio: float = PUBLISHED_IO_RATIO,
+        start_tokens: int | None = None,
+        system_tokens: int | None = None,
+        output_tokens: float | None = None,
+        tool_result_tokens: float | None = None,
+        tool_latency_s: float = TOOL_LATENCY_MEDIAN_S,
+        think_s: float = THINK_MEDIAN_S,
+        output_sigma: float = OUTPUT_SIGMA,
+        tool_result_sigma: float = TOOL_RESULT_SIGMA,
+        tool_latency_sigma: float = TOOL_LATENCY_SIGMA,
+        think_sigma: float = THINK_SIGMA,
+    ) -> AgenticShape:
+        """The published agent shape scaled to ``context`` (see the module docstring); any size can be overridden.
+
+        ``output_tokens`` and ``tool_result_tokens`` are means; the time figures are medians.
+        """
+        if context < 1024:
+            raise ConfigError(f"agentic sessions need a context of at least 1024 tokens, got {context}")
+        if turns < 1:
+            raise ConfigError(f"turns must be positive, got {turns}")
+        if io_ratio <= 1:
+            raise ConfigError(f"the input:output ratio must exceed 1, got {io_ratio}")
+        for label, value in (("tool latency", tool_latency_s), ("think time", think_s)):
+            if value < 0:
+                raise ConfigError(f"{label} must not be negative, got {value}")
+        start = (
+            start_tokens if start_tokens is not None else min(PUBLISHED_START_TOKENS, int(START_SHARE_CAP * context))
+        )
+        if not 0 < start < context:
+            raise ConfigError(f"the opening ({start} tokens) must be positive and below the context ({context})")
+        system = system_tokens if system_tokens is not None else round(start * SYSTEM_SHARE)
+        if not 0 <= system < start:
+            raise ConfigError(f"the system prompt ({system} tokens) must be shorter than the opening ({start})")
+        # Grow: the prompt climbs ~linearly from ``start`` by ``step`` a turn, so its mean is about midway.
+        step = (context - start) / turns
+        mean_prompt = (start + context - step) / 2
+        out_mean = output_tokens if output_tokens is not None else mean_prompt / io_ratio
+        tool_mean = tool_result_tokens if tool_result_tokens is not None else step - out_mean - TURN_OVERHEAD_TOKENS
+        if out_mean < 1 or tool_mean < 1:
+            raise ConfigError(
+                f"a context of {context} is too small for {turns} turns at {io_ratio:g}:1 (reply {out_mean:.0f}, "
+                f"tool result {tool_mean:.0f} tokens a turn); use a larger context or fewer turns"
+            )
+        prefix = start - system
+        if growth == "hold":
+            # The stable prefix leaves room for one exchange plus a reply of twice the mean, so the context
+            # peaks just under the target; the tail draws are clamped to fit (see the driver).
+            prefix = context - system - OPENING_OVERHEAD_TOKENS - round(2 * out_mean + tool_mean) - TURN_OVERHEAD_TOKENS
+            if prefix < 1:
+                raise ConfigError(f"a context of {context} leaves no room for a held prefix")
+        shape = cls(
+            context=context,
+            growth=growth,
+            system_tokens=system,
+            prefix_tokens=prefix,
+            output=Lognormal.with_mean(out_mean, output_sigma),
+            tool_result=Lognormal.with_mean(tool_mean, tool_result_sigma),
+            tool_latency_s=Lognormal(tool_latency_s, tool_latency_sigma if tool_latency_s > 0 else 0.0),
+            think_s=Lognormal(think_s, think_sigma if think_s > 0 else 0.0),
+            turns=turns,
+        )
+        shape.check()
+        return shape
+
+    def check(self) -> None:
+        if self.opening_tokens + 1 > self.context:
+            raise ConfigError(
+                f"the opening ({self.opening_tokens} tokens) leaves no room for a reply in {self.context}"
+            )
+        for label, dist in (("output", self.output), ("tool result", self.tool_result)):
+            if dist.median < 1 or dist.sigma < 0:
+                raise ConfigError(f"{label} sizes must be at least one token with a non-negative spread")
+
+
+class SizeStreams:
+    """One agent's reproducible draws: a separate stream per quantity, so the sequence of reply lengths does not
+    depend on how many pauses were drawn — the synthetic arm replays agent i's very sizes without the sleeps."""
+
+    def __init__(self, shape: AgenticShape, seed: int, index: int) -> None:
+        out, tool, pause = (np.random.default_rng(s) for s in np.random.SeedSequence([seed, index]).spawn(3))
+        self.shape = shape
+        self._out = out
+        self._tool = tool
+        self._pause = pause
+
+    def output(self) -> int:
+        return self.shape.output.tokens(self._out)
+
+    def tool_result(self) -> int:
+        return self.shape.tool_result.tokens(self._tool)
+
+    def pause_s(self) -> float:
+        """Tool latency plus think time before the next turn."""
+        return self.shape.tool_latency_s.draw(self._pause) + self.shape.think_s.draw(self._pause)
+
+
+def grow_turn_sizes(shape: AgenticShape, sizes: SizeStreams) -> Iterator[tuple[int, int]]:
+    """Endless (prompt tokens, output tokens) of back-to-back grow sessions, as the simulator would count them.
+
+    The same draws in the same order as ``AgenticDriver`` makes them, so it is the agentic turn distribution
+    without a server (the synthetic arm's shapes).
+    """
+    while True:
+        prompt = shape.opening_tokens
+        out = min(sizes.output(), shape.context - prompt)
+        while True:
+            yield prompt, out
+            tool, nxt = sizes.tool_result(), sizes.output()
+            grown = prompt + out + tool + TURN_OVERHEAD_TOKENS
+            if grown + nxt > shape.context:
+                break
+            prompt, out = grown, nxt
+
+
+class _End(Enum):
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"  # the level ended mid-session: not a finished session, not reported
+
+
+def tokens_per_word(record: RequestRecord, words_sent: int) -> float:
+    """What one of our words costs on this server, from a prompt that was all our text (1.0 on the simulator)."""
+    if record.usage_source is not UsageSource.SERVER or words_sent <= 0 or record.prompt_tokens <= 0:
+        return 1.0
+    return min(4.0, max(1.0, record.prompt_tokens / words_sent))
+
+
+@dataclass
+class AgenticDriver:
+    """One agent: sessions back to back until the level ends."""
+
+    agent_id: str
+    index: int
+    shape: AgenticShape
+    system_text: str
+    seed: int
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    sessions_started: int = 0
+
+    async def run(self, ctx: LoadContext) -> None:
+        sizes = SizeStreams(self.shape, self.seed, self.index)
+        while not ctx.should_stop():
+            n = self.sessions_started
+            self.sessions_started += 1
+            session = self._grow if self.shape.growth == "grow" else self._hold
+            end = await session(ctx, sizes, n)
+            if end is _End.STOPPED:
+                return
+            if end is _End.FAILED:
+                ctx.session_done(self.agent_id, ok=False)
+                if not await between_turns(ctx, FAILURE_PAUSE_S):
+                    return
+            else:
+                ctx.session_done(self.agent_id, ok=True)
+
+    def _text_rng(self, ctx: LoadContext, session: int) -> np.random.Generator:
+        # Salted with the run and level: the same agent in the next level (or run) must not find its previous
+        # session's prefix still cached — only the system prompt is meant to be shared.
+        return np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.run_id), session])
+
+    async def _send(
+        self, ctx: LoadContext, messages: list[dict[str, Any]], max_tokens: int, session: int, turn: int
+    ) -> RequestRecord | None:
+        body = {"model": ctx.model, "messages": list(messages), "max_tokens": max_tokens, **self.extra_body}
+        ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/s{session}", turn=turn)
+        records = await ctx.backend.complete(body, ids)
+        final = records[-1]
+        return final if final.ok else None
+
+    def _opening(self, rng: np.random.Generator) -> list[dict[str, Any]]:
+        return [
+            {"role": "system", "content": self.system_text},
+            {"role": "user", "content": words(rng, self.shape.prefix_tokens)},
+        ]
+
+    async def _grow(self, ctx: LoadContext, sizes: SizeStreams, session: int) -> _End:
+        shape = self.shape
+        rng = self._text_rng(ctx, session)
+        messages = self._opening(rng)
+        out = min(sizes.output(), shape.context - shape.opening_tokens)
+        per_word = 1.0
+        turn = 0
+        while True:
+            final = await self._send(ctx, messages, out, session, turn)
+            if final is None:
+                return _End.FAILED
+            if turn == 0:
+                per_word = tokens_per_word(final, shape.opening_tokens)
+            turn += 1
+            messages.append({"role": "assistant", "content": final.content})
+            tool, nxt = sizes.tool_result(), sizes.output()
+            pause = sizes.pause_s()
+            # The next prompt is this one as the server counted it, the reply, and the tool result: the session
+            # ends rather than pass the target (a real agent would compact or start over).
+            grown = final.prompt_tokens + final.completion_tokens + math.ceil(tool * per_word) + TURN_OVERHEAD_TOKENS
+            if grown + nxt > shape.context:
+                return _End.DONE
+            if not await between_turns(ctx, pause):
+                return _End.STOPPED
+            messages.append({"role": "user", "content": words(rng, tool)})
+            out = nxt
+
+    async def _hold(self, ctx: LoadContext, sizes: SizeStreams, session: int) -> _End:
+        shape = self.shape
+        rng = self._text_rng(ctx, session)
+        opening = self._opening(rng)
+        out = min(sizes.output(), shape.context - shape.opening_tokens)
+        final = await self._send(ctx, opening, out, session, 0)
+        if final is None:
+            return _End.FAILED
+        base = final.prompt_tokens
+        per_word = tokens_per_word(final, shape.opening_tokens)
+        for turn in range(1, shape.turns):
+            tool, nxt = sizes.tool_result(), sizes.output()
+            if not await between_turns(ctx, sizes.pause_s()):
+                return _End.STOPPED
+            # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
+            # target (the prefix was sized for twice the mean reply, so this is rare).
+            room = shape.context - base - final.completion_tokens - TURN_OVERHEAD_TOKENS
+            nxt = max(1, min(nxt, room - 1))
+            tool = max(1, min(tool, math.floor((room - nxt) / per_word)))
+            messages = [
+                *opening,
+                {"role": "assistant", "content": final.content},
+                {"role": "user", "content": words(rng, tool)},
+            ]
+            reply = await self._send(ctx, messages, nxt, session, turn)
+            if reply is None:
+                return _End.FAILED
+            final = reply
+        return _End.DONE
+
+
+async def between_turns(ctx: LoadContext, seconds: float) -> bool:
+    """Sleep between turns; False when the level is over (before or after the sleep)."""
+    if ctx.should_stop():
+        return False
+    if seconds > 0:
+        await ctx.clock.sleep(seconds)
+    return not ctx.should_stop()
+
+
+def agent_ids(count: int) -> list[str]:
+    """``agent-0`` … with a fixed width, so they sort in order (the suite runner names agents the same way)."""
+    if count < 1:
+        raise ConfigError(f"the agent count must be positive, got {count}")
+    width = len(str(count - 1))
+    return [f"agent-{i:0{width}d}" for i in range(count)]
+
+
+def system_prompt(seed: int, tokens: int) -> str:
+    """The system prompt every agent of a workload shares (depends on the seed only, so it is cached once)."""
+    return words(np.random.default_rng([seed, stable_int("system")]), tokens)
+
+
+# Options the registry accepts for the agentic workloads (keyword arguments of ``AgenticShape.published``).
+SHAPE_OPTIONS: tuple[str, ...] = (
+    "turns",
+    "io_ratio",
+    "start_tokens",
+    "system_tokens",
+    "output_tokens",
+    "tool_result_tokens",
+    "tool_latency_s",
+    "think_s",
+    "output_sigma",
+    "tool_result_sigma",
+    "tool_latency_sigma",
+    "think_sigma",
+)
+
+
+@dataclass
+class AgenticWorkload:
+    """``agentic`` (growing sessions) or ``agentic-hold`` (sessions held near the target)."""
+
+    growth: Growth = "grow"
+    shape_options: Mapping[str, Any] = field(default_factory=dict)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"ignore_eos": True} on vLLM / SGLang
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.shape_options) - set(SHAPE_OPTIONS))
+        if unknown:
+            raise ConfigError(f"unknown agentic option {', '.join(unknown)}; known: {', '.join(SHAPE_OPTIONS)}")
+
+    @property
+    def name(self) -> str:
+        return "agentic" if self.growth == "grow" else "agentic-hold"
+
+    def shape(self, context: int) -> AgenticShape:
+        return AgenticShape.published(context, self.growth, **self.shape_options)
+
+    def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
+        shape = self.shape(context)
+        system = system_prompt(seed, shape.system_tokens)
+        return [
+            AgenticDriver(agent_id, i, shape, system, seed, dict(self.extra_body))
+            for i, agent_id in enumerate(agent_ids(count))
+        ]

@@ -1,0 +1,93 @@
+"""The matched synthetic arm: the agentic token shapes without the agent (issue 4, item 1).
+
+The source benchmark compared real agents with a synthetic load of single-turn random requests and found the
+agents reaching 72% and 59% of its throughput (domain.md §1). To make that ratio say something about agent
+structure rather than about sizes, this arm sends exactly the agentic turns' sizes — agent i's prompt and
+output lengths come from the same seeded draws as agentic agent i's, in the same order — but every request is
+a fresh, unique prompt: no conversation, no shared system prompt, nothing for the prefix cache to reuse.
+
+Each agent sends its requests back to back (closed loop, like ``vllm bench serve --max-concurrency``); with
+``pace=True`` it also sleeps the agentic think and tool time between them. Each request is reported as a
+one-turn session. Sizes are simulator tokens (one per word); on real servers the words cost ~1–1.3 tokens.
+
+Unique from the first token we write: a chat template's own fixed header (a few tokens) is still common to every
+request, as it is to any chat workload, and stays below one KV block on the usual templates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentload.endpoint.records import RequestIds
+from agentload.errors import ConfigError
+from agentload.workload.agentic import (
+    FAILURE_PAUSE_S,
+    SHAPE_OPTIONS,
+    SINGLE_MESSAGE_OVERHEAD_TOKENS,
+    AgenticShape,
+    SizeStreams,
+    agent_ids,
+    between_turns,
+    grow_turn_sizes,
+    stable_int,
+    words,
+)
+from agentload.workload.base import AgentDriver, LoadContext
+
+
+@dataclass
+class SyntheticDriver:
+    agent_id: str
+    index: int
+    shape: AgenticShape
+    seed: int
+    pace: bool = False
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    async def run(self, ctx: LoadContext) -> None:
+        sizes = SizeStreams(self.shape, self.seed, self.index)
+        turns = grow_turn_sizes(self.shape, sizes)
+        # Salted with the run and level so no prompt of this level was ever sent before (see agentic's text).
+        rng = np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.run_id), stable_int("synthetic")])
+        n = 0
+        while not ctx.should_stop():
+            prompt, out = next(turns)
+            content = words(rng, max(1, prompt - SINGLE_MESSAGE_OVERHEAD_TOKENS))
+            body = {"model": ctx.model, "messages": [{"role": "user", "content": content}], "max_tokens": out}
+            ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/r{n}", turn=0)
+            records = await ctx.backend.complete({**body, **self.extra_body}, ids)
+            n += 1
+            ok = records[-1].ok
+            ctx.session_done(self.agent_id, ok=ok)
+            pause = sizes.pause_s() if self.pace else 0.0
+            if not ok:
+                pause = max(pause, FAILURE_PAUSE_S)  # a dead server is not hammered in a tight loop
+            if pause > 0 and not await between_turns(ctx, pause):
+                return
+
+
+@dataclass
+class SyntheticWorkload:
+    """``synthetic``: unique single-turn requests shaped like the agentic turns (same shape options)."""
+
+    shape_options: Mapping[str, Any] = field(default_factory=dict)
+    pace: bool = False
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    name: str = "synthetic"
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.shape_options) - set(SHAPE_OPTIONS))
+        if unknown:
+            raise ConfigError(f"unknown synthetic option {', '.join(unknown)}; known: {', '.join(SHAPE_OPTIONS)}")
+
+    def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
+        # The grow shape: its turns are the distribution of prompt sizes an agentic run sends.
+        shape = AgenticShape.published(context, "grow", **self.shape_options)
+        return [
+            SyntheticDriver(agent_id, i, shape, seed, self.pace, dict(self.extra_body))
+            for i, agent_id in enumerate(agent_ids(count))
+        ]
