@@ -1,0 +1,43 @@
+"""``agentload report RUN [RUN…]``: one self-contained, offline HTML file of one or more saved runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentload.cli.common import console, reports_errors
+from agentload.cli.runs import RootOption
+from agentload.report import print_result, write_report
+from agentload.store import DEFAULT_ROOT, RunStore
+
+
+@reports_errors
+def report(
+    run_refs: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="RUN...",
+            help="Run directories (or their result.json), or run ids from the history.",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
+    root: RootOption = DEFAULT_ROOT,
+    title: Annotated[str | None, typer.Option("--title", help="The report's title. Default: the run id(s).")] = None,
+    print_tables: Annotated[
+        bool, typer.Option("--print", "-p", help="Also print each run's levels, knee and capacity estimate here.")
+    ] = False,
+) -> None:
+    """Render saved runs into one HTML file with interactive plots; several runs are compared side by side."""
+    store = RunStore(root)
+    dirs = [store.resolve(ref) for ref in run_refs]
+    stats = write_report(dirs, output, title=title)
+    if print_tables:
+        for run in dirs:
+            print_result(run.result(), console)
+    console.print(
+        f"wrote {stats.path} ({stats.bytes / 1e6:.1f} MB, {len(dirs)} run{'s' if len(dirs) != 1 else ''}, "
+        f"{stats.plots} plots, {stats.seconds:.2f} s)"
+    )
