@@ -53,7 +53,7 @@ from agentload.capacity.models import ModelSpec
 from agentload.capacity.profile import StepSpec, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.endpoint.scrape import ServedModel, ServerPool, StreamTiming
-from agentload.errors import AgentloadError, ConfigError
+from agentload.errors import AgentloadError, ConfigError, ServerCapabilityError
 
 # The coefficients the fit estimates, and which part of a step each belongs to.
 FITTED = ("prefill_s_per_token", "attention_s_per_pair", "weights_s", "kv_s_per_token", "request_s")
@@ -131,6 +131,7 @@ class CalibrationPlan(BaseModel):
 class TtftPoint(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    target_tokens: int = Field(gt=0, description="the prompt length asked for (repeats share it)")
     prompt_tokens: int = Field(gt=0)
     cached_tokens: int = Field(default=0, ge=0)
     ttft_s: float = Field(gt=0)
@@ -152,7 +153,7 @@ class ItlPoint(BaseModel):
 class FitReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    ttft_rel_rms: float = Field(description="relative RMS error of the profile's TTFT vs measured")
+    ttft_rel_rms: float = Field(description="relative RMS error of the profile's TTFT vs the fastest repeats")
     itl_rel_rms: float = Field(description="relative RMS error of the profile's ITL vs measured")
     rel_stderr: dict[str, float | None] = Field(description="standard error / value per fitted coefficient")
     ttft_intercept_s: float = Field(description="api overhead + step_s + request_s + round trip, as fitted")
@@ -179,6 +180,24 @@ class CalibrationResult(BaseModel):
     notes: tuple[str, ...]
     profile_name: str
     profile_toml: str
+
+    @property
+    def fastest_ttft(self) -> tuple[TtftPoint, ...]:
+        """The TTFT points the fit used: the fastest repeat at each prompt length."""
+        return fastest_per_length(self.ttft)
+
+
+def fastest_per_length(points: Sequence[TtftPoint]) -> tuple[TtftPoint, ...]:
+    """The fastest of the repeats at each requested length.
+
+    Delays from anything but the server's work (scheduling, the network, a busy client) only ever add time, so the
+    fastest repeat is the best estimate of what the model of the server's work should predict.
+    """
+    best: dict[int, TtftPoint] = {}
+    for p in points:
+        if p.target_tokens not in best or p.ttft_s < best[p.target_tokens].ttft_s:
+            best[p.target_tokens] = p
+    return tuple(best[k] for k in sorted(best))
 
 
 # -- measurement ----------------------------------------------------------------------------------------------
@@ -270,7 +289,7 @@ async def calibrate(
     pool = await target.pool()
     max_model_len = served.max_model_len or pool.max_model_len
     if max_model_len is None:
-        raise CalibrationError(f"{url} does not report max_model_len (neither /v1/models nor its server info)")
+        raise ServerCapabilityError(f"{url} does not report max_model_len (neither /v1/models nor its server info)")
     rtt = float(np.median([await target.round_trip() for _ in range(5)]))
     catalogue_name = _catalogue_name(served)
     kv_dtype = pool.cache_dtype or "auto"
@@ -303,12 +322,14 @@ async def calibrate(
             else:
                 prompt_tokens = timing.prompt_tokens or length
                 cached = min(timing.cached_tokens or 0, prompt_tokens - 1)
-                m.ttft.append(TtftPoint(prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft))
+                m.ttft.append(
+                    TtftPoint(target_tokens=length, prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft)
+                )
             progress.advance()
-    if len({p.prompt_tokens for p in m.ttft}) < 3:
+    fastest = fastest_per_length(m.ttft)
+    if len(fastest) < 3:
         raise CalibrationError(f"only {len(m.ttft)} usable TTFT measurements at fewer than 3 prompt lengths")
-    by_len = sorted((p.prompt_tokens, p.ttft_s) for p in m.ttft)
-    xs, ys = [x for x, _ in by_len], [y for _, y in by_len]
+    xs, ys = [p.prompt_tokens for p in fastest], [p.ttft_s for p in fastest]
 
     contexts = plan.itl_contexts or (256, min(max_model_len // 4, 8192))
     batches = sorted(set(plan.batch_sizes))
@@ -346,7 +367,7 @@ async def calibrate(
         m.notes.append("ITL was measured at one context or one batch size: request_s and kv_s_per_token are unsure")
 
     coefficients, report = fit_step_coefficients(
-        m.ttft, m.itl, structure=resolved.coefficients, model=resolved.model, step_s=plan.step_s, round_trip_s=rtt
+        fastest, m.itl, structure=resolved.coefficients, model=resolved.model, step_s=plan.step_s, round_trip_s=rtt
     )
     m.notes.append(
         f"step_s is not identifiable apart from weights_s and api_overhead_s; set to {plan.step_s:g} s, layer_s to 0"
@@ -408,8 +429,19 @@ def predicted_ttft(c: StepCoefficients, model: ModelSpec, point: TtftPoint, roun
     return round_trip_s + c.api_overhead_s + StepTimeModel(c, model).prefill_time(point.new_tokens, point.cached_tokens)
 
 
+def _decode_time(sm: StepTimeModel, batch: int, context: float) -> float:
+    """A decode step at a mean context that need not be whole: linear between the neighbouring whole contexts.
+
+    Rounding instead would shift the kv term by up to half a token per request, which at large batches is as
+    big as the whole per-request cost the fit is after.
+    """
+    low = math.floor(context)
+    below = sm.decode_step_time(batch, low)
+    return below + (context - low) * (sm.decode_step_time(batch, low + 1) - below)
+
+
 def predicted_itl(c: StepCoefficients, model: ModelSpec, point: ItlPoint) -> float:
-    return StepTimeModel(c, model).decode_step_time(point.batch, round(point.context))
+    return _decode_time(StepTimeModel(c, model), point.batch, point.context)
 
 
 def fit_step_coefficients(
@@ -424,7 +456,7 @@ def fit_step_coefficients(
     """Non-negative least squares on relative errors, with each point in the regime the fit says dominates."""
     basis = _basis(structure, model)
     rows = [[basis[p].prefill_time(t.new_tokens, t.cached_tokens) for p in (*FITTED, "step_s")] for t in ttft]
-    rows += [[basis[p].decode_step_time(i.batch, round(i.context)) for p in (*FITTED, "step_s")] for i in itl]
+    rows += [[_decode_time(basis[p], i.batch, i.context) for p in (*FITTED, "step_s")] for i in itl]
     features = np.array(rows)
     y = np.array([t.ttft_s for t in ttft] + [i.itl_s for i in itl])
     intercept = np.array([1.0] * len(ttft) + [0.0] * len(itl))

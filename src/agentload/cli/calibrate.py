@@ -45,6 +45,7 @@ async def _run(url: str, api_key: str | None, model: str | None, plan: Calibrati
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err_console,
+        transient=True,  # the summary replaces the bars; an error leaves one clean line
         disable=quiet,
     )
     async with ServerProbe(url, api_key=api_key, connections=max(plan.batch_sizes) + 8) as probe:
@@ -83,7 +84,8 @@ def _summary(result: CalibrationResult) -> None:
     console.print(table)
     fit = result.fit
     console.print(
-        f"Fit error (relative RMS): TTFT {fit.ttft_rel_rms:.1%} over {len(result.ttft)} requests, "
+        f"Fit error (relative RMS): TTFT {fit.ttft_rel_rms:.1%} over {len(result.fastest_ttft)} prompt lengths "
+        f"(fastest of {len(result.ttft)} requests), "
         f"ITL {fit.itl_rel_rms:.1%} over {len(result.itl)} batches; round trip {result.round_trip_s * 1e3:.2f} ms"
     )
     for note in result.notes:

@@ -12,9 +12,10 @@
 * ``ServerProbe.stream_completion`` times one streamed ``/v1/completions`` request chunk by chunk (what
   calibration measures). It is deliberately minimal; the fleet's streaming client should take it over.
 
-aiohttp's exceptions never leave this module: they become ``EndpointError`` subclasses (httpx's mapping of
-transport errors is the model). Server-info bodies can carry secrets (SGLang echoes its own API key), so only the
-numbers needed are taken from them and no body is ever quoted in an error.
+aiohttp's exceptions never leave this module: they become the ``EndpointError`` branch of ``agentload.errors``
+(httpx's mapping of transport errors is the model; the error classes are re-exported here for callers).
+Server-info bodies can carry secrets (SGLang echoes its own API key), so only the numbers needed are taken from
+them and no body is ever quoted in an error.
 """
 
 from __future__ import annotations
@@ -32,39 +33,30 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
-from agentload.errors import AgentloadError, ConfigError
+from agentload.errors import (
+    ConfigError,
+    EndpointError,
+    EndpointResponseError,
+    EndpointTimeoutError,
+    EndpointUnreachableError,
+    ServerCapabilityError,
+)
 
-
-# -- errors ---------------------------------------------------------------------------------------------------
-# A branch of the tree in agentload.errors, kept here until that module grows an endpoint section:
-#   AgentloadError
-#   └── EndpointError               talking to the server failed
-#       ├── EndpointUnreachableError  no connection (refused, unknown host, connect timeout)
-#       ├── EndpointTimeoutError      connected, but the server stopped answering
-#       ├── EndpointResponseError     an HTTP error status, or a body that is not what the API promises
-#       └── ServerCapabilityError     the server works but does not expose what was asked (pool, metrics)
-class EndpointError(AgentloadError):
-    """Talking to the server failed."""
-
-
-class EndpointUnreachableError(EndpointError):
-    """No connection could be made."""
-
-
-class EndpointTimeoutError(EndpointError):
-    """The server accepted the connection but stopped answering."""
-
-
-class EndpointResponseError(EndpointError):
-    """An HTTP error status, or a body that cannot be parsed."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ServerCapabilityError(EndpointError):
-    """The server answers but does not expose what was asked for (its KV pool, its metrics, max_model_len)."""
+__all__ = [
+    "EndpointError",
+    "EndpointResponseError",
+    "EndpointTimeoutError",
+    "EndpointUnreachableError",
+    "MetricsSnapshot",
+    "Sample",
+    "ServedModel",
+    "ServerCapabilityError",
+    "ServerPool",
+    "ServerProbe",
+    "StreamTiming",
+    "base_url",
+    "parse_metrics",
+]
 
 
 # -- what a server says ---------------------------------------------------------------------------------------
@@ -206,7 +198,7 @@ def base_url(url: str) -> URL:
         raise ConfigError(f"--url {url!r}: give the server as http://HOST:PORT")
     path = parsed.path.rstrip("/")
     path = path.removesuffix("/v1")
-    return parsed.with_user(None).with_path(path or "/").with_query(None).with_fragment(None)
+    return parsed.with_user(None).with_path(path).with_query(None).with_fragment(None)
 
 
 def _int(value: Any) -> int | None:

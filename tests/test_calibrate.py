@@ -1,0 +1,359 @@
+"""Calibration: the fit recovers known coefficients, the measurement recovers the simulator's own profile, the CLI.
+
+The real-time test calibrates against the simulated server with a purpose-made profile rather than ``laptop``:
+laptop's prefill (0.22 ms per token) makes 16 concurrent streams at a useful context take minutes of wall time,
+and its 10 ms decode step is only ten times the ~1 ms by which asyncio timers (epoll's millisecond resolution)
+overshoot each simulated step. The profile below has a GPU-like shape — cheap prefill, a 30 ms decode step, a
+40 ms API overhead — so that overshoot stays at a few percent of every identifiable quantity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agentload.capacity.calibrate import (
+    FITTED,
+    CalibrationPlan,
+    CalibrationResult,
+    ItlPoint,
+    TtftPoint,
+    calibrate,
+    fit_step_coefficients,
+    steady_itl,
+)
+from agentload.capacity.profile import ServingProfile, load_profile
+from agentload.cli.main import app
+from agentload.endpoint.scrape import ServedModel, ServerPool, ServerProbe, StreamTiming
+from agentload.errors import ConfigError
+from tests.simserver import running_sim
+
+TARGET_PROFILE = """
+name = "calibration-target"
+model = "qwen2.5-0.5b"
+served_model_name = "Qwen/Qwen2.5-0.5B-Instruct"
+gpu = "laptop"
+max_model_len = 16384
+max_num_batched_tokens = 8192
+block_size = 32
+
+[kv_pool]
+num_blocks = 3001
+
+[step.pinned]
+prefill_s_per_token = 2e-5
+attention_s_per_pair = 2e-9
+weights_s = 0.03
+kv_s_per_token = 5e-7
+api_overhead_s = 0.04
+"""
+
+# Every coefficient the measurements determine well; request_s (µs per request) is drowned by timer jitter.
+IDENTIFIABLE = ("prefill_s_per_token", "attention_s_per_pair", "weights_s", "kv_s_per_token", "api_overhead_s")
+
+
+# -- the fit on exact data ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["laptop", "llama-8b-h100", "qwen3-235b-gb300", "deepseek-sliding-gb300"])
+def test_fit_recovers_every_coefficient_from_model_generated_points(name: str) -> None:
+    """Dense, MoE and sliding-window profiles; short prompts are memory-bound and large batches compute-bound."""
+    profile = load_profile(name)
+    c, sm, rtt = profile.coefficients, profile.step_model, 0.0005
+    ttft = [
+        TtftPoint(target_tokens=n, prompt_tokens=n, ttft_s=rtt + c.api_overhead_s + sm.prefill_time(n))
+        for n in (16, 32, 64, 256, 1024, 4096, 8192)
+    ]
+    itl = [
+        ItlPoint(batch=b, context=ctx, itl_s=sm.decode_step_time(b, ctx), gaps=10)
+        for ctx in (64, 256, 4096)
+        for b in (1, 2, 4, 8, 16, 64, 256)
+    ]
+    fitted, report = fit_step_coefficients(
+        ttft, itl, structure=c, model=profile.model, step_s=c.step_s, round_trip_s=rtt
+    )
+    for key in (*FITTED, "api_overhead_s"):
+        assert getattr(fitted, key) == pytest.approx(getattr(c, key), rel=1e-9), key
+    assert report.ttft_rel_rms < 1e-9
+    assert report.itl_rel_rms < 1e-9
+    assert report.memory_bound_ttft > 0  # the regime search really was exercised
+
+
+def test_laptop_points_fall_in_both_regimes() -> None:
+    """The premise of the test above for laptop: its 16-token prefill is memory-bound, batch 256 compute-bound."""
+    sm = load_profile("laptop").step_model
+    c = sm.c
+    assert c.weights_s > c.prefill_s_per_token * 16
+    assert c.prefill_s_per_token * 256 > c.weights_s + c.kv_s_per_token * 256 * 64
+
+
+def test_steady_itl_uses_only_the_window_where_every_stream_decodes() -> None:
+    # Stream a starts at t=0 and decodes every 10 ms while b prefills; from b's first token (t=0.1) both decode
+    # every 30 ms. Only the 30 ms gaps are in the window.
+    a = StreamTiming(0.0, (0.0, 0.01, 0.02, 0.1, 0.13, 0.16, 0.19, 0.22), 100, 0, 8)
+    b = StreamTiming(0.0, (0.1, 0.13, 0.16, 0.19, 0.22, 0.25), 100, 0, 6)
+    point = steady_itl([a, b], prompt_tokens=100, min_gaps=2)
+    assert point is not None
+    assert point.itl_s == pytest.approx(0.03)
+    assert point.gaps == 8
+    # a's window gaps end at chunks 4..7, b's at 1..4: contexts 104..107 and 101..104.
+    assert point.context == pytest.approx(104.0)
+    assert steady_itl([a, b], prompt_tokens=100, min_gaps=5) is None
+    late = StreamTiming(0.0, (0.3, 0.33, 0.36), 100, 0, 3)  # starts after a ended: never together
+    assert steady_itl([a, late], prompt_tokens=100, min_gaps=1) is None
+
+
+# -- the whole calibration against a modelled server (no HTTP, no wall time) ----------------------------------
+class ModelledServer:
+    """A ``CalibrationTarget`` whose timings come straight from a profile's step model.
+
+    Streams started in the same event-loop turn form one batch and decode in lockstep; a prompt's token count is
+    its word count, as in the simulator's tokenizer.
+    """
+
+    def __init__(self, profile: ServingProfile, served: str, round_trip_s: float = 0.0004) -> None:
+        self.profile = profile
+        self.served = served
+        self.rtt = round_trip_s
+        self._group: list[int] = []
+        self.batches: list[int] = []
+
+    async def models(self) -> list[ServedModel]:
+        return [ServedModel(id=self.served, max_model_len=self.profile.max_model_len)]
+
+    async def pool(self) -> ServerPool:
+        p = self.profile
+        return ServerPool(engine="vllm", num_blocks=p.num_blocks, block_size=p.block_size, source="model", exact=True)
+
+    async def round_trip(self) -> float:
+        return self.rtt
+
+    async def stream_completion(self, body: Mapping[str, Any]) -> StreamTiming:
+        group = self._group
+        group.append(1)
+        await asyncio.sleep(0)  # let the other streams started with this one join its batch
+        if self._group is group:
+            self._group = []
+            self.batches.append(len(group))
+        n, prompt, out = len(group), len(str(body["prompt"]).split()), int(body["max_tokens"])
+        sm, c = self.profile.step_model, self.profile.coefficients
+        times = [self.rtt + c.api_overhead_s + sm.prefill_time(prompt)]
+        for j in range(1, out):
+            times.append(times[-1] + sm.decode_step_time(n, prompt + j))
+        return StreamTiming(0.0, tuple(times), prompt, 0, out)
+
+
+async def test_calibration_of_a_modelled_server_recovers_it_and_writes_a_generic_profile(tmp_path: Path) -> None:
+    truth = load_profile("laptop")
+    target = ModelledServer(truth, served="acme/unknown-7b")
+    result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048)))
+    assert result.catalogue_model is None
+    assert target.batches[-5:] == [1, 2, 4, 8, 16]
+    for key in (*FITTED, "api_overhead_s"):
+        assert getattr(result.coefficients, key) == pytest.approx(getattr(truth.coefficients, key), rel=1e-6), key
+    assert result.fit.ttft_rel_rms < 1e-6
+    assert result.fit.itl_rel_rms < 1e-6
+    path = tmp_path / "p.toml"
+    path.write_text(result.profile_toml)
+    written = load_profile(str(path))
+    assert written.name == "calibrated-unknown-7b"
+    assert (written.model.name, written.served_model_name) == ("acme/unknown-7b", "acme/unknown-7b")
+    assert (written.num_blocks, written.block_size, written.max_model_len) == (4096, 16, 16384)
+    assert written.coefficients == result.coefficients
+    assert CalibrationResult.model_validate_json(result.model_dump_json()) == result
+
+
+async def test_calibration_names_a_model_the_server_does_not_serve() -> None:
+    target = ModelledServer(load_profile("laptop"), served="Qwen/Qwen2.5-0.5B-Instruct")
+    with pytest.raises(ConfigError) as info:
+        await calibrate(target, url="http://model", model="gpt-9")
+    assert str(info.value) == "--model 'gpt-9' is not served; the server lists Qwen/Qwen2.5-0.5B-Instruct"
+
+
+# -- against the simulated server, in real time ---------------------------------------------------------------
+@pytest.mark.slow
+async def test_calibrating_the_simulator_recovers_its_profile(tmp_path: Path) -> None:
+    source = tmp_path / "target.toml"
+    source.write_text(TARGET_PROFILE)
+    truth = load_profile(str(source))
+    plan = CalibrationPlan(
+        # Lengths up to 3/4 of max_model_len give the quadratic attention term a long lever.
+        ttft_lengths=(256, 1024, 2048, 3072, 4096, 6144, 8192, 12288),
+        ttft_max_share=0.75,
+        itl_contexts=(512, 4096),
+        steady_tokens=32,
+    )
+    async with running_sim(str(source)) as (_, url), ServerProbe(url) as probe:
+        result = await calibrate(probe, url=url, plan=plan)
+
+    assert (result.pool.num_blocks, result.pool.block_size) == (3001, 32)
+    assert result.catalogue_model == "qwen2.5-0.5b"
+    for key in IDENTIFIABLE:
+        assert getattr(result.coefficients, key) == pytest.approx(getattr(truth.coefficients, key), rel=0.10), key
+    assert result.coefficients.step_s == truth.coefficients.step_s
+
+    path = tmp_path / "calibrated.toml"
+    path.write_text(result.profile_toml)
+    written = load_profile(str(path))
+    assert (written.num_blocks, written.block_size, written.max_model_len) == (3001, 32, 16384)
+    assert written.served_model_name == "Qwen/Qwen2.5-0.5B-Instruct"
+    c, sm = written.coefficients, written.step_model
+    for t in result.fastest_ttft:
+        predicted = result.round_trip_s + c.api_overhead_s + sm.prefill_time(t.new_tokens, t.cached_tokens)
+        assert predicted == pytest.approx(t.ttft_s, rel=0.10), t
+    for i in result.itl:
+        assert sm.decode_step_time(i.batch, round(i.context)) == pytest.approx(i.itl_s, rel=0.10), i
+    assert {i.batch for i in result.itl} == {1, 2, 4, 8, 16}
+    assert result.fit.ttft_rel_rms < 0.05
+    assert result.fit.itl_rel_rms < 0.05
+
+
+# -- the command ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port that is bound but not listening, so a connection is refused for certain."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+class _ModelsOnly(BaseHTTPRequestHandler):
+    """An OpenAI-compatible front with no metrics, server info or props (a hosted API, say)."""
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "hosted-model", "max_model_len": 8192}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_error(404)
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        pass
+
+
+@pytest.fixture
+def models_only_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsOnly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_cli_unreachable_url_is_one_line_and_exit_2(closed_port: int) -> None:
+    result = CliRunner().invoke(app, ["calibrate", "--url", f"http://127.0.0.1:{closed_port}"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [f"error: cannot reach http://127.0.0.1:{closed_port}: connection refused"]
+
+
+def test_cli_server_without_pool_metrics_exit_2(models_only_server: str) -> None:
+    result = CliRunner().invoke(app, ["calibrate", "--url", models_only_server])
+    assert result.exit_code == 2
+    assert "cannot read the KV pool" in result.output
+    assert "no /metrics" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_refuses_a_missing_output_folder_before_measuring(closed_port: int, tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "p.toml"
+    result = CliRunner().invoke(app, ["calibrate", "--url", f"http://127.0.0.1:{closed_port}", "-o", str(out)])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output  # not "cannot reach": no request was made
+
+
+def test_cli_never_prints_the_api_key(models_only_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-very-secret")
+    result = CliRunner().invoke(app, ["calibrate", "--url", models_only_server, "--api-key-env", "MY_KEY"])
+    assert result.exit_code == 2
+    assert "sk-very-secret" not in result.output
+
+
+QUICK_PROFILE = """
+name = "quick"
+model = "qwen2.5-0.5b"
+gpu = "laptop"
+max_model_len = 4096
+
+[kv_pool]
+num_blocks = 777
+
+[step.pinned]
+prefill_s_per_token = 1e-6
+attention_s_per_pair = 1e-10
+weights_s = 0.006
+kv_s_per_token = 1e-7
+api_overhead_s = 0.003
+"""
+
+
+@pytest.mark.slow
+def test_cli_calibrates_a_running_simulator_and_writes_a_profile_sim_can_serve(tmp_path: Path) -> None:
+    source = tmp_path / "quick.toml"
+    source.write_text(QUICK_PROFILE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentload", "sim", "--port", "0", "--profile", str(source)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        assert proc.stdout is not None
+        deadline, address = time.monotonic() + 30, None
+        while address is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("Serving "):
+                address = line.split("http://", 1)[1].split()[0]
+        assert address is not None, "the simulator did not start"
+        out = tmp_path / "calibrated.toml"
+        result = CliRunner().invoke(
+            app,
+            [
+                "calibrate",
+                "--url",
+                f"http://{address}/v1",
+                "--repeats",
+                "1",
+                "--max-batch",
+                "4",
+                "--json",
+                "-o",
+                str(out),
+            ],
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["pool"]["num_blocks"] == 777
+    assert data["profile_toml"] == out.read_text()
+    written = load_profile(str(out))
+    assert (written.num_blocks, written.max_model_len) == (777, 4096)
+    assert written.coefficients.weights_s == pytest.approx(0.006, rel=0.5)  # only: is it this server at all?
