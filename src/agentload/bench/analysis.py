@@ -1,0 +1,207 @@
+"""Records + server samples of one level → its LevelSummary; levels → the knee and why it is there.
+
+Throughput comes from the server's counters when it has them (deltas across the measurement window), otherwise
+from the usage fields of the requests that finished inside the window; the summary says which. Prefix-cache
+reuse is reported both ways, side by side, because they can disagree (preempted requests are looked up again
+by the server; usage counts a request once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agentload.bench.results import KneeExplanation, LevelSummary, Percentiles, ServerSample
+from agentload.bench.sampler import RawSample
+from agentload.endpoint.records import RequestRecord
+
+
+@dataclass
+class LevelData:
+    """What one level accumulated while it ran (times on the run's clock, seconds since the run began)."""
+
+    level: int
+    agents: int
+    context: int
+    workload: str
+    start: float
+    window_start: float
+    end: float
+    records: list[RequestRecord] = field(default_factory=list)
+    samples: list[RawSample] = field(default_factory=list)
+    sessions_ok: int = 0
+    sessions_failed: int = 0
+    passed: int = 0
+    scored: int = 0
+
+
+def _pct(values: Sequence[float]) -> Percentiles:
+    if not values:
+        return Percentiles()
+    p = np.percentile(np.asarray(values, dtype=float), (50, 95, 99))
+    return Percentiles(p50=float(p[0]), p95=float(p[1]), p99=float(p[2]))
+
+
+def _delta(a: ServerSample, b: ServerSample, name: str) -> float | None:
+    x, y = getattr(a, name), getattr(b, name)
+    if x is None or y is None:
+        return None
+    return float(y - x)
+
+
+def _hist_percentiles(start: dict[float, float], end: dict[float, float]) -> Percentiles:
+    """Percentiles of a Prometheus histogram's increase over the window (linear within a bucket)."""
+    if not end:
+        return Percentiles()
+    bounds = sorted(end)
+    counts = [end[b] - start.get(b, 0.0) for b in bounds]
+    total = counts[-1]
+    if total <= 0:
+        return Percentiles()
+    out: list[float | None] = []
+    for q in (0.5, 0.95, 0.99):
+        rank = q * total
+        prev_bound, prev_count, value = 0.0, 0.0, None
+        for bound, count in zip(bounds, counts, strict=True):
+            if count >= rank:
+                if bound == float("inf"):
+                    value = prev_bound
+                else:
+                    span = count - prev_count
+                    value = prev_bound + (bound - prev_bound) * ((rank - prev_count) / span if span else 1.0)
+                break
+            prev_bound, prev_count = bound, count
+        out.append(value)
+    return Percentiles(p50=out[0], p95=out[1], p99=out[2])
+
+
+def summarise(data: LevelData) -> LevelSummary:
+    w0, w1 = data.window_start, data.end
+    window = max(w1 - w0, 1e-9)
+    in_window = [r for r in data.records if w0 <= r.t_done <= w1]
+    ok = [r for r in in_window if r.ok]
+    samples = [s for s in data.samples if w0 - 1e-9 <= s.sample.t <= w1 + 1e-9]
+    first = samples[0] if samples else None
+    last = samples[-1] if samples else None
+
+    output_tps = prefill_tps = 0.0
+    source = "usage"
+    prefix_server = preemptions = recomputed = None
+    queue = Percentiles()
+    if first is not None and last is not None and last.sample.t > first.sample.t:
+        span = last.sample.t - first.sample.t
+        gen = _delta(first.sample, last.sample, "generation_tokens")
+        prompt = _delta(first.sample, last.sample, "prompt_tokens")
+        if gen is not None and prompt is not None:
+            output_tps, prefill_tps, source = gen / span, prompt / span, "server"
+        queries = _delta(first.sample, last.sample, "prefix_queries")
+        hits = _delta(first.sample, last.sample, "prefix_hits")
+        if queries and hits is not None:
+            prefix_server = hits / queries
+        preemptions = _delta(first.sample, last.sample, "preemptions")
+        recomputed = _delta(first.sample, last.sample, "recomputed_tokens")
+        queue = _hist_percentiles(first.queue_buckets, last.queue_buckets)
+    if source == "usage":
+        output_tps = sum(r.completion_tokens for r in ok) / window
+        prefill_tps = sum(r.prompt_tokens for r in ok) / window
+    prompt_total = sum(r.prompt_tokens for r in ok)
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    prefix_usage = (sum(cached) / prompt_total) if cached and prompt_total else None
+    kv = [s.sample.kv_usage for s in samples if s.sample.kv_usage is not None]
+    running = [s.sample.running for s in samples if s.sample.running is not None]
+    waiting = [s.sample.waiting for s in samples if s.sample.waiting is not None]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    itl = [g for r in ok for g in r.itl()]
+    share = prefill_tps / (prefill_tps + output_tps) if (prefill_tps + output_tps) > 0 else None
+    return LevelSummary(
+        level=data.level,
+        agents=data.agents,
+        context=data.context,
+        workload=data.workload,
+        window_s=window,
+        warmup_s=w0 - data.start,
+        sessions_completed=data.sessions_ok,
+        sessions_failed=data.sessions_failed,
+        requests_ok=len(ok),
+        requests_failed=len(in_window) - len(ok),
+        turns=len(ok),
+        pass_rate=(data.passed / data.scored) if data.scored else None,
+        output_tps=output_tps,
+        prefill_tps=prefill_tps,
+        throughput_source=source,
+        prefill_share=share,
+        prefix_hit_rate_server=prefix_server,
+        prefix_hit_rate_usage=prefix_usage,
+        ttft_s=_pct(ttft),
+        itl_s=_pct(itl),
+        queue_wait_s=queue,
+        peak_kv_usage=max(kv) if kv else None,
+        mean_kv_usage=float(np.mean(kv)) if kv else None,
+        mean_running=float(np.mean(running)) if running else None,
+        mean_waiting=float(np.mean(waiting)) if waiting else None,
+        preemptions=preemptions,
+        recomputed_tokens=recomputed,
+    )
+
+
+def explain_knee(good: LevelSummary, bad: LevelSummary | None) -> KneeExplanation:
+    """Attribute the drop from ``good`` (at the knee) to ``bad`` (just past it), with the numbers."""
+    if bad is None:
+        return KneeExplanation(cause="none", summary=f"no drop up to {good.agents} agents")
+    ev: dict[str, float] = {
+        "agents_at_knee": good.agents,
+        "agents_past_knee": bad.agents,
+        "output_tps_at_knee": round(good.output_tps, 1),
+        "output_tps_past_knee": round(bad.output_tps, 1),
+    }
+
+    def pre_rate(s: LevelSummary) -> float:
+        return (s.preemptions or 0.0) / s.window_s * 60.0  # per minute
+
+    def hit(s: LevelSummary) -> float | None:
+        return s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+
+    ev["preemptions_per_min_at_knee"] = round(pre_rate(good), 2)
+    ev["preemptions_per_min_past_knee"] = round(pre_rate(bad), 2)
+    h_good, h_bad = hit(good), hit(bad)
+    if h_good is not None and h_bad is not None:
+        ev["prefix_hit_rate_at_knee"] = round(h_good, 4)
+        ev["prefix_hit_rate_past_knee"] = round(h_bad, 4)
+    if good.recomputed_tokens is not None and bad.recomputed_tokens is not None:
+        ev["recomputed_tokens_per_s_past_knee"] = round(bad.recomputed_tokens / bad.window_s, 1)
+    if good.peak_kv_usage is not None and bad.peak_kv_usage is not None:
+        ev["peak_kv_usage_at_knee"] = round(good.peak_kv_usage, 3)
+        ev["peak_kv_usage_past_knee"] = round(bad.peak_kv_usage, 3)
+    if good.ttft_s.p50 is not None and bad.ttft_s.p50 is not None:
+        ev["ttft_p50_s_at_knee"] = round(good.ttft_s.p50, 3)
+        ev["ttft_p50_s_past_knee"] = round(bad.ttft_s.p50, 3)
+    if good.itl_s.p50 is not None and bad.itl_s.p50 is not None:
+        ev["itl_p50_s_at_knee"] = round(good.itl_s.p50, 4)
+        ev["itl_p50_s_past_knee"] = round(bad.itl_s.p50, 4)
+
+    hit_drop = (h_good - h_bad) if (h_good is not None and h_bad is not None) else 0.0
+    pre_up = pre_rate(bad) - pre_rate(good)
+    if hit_drop >= 0.10:
+        cause = "cache_eviction"
+        summary = (
+            f"past {good.agents} agents the live contexts outgrow the KV pool: the prefix-cache hit rate falls from "
+            f"{h_good:.0%} to {h_bad:.0%}, so turns re-prefill their whole context"
+        )
+        if pre_up > 0.5:
+            summary += f", and running requests are preempted ({pre_rate(bad):.1f}/min)"
+    elif pre_up > 0.5:
+        cause = "preemption"
+        summary = (
+            f"past {good.agents} agents running requests no longer fit in the KV pool: preemptions rise to "
+            f"{pre_rate(bad):.1f}/min and their progress is recomputed"
+        )
+    else:
+        cause = "compute_saturation"
+        summary = (
+            f"past {good.agents} agents the server is compute-bound: step time grows (ITL "
+            f"{ev.get('itl_p50_s_at_knee', float('nan')) * 1e3:.1f} → "
+            f"{ev.get('itl_p50_s_past_knee', float('nan')) * 1e3:.1f} ms) with no preemption or cache loss"
+        )
+    return KneeExplanation(cause=cause, summary=summary, evidence=ev)

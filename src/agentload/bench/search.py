@@ -1,0 +1,132 @@
+"""Which loads to run: a fixed sweep, or a knee search that brackets and bisects (far fewer agent-turns).
+
+A level is *past the knee* when its output throughput falls more than ``tolerance`` below the best level seen
+so far, or when it breaks the SLO. The knee is the largest agent count that is not past it, with the level
+just past it as the evidence for the explanation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from agentload.bench.analysis import explain_knee
+from agentload.bench.results import Knee, KneeExplanation, LevelSummary
+from agentload.errors import ConfigError
+
+Measure = Callable[[int], Awaitable[LevelSummary]]
+
+_SLO = re.compile(r"^(ttft|itl|queue)_p(50|95|99)\s*(<=|=|<)\s*([0-9.]+)\s*(ms|s)?$")
+
+
+@dataclass(frozen=True)
+class Slo:
+    metric: str  # ttft | itl | queue
+    percentile: str  # p50 | p95 | p99
+    limit_s: float
+
+    def met(self, s: LevelSummary) -> bool:
+        table = {"ttft": s.ttft_s, "itl": s.itl_s, "queue": s.queue_wait_s}[self.metric]
+        value = getattr(table, self.percentile)
+        return value is not None and value <= self.limit_s
+
+    def __str__(self) -> str:
+        return f"{self.metric}_{self.percentile} <= {self.limit_s:g}s"
+
+
+def parse_slo(text: str) -> Slo:
+    m = _SLO.match(text.strip().lower())
+    if not m:
+        raise ConfigError(f"--slo {text!r}: expected METRIC_pNN=VALUE[s|ms], e.g. ttft_p95=2s or itl_p99=80ms")
+    metric, pct, _, value, unit = m.groups()
+    limit = float(value) / (1000.0 if unit == "ms" else 1.0)
+    if limit <= 0:
+        raise ConfigError(f"--slo {text!r}: the limit must be positive")
+    return Slo(metric, f"p{pct}", limit)
+
+
+@dataclass
+class Search:
+    measure: Measure
+    tolerance: float = 0.10
+    slo: Slo | None = None
+    levels: dict[int, LevelSummary] = field(default_factory=dict)
+
+    @property
+    def best_tps(self) -> float:
+        good = [s.output_tps for s in self.levels.values() if self._slo_ok(s)]
+        return max(good, default=0.0)
+
+    def _slo_ok(self, s: LevelSummary) -> bool:
+        return self.slo is None or self.slo.met(s)
+
+    async def probe(self, agents: int) -> bool:
+        """Measure ``agents`` (once) and say whether it is at or before the knee."""
+        if agents not in self.levels:
+            self.levels[agents] = await self.measure(agents)
+        s = self.levels[agents]
+        if not self._slo_ok(s):
+            return False
+        return s.output_tps >= (1.0 - self.tolerance) * self.best_tps
+
+    def knee(self, lo: int | None, hi: int | None, context: int) -> Knee:
+        criterion = f"throughput within {self.tolerance:.0%} of the best" + (f" and {self.slo}" if self.slo else "")
+        turns = sum(s.requests_ok + s.requests_failed for s in self.levels.values())
+        if lo is None:
+            first = self.levels[min(self.levels)]
+            why = KneeExplanation(cause="slo", summary=f"even {first.agents} agent(s) miss {self.slo}")
+            return Knee(agents=0, context=context, criterion=criterion, explanation=why, agent_turns=turns)
+        good = self.levels[lo]
+        bad = self.levels.get(hi) if hi is not None else None
+        why = explain_knee(good, bad)
+        if bad is not None and not self._slo_ok(bad) and why.cause == "compute_saturation":
+            why = KneeExplanation(cause="slo", summary=f"past {lo} agents the level misses {self.slo}",
+                                  evidence=why.evidence)  # fmt: skip
+        return Knee(agents=lo, context=context, criterion=criterion, explanation=why, agent_turns=turns)
+
+
+async def sweep(search: Search, agents: list[int], context: int) -> Knee:
+    """Measure every count; the knee is the last count before the first one past it."""
+    lo: int | None = None
+    hi: int | None = None
+    for n in sorted(agents):
+        if await search.probe(n):
+            if hi is None:
+                lo = n
+        elif hi is None and lo is not None:
+            hi = n
+    # Re-judge with the final best (a later level may have raised it).
+    return search.knee(lo, hi, context)
+
+
+async def find_knee(search: Search, context: int, *, max_agents: int = 1024) -> Knee:
+    """Double from 1 agent until a level is past the knee, then bisect to the largest count before it.
+
+    Doubling (not starting at the pool ÷ context estimate) is deliberate: a level past a KV cliff can still
+    out-produce a single agent, so only a rising ladder of levels tells "past the knee" reliably; and the small
+    levels it adds cost few agent-turns.
+    """
+    if max_agents < 1:
+        raise ConfigError("the largest agent count to try must be at least 1")
+    lo: int | None = None
+    hi: int | None = None
+    n = 1
+    while True:
+        if await search.probe(n):
+            lo = n
+            if n >= max_agents:
+                return search.knee(lo, None, context)
+            n = min(max_agents, n * 2)
+        else:
+            hi = n
+            break
+    if lo is None:
+        return search.knee(None, hi, context)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if await search.probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return search.knee(lo, hi, context)
