@@ -95,14 +95,14 @@ _WORD_LIST = """
     green blue red black white light dark heavy fast slow
 """
 WORDS: tuple[str, ...] = tuple(dict.fromkeys(_WORD_LIST.split()))  # the list repeats a few; each counts once
-_VOCAB = np.asarray(WORDS, dtype=object)
+VOCAB = np.asarray(WORDS, dtype=object)
 
 
 def words(rng: np.random.Generator, n: int) -> str:
     """``n`` random words: ``n`` tokens on the simulator (no trailing space, so the last word ends the message)."""
     if n <= 0:
         return ""
-    return " ".join(_VOCAB[rng.integers(0, len(_VOCAB), n)])
+    return " ".join(VOCAB[rng.integers(0, len(VOCAB), n)])
 
 
 def stable_int(text: str) -> int:

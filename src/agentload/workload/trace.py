@@ -1,0 +1,510 @@
+"""Trace replay (issue 4, item 1): Mooncake request traces and agentload session traces, read from JSONL.
+
+**Mooncake rows** (domain.md §7): ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``,
+optionally ``session_id`` and ``delay`` (ms). ``hash_ids`` name 512-token prefix blocks, so requests whose leading
+ids are equal share exactly that prefix: every id becomes one fixed 512-word text (seeded by the id), a prompt
+is its blocks' texts in order cut to ``input_length``, and words past the named blocks are the request's own.
+Rows are replayed open loop: each fires at its timestamp (relative to the trace's first, divided by ``speed``)
+whatever the server is doing — the load is the trace's, not the agent count's; the count only splits the rows
+among drivers. Rows sharing a ``session_id`` are one conversation sent in order, like AIPerf's multi-turn
+Mooncake traces: a later row waits for the previous reply, then ``delay`` ms (and never fires before its own
+timestamp); each row's prompt is built whole from its own hash_ids, which already say what it shares.
+
+**Session traces** (our format, written by ``workload.record`` from a run's records): one session per line,
+``{"session_id", "agent", "start_s", "shared_prefix_tokens", "turns": [{"prompt_tokens", "completion_tokens",
+"cached_tokens", "think_s", "tool_s"}, …]}``. A session is replayed as one growing conversation, closed loop:
+each replay agent takes whole recorded agents (sessions grouped by ``agent``) and replays their sessions in
+order, sleeping ``tool_s + think_s`` before each turn and, by default, starting each session no earlier than its
+recorded ``start_s`` — so a trace recorded from N agents and replayed with N agents reproduces the run's load
+on another server. In a session where every prompt holds the previous prompt and its reply, each turn appends
+its new input to the conversation; in any other, a turn keeps the session's opening and the last reply and adds
+its new input (a held context, as ``agentic-hold`` makes), or starts a fresh conversation when even that is too
+long. The format keeps sizes, not what was reused, so a session that compacts and then grows again replays as
+held turns (same sizes, less reuse).
+
+Sizes are simulator tokens (one per word; ~1–1.3 tokens per word on real servers, corrected by the tokens per
+word measured on a session's first turn). Texts are salted with the run and the level, so a level never finds a
+previous level's prompts cached. A malformed file raises ``ConfigError`` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.errors import ConfigError
+from agentload.workload.agentic import (
+    FAILURE_PAUSE_S,
+    OPENING_OVERHEAD_TOKENS,
+    SINGLE_MESSAGE_OVERHEAD_TOKENS,
+    TURN_OVERHEAD_TOKENS,
+    VOCAB,
+    agent_ids,
+    between_turns,
+    stable_int,
+    tokens_per_word,
+    words,
+)
+from agentload.workload.base import AgentDriver, LoadContext
+
+BLOCK_TOKENS = 512  # a Mooncake hash id names this many tokens
+# Open-loop drivers wait for a row's time in slices this long, so the end of a level is noticed within one.
+WAIT_SLICE_S = 1.0
+
+
+# -- file formats ------------------------------------------------------------------------------------------------
+
+
+class MooncakeRow(BaseModel):
+    """One request of a Mooncake trace (``line`` is where it was read, for messages)."""
+
+    # Strict: a length written as "12" or 12.5 is a malformed trace, not something to coerce.
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    line: int = 0
+    timestamp: float | None = Field(default=None, ge=0, description="arrival, ms")
+    input_length: int = Field(ge=1, strict=True)
+    output_length: int = Field(ge=1, strict=True)
+    hash_ids: list[int | str] = Field(default_factory=list)
+    session_id: str | None = None
+    delay: float | None = Field(default=None, ge=0, description="ms after the session's previous reply")
+
+
+class TraceTurn(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    prompt_tokens: int = Field(ge=1, strict=True)
+    completion_tokens: int = Field(ge=1, strict=True)
+    cached_tokens: int | None = Field(default=None, ge=0, strict=True)  # what the recording server reused
+    think_s: float = Field(default=0.0, ge=0)  # waited before this turn (after the previous reply)
+    tool_s: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _cached_within_prompt(self) -> TraceTurn:
+        if self.cached_tokens is not None and self.cached_tokens > self.prompt_tokens:
+            raise ValueError(f"cached_tokens {self.cached_tokens} exceeds prompt_tokens {self.prompt_tokens}")
+        return self
+
+
+class SessionTrace(BaseModel):
+    """One recorded session: a conversation's turns, with the time spent between them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    session_id: str
+    agent: str | None = None  # the recorded agent; its sessions are replayed in order by one replay agent
+    start_s: float = Field(default=0.0, ge=0)  # after the recording's first request
+    shared_prefix_tokens: int = Field(default=0, ge=0, strict=True)  # leading tokens every session shares
+    turns: list[TraceTurn] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _prefix_within_first_prompt(self) -> SessionTrace:
+        first = self.turns[0].prompt_tokens
+        if self.shared_prefix_tokens >= first:
+            raise ValueError(f"shared_prefix_tokens {self.shared_prefix_tokens} is not below the first prompt {first}")
+        return self
+
+
+@dataclass(frozen=True)
+class MooncakeTrace:
+    path: Path
+    rows: list[MooncakeRow]
+
+
+@dataclass(frozen=True)
+class SessionTraceFile:
+    path: Path
+    sessions: list[SessionTrace]
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path}:{line}"
+
+
+def _first_problem(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def load_trace(path: str | Path) -> MooncakeTrace | SessionTraceFile:
+    """Read a Mooncake or session trace (told apart by their fields); ``ConfigError`` names the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read trace {path}: {exc}") from exc
+    kind: Literal["mooncake", "session"] | None = None
+    rows: list[MooncakeRow] = []
+    sessions: list[SessionTrace] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        where = _where(path, number)
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from exc
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        this: Literal["mooncake", "session"] = "session" if "turns" in obj else "mooncake"
+        if this == "mooncake" and "input_length" not in obj and "timestamp" not in obj and "hash_ids" not in obj:
+            raise ConfigError(f"{where}: neither a Mooncake row (input_length, output_length, …) nor a session (turns)")
+        if kind is None:
+            kind = this
+        elif this != kind:
+            raise ConfigError(f"{where}: a {this} line in a {kind} trace")
+        try:
+            if this == "session":
+                sessions.append(SessionTrace.model_validate(obj))
+            else:
+                rows.append(MooncakeRow.model_validate({**obj, "line": number}))
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: {_first_problem(exc)}") from exc
+    if kind is None:
+        raise ConfigError(f"{path}: the trace is empty")
+    if kind == "session":
+        seen: set[str] = set()
+        for s in sessions:
+            if s.session_id in seen:
+                raise ConfigError(f"{path}: session {s.session_id!r} appears twice")
+            seen.add(s.session_id)
+        return SessionTraceFile(path, sessions)
+    _check_session_order(path, rows)
+    return MooncakeTrace(path, rows)
+
+
+def _check_session_order(path: Path, rows: Sequence[MooncakeRow]) -> None:
+    """Within a session, time must not run backwards (across independent rows order does not matter: they are
+    scheduled by their own timestamps)."""
+    last: dict[str, float] = {}
+    for row in rows:
+        if row.session_id is None or row.timestamp is None:
+            continue
+        before = last.get(row.session_id)
+        if before is not None and row.timestamp < before:
+            raise ConfigError(
+                f"{_where(path, row.line)}: timestamp {row.timestamp:g} is before the previous turn of session "
+                f"{row.session_id!r} ({before:g})"
+            )
+        last[row.session_id] = row.timestamp
+
+
+# -- Mooncake replay ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What one open-loop arrival starts: a lone row, or a whole session (its rows in order)."""
+
+    key: str
+    start_s: float  # trace time, seconds after the trace's first timestamp (before ``speed``)
+    rows: list[MooncakeRow]
+
+
+def _jobs(rows: Sequence[MooncakeRow]) -> list[_Job]:
+    t0 = min((r.timestamp for r in rows if r.timestamp is not None), default=0.0)
+
+    def start(row: MooncakeRow) -> float:
+        return ((row.timestamp - t0) if row.timestamp is not None else 0.0) / 1000 + (row.delay or 0.0) / 1000
+
+    sessions: dict[str, list[MooncakeRow]] = {}
+    jobs: list[_Job] = []
+    for row in rows:
+        if row.session_id is None:
+            jobs.append(_Job(f"row{row.line}", start(row), [row]))
+        elif row.session_id in sessions:
+            sessions[row.session_id].append(row)
+        else:
+            sessions[row.session_id] = [row]
+            jobs.append(_Job(f"session:{row.session_id}", start(row), sessions[row.session_id]))
+    jobs.sort(key=lambda j: j.start_s)  # stable: equal times keep file order
+    return jobs
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_words(salt: tuple[int, ...], block: int | str) -> tuple[str, ...]:
+    """The 512 words a hash id stands for (the same for every request of the level that names it)."""
+    key = [*salt, 0, block] if isinstance(block, int) and block >= 0 else [*salt, 1, stable_int(str(block))]
+    rng = np.random.default_rng(key)
+    return tuple(VOCAB[rng.integers(0, len(VOCAB), BLOCK_TOKENS)])
+
+
+def mooncake_prompt(row: MooncakeRow, salt: tuple[int, ...]) -> str:
+    """``row``'s prompt text: its hash blocks in order, then words of its own, ``input_length`` in all (less the
+    chat template's tokens, so the server counts ~``input_length``)."""
+    n = max(1, row.input_length - SINGLE_MESSAGE_OVERHEAD_TOKENS)
+    out: list[str] = []
+    for block in row.hash_ids:
+        if len(out) >= n:
+            break
+        out.extend(_block_words(salt, block)[: n - len(out)])
+    if len(out) < n:
+        out.append(words(np.random.default_rng([*salt, 2, row.line]), n - len(out)))
+    return " ".join(out)
+
+
+class _Origin:
+    """The wall (or virtual) time the trace's zero maps to, shared by every driver of a level."""
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+    def at(self, now: float) -> float:
+        if self.t is None:
+            self.t = now
+        return self.t
+
+
+async def _wait_until(ctx: LoadContext, when: float) -> bool:
+    """Sleep until ``when`` on ``ctx.clock`` in slices; False as soon as the level is over."""
+    while True:
+        if ctx.should_stop():
+            return False
+        left = when - ctx.clock.now()
+        if left <= 0:
+            return True
+        await ctx.clock.sleep(min(left, WAIT_SLICE_S))
+
+
+@dataclass
+class MooncakeDriver:
+    agent_id: str
+    jobs: list[_Job]
+    origin: _Origin
+    speed: float
+    seed: int
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    async def run(self, ctx: LoadContext) -> None:
+        origin = self.origin.at(ctx.clock.now())
+        salt = (self.seed, ctx.level, stable_int(ctx.run_id))
+        running: set[asyncio.Task[None]] = set()
+        try:
+            for job in self.jobs:
+                if not await _wait_until(ctx, origin + job.start_s / self.speed):
+                    break
+                task = asyncio.ensure_future(self._job(ctx, job, origin, salt))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def _job(self, ctx: LoadContext, job: _Job, origin: float, salt: tuple[int, ...]) -> None:
+        for i, row in enumerate(job.rows):
+            if i > 0:
+                due = ctx.clock.now() + (row.delay or 0.0) / 1000 / self.speed
+                if row.timestamp is not None:
+                    t0 = job.rows[0].timestamp or 0.0
+                    due = max(due, origin + (job.start_s + (row.timestamp - t0) / 1000) / self.speed)
+                if not await _wait_until(ctx, due):
+                    return  # the level ended mid-session: not a finished session
+            body = {
+                "model": ctx.model,
+                "messages": [{"role": "user", "content": mooncake_prompt(row, salt)}],
+                "max_tokens": row.output_length,
+                **self.extra_body,
+            }
+            ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/{job.key}", turn=i)
+            records = await ctx.backend.complete(body, ids)
+            if not records[-1].ok:
+                ctx.session_done(self.agent_id, ok=False)
+                return
+        ctx.session_done(self.agent_id, ok=True)
+
+
+@dataclass
+class MooncakeWorkload:
+    """Open-loop replay of a Mooncake trace; ``speed`` > 1 compresses its time (2.0 = twice the rate)."""
+
+    trace: MooncakeTrace
+    speed: float = 1.0
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0:
+            raise ConfigError(f"the replay speed must be positive, got {self.speed}")
+        self._jobs = _jobs(self.trace.rows)
+
+    @property
+    def name(self) -> str:
+        return f"trace:{self.trace.path}"
+
+    def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
+        # ``context`` does not apply: the trace fixes every size.
+        ids = agent_ids(count)
+        origin = _Origin()
+        return [
+            MooncakeDriver(agent_id, self._jobs[i::count], origin, self.speed, seed, dict(self.extra_body))
+            for i, agent_id in enumerate(ids)
+        ]
+
+
+# -- session replay ----------------------------------------------------------------------------------------------
+
+
+def _deal(sessions: Sequence[SessionTrace], count: int) -> list[list[SessionTrace]]:
+    """Whole recorded agents to replay agents, round robin in order of first appearance."""
+    groups: dict[str, list[SessionTrace]] = {}
+    for s in sessions:
+        groups.setdefault(s.agent if s.agent is not None else f"session:{s.session_id}", []).append(s)
+    shares: list[list[SessionTrace]] = [[] for _ in range(count)]
+    for i, group in enumerate(groups.values()):
+        shares[i % count].extend(sorted(group, key=lambda s: s.start_s))
+    return shares
+
+
+Timing = Literal["recorded", "closed"]
+
+
+@dataclass
+class SessionReplayDriver:
+    agent_id: str
+    sessions: list[SessionTrace]
+    origin: _Origin
+    speed: float
+    seed: int
+    timing: Timing = "recorded"
+    repeat: bool = False
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    replayed: int = 0
+
+    async def run(self, ctx: LoadContext) -> None:
+        origin = self.origin.at(ctx.clock.now())
+        if not self.sessions:
+            return
+        rounds = 0
+        while True:
+            for session in self.sessions:
+                if rounds == 0 and self.timing == "recorded":
+                    if not await _wait_until(ctx, origin + session.start_s / self.speed):
+                        return
+                elif ctx.should_stop():
+                    return
+                ok = await self._session(ctx, session, rounds)
+                if ok is None:
+                    return
+                ctx.session_done(self.agent_id, ok=ok)
+                if not ok and not await between_turns(ctx, FAILURE_PAUSE_S):
+                    return
+            rounds += 1
+            if not self.repeat:
+                return
+
+    def _shared(self, ctx: LoadContext, n: int) -> str:
+        # One text for the level; a session sharing fewer tokens takes its beginning, so all share a prefix.
+        return words(np.random.default_rng([self.seed, ctx.level, stable_int(ctx.run_id), stable_int("shared")]), n)
+
+    async def _session(self, ctx: LoadContext, session: SessionTrace, rounds: int) -> bool | None:
+        """Replay one session: True / False when it finished / failed, None when the level ended first."""
+        name = f"{self.agent_id}/s{self.replayed}"
+        self.replayed += 1
+        rng = np.random.default_rng(
+            [self.seed, ctx.level, stable_int(ctx.run_id), stable_int(session.session_id), rounds]
+        )
+        shared = session.shared_prefix_tokens
+        system = [{"role": "system", "content": self._shared(ctx, shared)}] if shared > 0 else []
+        first_overhead = OPENING_OVERHEAD_TOKENS if shared > 0 else SINGLE_MESSAGE_OVERHEAD_TOKENS
+
+        def opening(prompt_tokens: int) -> list[dict[str, Any]]:
+            return [*system, {"role": "user", "content": words(rng, max(1, prompt_tokens - shared - first_overhead))}]
+
+        async def send(turn_no: int, turn: TraceTurn) -> RequestRecord:
+            body = {"model": ctx.model, "messages": list(messages), "max_tokens": turn.completion_tokens}
+            ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=name, turn=turn_no)
+            return (await ctx.backend.complete({**body, **self.extra_body}, ids))[-1]
+
+        # A session in which every prompt holds the previous prompt and its reply is one growing conversation;
+        # in any other, a turn keeps the opening and the last reply (a held context) or starts over. Sizes alone
+        # cannot tell a held turn with a large new input from a grown one, so the whole session decides.
+        grows = all(b.prompt_tokens >= a.prompt_tokens + a.completion_tokens for a, b in pairwise(session.turns))
+        first = session.turns[0]
+        messages = opening(first.prompt_tokens)
+        head = len(messages)  # the opening's messages, kept when a held context drops the middle
+        last = await send(0, first)
+        if not last.ok:
+            return False
+        opening_tokens = last.prompt_tokens
+        # Our words cost this many of the server's tokens per recorded token (1.0 when both are the simulator).
+        per_word = tokens_per_word(last, first.prompt_tokens)
+        for i, turn in enumerate(session.turns[1:], start=1):
+            if not await between_turns(ctx, (turn.tool_s + turn.think_s) / self.speed):
+                return None
+            reply = {"role": "assistant", "content": last.content}
+            grown = last.prompt_tokens + last.completion_tokens + TURN_OVERHEAD_TOKENS
+            held = opening_tokens + last.completion_tokens + TURN_OVERHEAD_TOKENS
+            restarted = False
+            if grows and turn.prompt_tokens - grown >= 1:
+                new = math.floor((turn.prompt_tokens - grown) / per_word)
+                messages += [reply, {"role": "user", "content": words(rng, max(1, new))}]
+            elif turn.prompt_tokens - held >= 1:
+                new = math.floor((turn.prompt_tokens - held) / per_word)
+                messages = [*messages[:head], reply, {"role": "user", "content": words(rng, max(1, new))}]
+            else:
+                messages = opening(turn.prompt_tokens)
+                restarted = True
+            last = await send(i, turn)
+            if not last.ok:
+                return False
+            if restarted:
+                opening_tokens = last.prompt_tokens
+        return True
+
+
+@dataclass
+class SessionReplayWorkload:
+    """Closed-loop replay of a session trace: each agent replays whole recorded agents' sessions in order."""
+
+    trace: SessionTraceFile
+    speed: float = 1.0
+    timing: Timing = "recorded"
+    repeat: bool = False  # cycle through the sessions until the level ends (each pass with fresh text)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0:
+            raise ConfigError(f"the replay speed must be positive, got {self.speed}")
+        if self.timing not in ("recorded", "closed"):
+            raise ConfigError(f"session timing must be 'recorded' or 'closed', got {self.timing!r}")
+
+    @property
+    def name(self) -> str:
+        return f"trace:{self.trace.path}"
+
+    def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
+        # ``context`` does not apply: the trace fixes every size.
+        origin = _Origin()
+        shares = _deal(self.trace.sessions, len(agent_ids(count)))
+        return [
+            SessionReplayDriver(
+                agent_id, share, origin, self.speed, seed, self.timing, self.repeat, dict(self.extra_body)
+            )
+            for agent_id, share in zip(agent_ids(count), shares, strict=True)
+        ]
+
+
+def trace_workload(path: str | Path, **options: Any) -> MooncakeWorkload | SessionReplayWorkload:
+    """The replay workload for the trace at ``path`` (its format decides which)."""
+    trace = load_trace(path)
+    known = {"speed", "extra_body"} if isinstance(trace, MooncakeTrace) else {"speed", "timing", "repeat", "extra_body"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown trace option {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if isinstance(trace, MooncakeTrace):
+        return MooncakeWorkload(trace, **options)
+    return SessionReplayWorkload(trace, **options)
