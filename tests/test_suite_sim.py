@@ -12,8 +12,9 @@ import pytest
 
 from agentload.clock import RealClock
 from agentload.endpoint.backend import SingleAttemptBackend
-from agentload.endpoint.client import ChatClient
+from agentload.endpoint.client import ChatClient, FixedDeadlines
 from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.endpoint.retry import RetryingBackend
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
 from agentload.sim.scenarios import default_book
@@ -141,6 +142,31 @@ async def test_failed_requests_leave_tests_unscored_not_failed() -> None:
     assert all(s.unscored == 2 and s.failed == 0 for s in level.per_test)
     assert level.pooled_pass_rate == 0.0
     assert level.requests_failed == level.requests == 4
+
+
+async def test_with_faults_and_retries_every_test_still_passes_and_no_transcript_is_lost() -> None:
+    faults = [
+        parse_fault(f) for f in ("reset:0.03", "http503:0.03", "http429:0.03:0.05", "malformed:0.03", "stall:0.03:3")
+    ]
+    tests = select(skip_hop=True)
+    async with running_sim(behaviour=OracleBehaviour(default_book()), faults=faults, seed=7) as (server, url):
+        # Deadlines shorter than the 3 s stall turn it into a retry instead of a long wait. The first-token one
+        # matters too: a stall before the first token otherwise rides out the 600 s default and, in the
+        # simulator, loses the tokens generated meanwhile (reported to the lead; sim/server.py's stall path).
+        client = ChatClient(url, api_key_env=None, policy=FixedDeadlines(first_token_s=2.0, idle_s=0.5))
+        backend = RetryingBackend(client, max_attempts=8, base_backoff_s=0.05, max_backoff_s=0.2)
+        try:
+            run = await run_suite(backend, tests, SuiteConfig(model=server.model_name), [8], RealClock())
+        finally:
+            await client.aclose()
+    level = run.levels[0]
+    assert level.pooled_pass_rate == 1.0
+    assert (level.completed, level.unscored, level.failed) == (8, 0, 0)
+    for agent in level.agent_results:
+        assert [t.test_id for t in agent.tests] == [t.id for t in tests]
+    retried = [t for a in level.agent_results for r in a.tests for t in r.transcript.turns if len(t.records) > 1]
+    assert retried, "the faults must have hit some turns for this test to mean anything"
+    assert level.requests_failed == sum(len(t.records) - 1 for t in retried)
 
 
 class _CrashOn:

@@ -24,9 +24,9 @@ from rich.table import Table
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import console, err_console, reports_errors
 from agentload.clock import RealClock
-from agentload.endpoint.backend import SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome
+from agentload.endpoint.retry import RetryingBackend
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.scenarios import default_book
@@ -129,7 +129,8 @@ async def _run(
         try:
             with bar.progress if show_progress else contextlib.nullcontext():
                 return await run_suite(
-                    SingleAttemptBackend(client),
+                    # A passing 503 or reset is resent (same turn, same body) rather than costing the agent a test.
+                    RetryingBackend(client),
                     tests,
                     SuiteConfig(model=served, max_tokens=max_tokens, payload_tokens=payload_tokens),
                     counts,
