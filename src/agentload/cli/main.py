@@ -7,8 +7,12 @@ import typer
 from agentload import __version__
 from agentload.cli import calibrate
 from agentload.cli import plan as plan_cmd
+from agentload.cli import probe as probe_cmd
 from agentload.cli import profiles as profiles_cmd
+from agentload.cli import report as report_cmd
+from agentload.cli import runs as runs_cmd
 from agentload.cli import sim as sim_cmd
+from agentload.cli import suite as suite_cmd
 
 app = typer.Typer(
     name="agentload",
@@ -36,3 +40,7 @@ app.command("sim")(sim_cmd.sim)
 app.command("profiles")(profiles_cmd.profiles)
 app.command("plan")(plan_cmd.plan)
 app.command("calibrate")(calibrate.calibrate)
+app.command("probe")(probe_cmd.probe)
+app.command("suite")(suite_cmd.suite)
+app.command("runs")(runs_cmd.runs)
+app.command("report")(report_cmd.report)
