@@ -301,12 +301,13 @@ def hit_rate_steps(samples: Sequence[ServerSample]) -> tuple[list[float], list[f
 
 
 def _level_spans(samples: Sequence[LevelSample]) -> list[tuple[int, float, float]]:
-    """(level, first t, last t) for each run of consecutive samples taken in one level."""
-    spans: list[tuple[int, float, float]] = []
-    for level, group in itertools.groupby(samples, key=lambda s: s.level):
-        ts = [s.sample.t for s in group]
-        spans.append((level, ts[0], ts[-1]))
-    return spans
+    """(level, start, end) for each stretch of consecutive samples taken in one level; a stretch ends where the
+    next begins, so the shaded bands tile the time axis without gaps."""
+    starts: list[tuple[int, float]] = [
+        (level, next(group).sample.t) for level, group in itertools.groupby(samples, key=lambda s: s.level)
+    ]
+    ends = [t for _, t in starts[1:]] + [samples[-1].sample.t if samples else 0.0]
+    return [(level, start, end) for (level, start), end in zip(starts, ends, strict=True)]
 
 
 def timeline(run: RunData) -> go.Figure | None:
@@ -367,20 +368,41 @@ def timeline(run: RunData) -> go.Figure | None:
             row=3,
             col=1,
         )
+    # Built as plain dicts and set once: plotly's add_vrect / add_annotation copy the whole layout each call,
+    # which made a 30-level run's timeline take seconds.
+    shapes: list[dict[str, object]] = []
+    labels: list[dict[str, object]] = []
     for i, (level, start, end) in enumerate(_level_spans(samples)):
-        # Shade every other level so their boundaries show on all three rows; label the top row only.
+        # Shade every other level, over all three rows (shared x axis), so the boundaries show everywhere.
         if i % 2 == 0:
-            fig.add_vrect(x0=start, x1=end, fillcolor="#888", opacity=0.08, line_width=0, row="all", col=1)
-        fig.add_annotation(
-            x=(start + end) / 2,
-            y=1.0,
-            xref="x",
-            yref="y domain",
-            text=f"{agents.get(level, '?')}",
-            showarrow=False,
-            yanchor="bottom",
-            font={"size": 11, "color": "#555"},
+            shapes.append(
+                {
+                    "type": "rect",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": start,
+                    "x1": end,
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": "#888",
+                    "opacity": 0.08,
+                    "line": {"width": 0},
+                    "layer": "below",
+                }
+            )
+        labels.append(
+            {
+                "x": (start + end) / 2,
+                "y": 1.0,
+                "xref": "x",
+                "yref": "paper",
+                "text": str(agents.get(level, "?")),
+                "showarrow": False,
+                "yanchor": "bottom",
+                "font": {"size": 11, "color": "#555"},
+            }
         )
+    fig.update_layout(shapes=shapes, annotations=labels)
     # Axis titles rather than subplot titles: the row above the first plot carries the level labels.
     fig.update_yaxes(title={"text": "KV cache used (%)"}, range=[0, 105], row=1, col=1)
     fig.update_yaxes(title={"text": "requests"}, rangemode="tozero", row=2, col=1)

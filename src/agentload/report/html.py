@@ -3,7 +3,8 @@
 The report must open on an air-gapped machine, in a mail attachment, years later: so plotly.js (about 4.8 MB)
 is embedded once, each figure travels as a JSON block (``<script type="application/json">``, which the browser
 never executes), and one small script draws them all. When every plot has been drawn the script sets
-``<body data-plots-drawn="N">`` — the browser test waits on it. Reports render from the saved run directories
+``<body data-plots-drawn="N">``, and ``data-plots-failed`` (plus a console error) if one cannot be — the
+browser test waits for either. Reports render from the saved run directories
 only (style.md §5), never from a live benchmark.
 """
 
