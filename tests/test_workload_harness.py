@@ -110,9 +110,10 @@ def run_level(
     server: SimServer | None = None,
 ) -> LevelRun:
     """One level on a fresh (or the given) simulated server, in virtual time."""
-    return run_virtual(
+    run: LevelRun = run_virtual(
         run_level_async(server or sim_server(), workload, count, context=context, duration_s=duration_s, seed=seed)
     )
+    return run
 
 
 def hit_rate(records: Sequence[RequestRecord]) -> float:
@@ -134,7 +135,8 @@ class _Pinger:
         turn = 0
         while not ctx.should_stop():
             body = {"model": ctx.model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
-            await ctx.backend.complete(body, RequestIds(run=ctx.run_id, level=ctx.level, agent=self.agent_id, turn=turn))
+            ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=self.agent_id, turn=turn)
+            await ctx.backend.complete(body, ids)
             turn += 1
             await ctx.clock.sleep(1.0)
         ctx.session_done(self.agent_id, ok=True)

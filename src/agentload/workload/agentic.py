@@ -445,15 +445,13 @@ class AgenticWorkload:
     growth: Growth = "grow"
     shape_options: Mapping[str, Any] = field(default_factory=dict)
     extra_body: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"ignore_eos": True} on vLLM / SGLang
+    name: str = field(init=False)
 
     def __post_init__(self) -> None:
+        self.name = "agentic" if self.growth == "grow" else "agentic-hold"
         unknown = sorted(set(self.shape_options) - set(SHAPE_OPTIONS))
         if unknown:
             raise ConfigError(f"unknown agentic option {', '.join(unknown)}; known: {', '.join(SHAPE_OPTIONS)}")
-
-    @property
-    def name(self) -> str:
-        return "agentic" if self.growth == "grow" else "agentic-hold"
 
     def shape(self, context: int) -> AgenticShape:
         return AgenticShape.published(context, self.growth, **self.shape_options)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
@@ -79,6 +79,12 @@ class MooncakeRow(BaseModel):
     hash_ids: list[int | str] = Field(default_factory=list)
     session_id: str | None = None
     delay: float | None = Field(default=None, ge=0, description="ms after the session's previous reply")
+
+    @field_validator("session_id", mode="before")
+    @classmethod
+    def _id_as_text(cls, v: object) -> object:
+        # Some traces number their sessions; an id is a name either way.
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
 class TraceTurn(BaseModel):
@@ -335,15 +341,13 @@ class MooncakeWorkload:
     trace: MooncakeTrace
     speed: float = 1.0
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    name: str = field(init=False)
 
     def __post_init__(self) -> None:
+        self.name = f"trace:{self.trace.path}"
         if not self.speed > 0:
             raise ConfigError(f"the replay speed must be positive, got {self.speed}")
         self._jobs = _jobs(self.trace.rows)
-
-    @property
-    def name(self) -> str:
-        return f"trace:{self.trace.path}"
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` does not apply: the trace fixes every size.
@@ -475,16 +479,14 @@ class SessionReplayWorkload:
     timing: Timing = "recorded"
     repeat: bool = False  # cycle through the sessions until the level ends (each pass with fresh text)
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    name: str = field(init=False)
 
     def __post_init__(self) -> None:
+        self.name = f"trace:{self.trace.path}"
         if not self.speed > 0:
             raise ConfigError(f"the replay speed must be positive, got {self.speed}")
         if self.timing not in ("recorded", "closed"):
             raise ConfigError(f"session timing must be 'recorded' or 'closed', got {self.timing!r}")
-
-    @property
-    def name(self) -> str:
-        return f"trace:{self.trace.path}"
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` does not apply: the trace fixes every size.
