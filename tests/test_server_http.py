@@ -242,3 +242,17 @@ async def test_client_disconnect_aborts_request_and_frees_blocks() -> None:
         assert not server.engine.has_work()
         assert server.engine.kv.usage == 0.0
         assert server.engine.stats.finished.get("abort") == 1
+
+
+async def test_stall_before_the_first_token_still_delivers_every_token() -> None:
+    # Wherever the stall strikes, the six tokens are generated long before it ends (~2 ms steps).
+    async with (
+        running_sim(faults=[parse_fault("stall:1:0.5")], seed=3) as (server, url),
+        aiohttp.ClientSession() as http,
+        http.post(f"{url}/v1/chat/completions", json=chat(stream=True, max_tokens=6)) as r,
+    ):
+        body = await r.text()
+    contents = [ln for ln in body.splitlines() if '"content":"' in ln and '"role"' not in ln]
+    assert len(contents) == 6
+    assert "[DONE]" in body
+    assert server.faults.injected == {"stall": 1}

@@ -414,9 +414,10 @@ class SimServer:
         while True:
             await delivery.event.wait()
             delivery.event.clear()
-            upto = min(req.num_output, len(pieces))
             out: list[str] = []
-            while sent < upto:
+            # Re-read the engine's progress every token: a stall fault sleeps inside this loop, and tokens made
+            # meanwhile must still be sent before the stream ends.
+            while sent < min(req.num_output, len(pieces)):
                 if sent == strike and fault is not None:
                     if out:
                         yield "".join(out).encode()
