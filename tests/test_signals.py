@@ -10,6 +10,7 @@ import pytest
 
 from agentload.endpoint.signals import ServerSignals, SignalPoller
 from agentload.endpoint.transport import ConnectFailed, MockRequest, MockResponse, MockTransport
+from agentload.errors import EndpointTimeoutError
 from tests.simserver import running_sim
 
 Routes = Mapping[str, tuple[int, bytes]]
@@ -150,7 +151,11 @@ async def test_silence_ages_from_the_last_answer_and_at_finds_the_last_answered_
         clock=clock,
     )
     clock.t += 5
-    assert poller.last_response_age() == 5.0  # never answered: age since the poller was created
+    assert poller.last_response_age() == 0.0  # nothing asked yet: no evidence either way
+    up["on"] = False
+    await poller.poll_once()
+    assert poller.last_response_age() == 5.0  # asked and never answered: age since the poller was created
+    up["on"] = True
     answered = await poller.poll_once()
     up["on"] = False
     for _ in range(3):
@@ -210,3 +215,18 @@ async def test_simulator_cold_start_then_a_running_request_in_the_background() -
         finally:
             await poller.stop()
         assert server.runner.is_ready
+
+
+async def test_waiting_for_readiness_returns_once_ready_and_times_out_on_a_dead_url() -> None:
+    async with running_sim("laptop", cold_start_s=0.5) as (_, url):
+        poller = SignalPoller(url, engine="agentload-sim", interval_s=0.05)
+        began = asyncio.get_running_loop().time()
+        sig = await poller.wait_until_ready(timeout_s=10)
+        assert sig.ready
+        assert asyncio.get_running_loop().time() - began >= 0.4
+        assert any(s.warming for s in poller.history)
+        await poller.stop()
+    refused = SignalPoller("http://127.0.0.1:9", engine="vllm", transport=scripted(dict), interval_s=0.05)
+    with pytest.raises(EndpointTimeoutError, match=r"not answering after 0\.2 s"):
+        await refused.wait_until_ready(timeout_s=0.2)
+    await refused.stop()

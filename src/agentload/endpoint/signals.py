@@ -40,6 +40,7 @@ from agentload.clock import Clock, RealClock
 from agentload.endpoint.scrape import EndpointResponseError, parse_metrics
 from agentload.endpoint.scrape import base_url as server_root
 from agentload.endpoint.transport import AiohttpTransport, Transport, TransportError
+from agentload.errors import EndpointTimeoutError
 
 ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "agentload-sim", "openai-compatible")
 
@@ -193,7 +194,13 @@ class SignalPoller:
         return self._last_answer
 
     def last_response_age(self) -> float:
-        """Seconds since the server last answered anything (since the poller was created if it never has)."""
+        """Seconds since the server last answered anything (since the poller started if it never has).
+
+        0 while the poller has neither started nor polled: having asked nothing is no evidence that the server is
+        dead, and a forgotten ``start()`` must not make every slow request look like one on a dead server.
+        """
+        if self._task is None and self.polls == 0:
+            return 0.0
         since = self._last_answer_t if self._last_answer_t is not None else self._started_at
         return max(0.0, self.clock.now() - since)
 
@@ -219,6 +226,23 @@ class SignalPoller:
             self._task = None
         if self._owns_transport:
             await self.transport.aclose()
+
+    async def wait_until_ready(self, timeout_s: float) -> ServerSignals:
+        """Poll until the server says it is ready (or, with no readiness endpoint, answers at all).
+
+        For a fleet's start: vLLM does not serve HTTP at all while it loads (a refused connection looks like a dead
+        server to the watchdog), so the first turns should wait here, with a cap as long as a cold start can be.
+        """
+        deadline = self.clock.now() + timeout_s
+        while True:
+            sig = await self.poll_once()
+            if sig.ready or (sig.responding and sig.ready is None):
+                return sig
+            left = deadline - self.clock.now()
+            if left <= 0:
+                state = "not ready" if sig.responding else "not answering"
+                raise EndpointTimeoutError(f"{self.url} is still {state} after {timeout_s:g} s")
+            await asyncio.sleep(min(self.interval_s, left))
 
     async def _run(self) -> None:
         while True:
