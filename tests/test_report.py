@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 from agentload.bench.results import ServerSample
 from agentload.cli.report import report as report_command
-from agentload.report import levels_table, load_runs, print_result, render_report, write_report
+from agentload.report.console import levels_table, print_result
 from agentload.report.figures import hit_rate_steps
+from agentload.report.html import load_runs, render_report, write_report
 from agentload.report.text import knee_sentence
 from agentload.store import RunDir, RunStore
 from tests.test_store import SyntheticRun, save, synthetic_run
@@ -196,7 +197,9 @@ def test_console_tables_show_levels_knee_and_capacity() -> None:
     table = levels_table(result)
     headers = [c.header for c in table.columns]
     assert "pass rate" not in headers  # an unscored workload: the all-empty column is left out
-    assert headers[:2] == ["agents", "context"]
+    assert headers[0] == "agents"
+    assert "context" not in headers  # one context for every level: said once, in the title
+    assert str(table.title).endswith("agentic · 40k context · tok/s from server")
     assert table.row_count == len(result.levels)
     assert table.rows[3].style == "bold yellow"  # 24 agents, the knee
 

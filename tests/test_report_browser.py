@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, Route, sync_playwright
 
-from agentload.report import load_runs, write_report
 from agentload.report.figures import RunData
+from agentload.report.html import load_runs, write_report
 from agentload.report.text import knee_sentence
 from agentload.store import RunStore
 from tests.test_report import dense, sliding

@@ -21,6 +21,7 @@ from typing import Literal
 
 import pytest
 import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
 from agentload.bench.results import (
@@ -35,6 +36,7 @@ from agentload.bench.results import (
 from agentload.cli.runs import runs as runs_command
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
 from agentload.errors import CheckpointError
+from agentload.report.console import history_table
 from agentload.store import JsonlReader, JsonlWriter, LevelSample, RunDir, RunStore
 from agentload.store.csvexport import level_columns
 from agentload.store.rundir import new_run_id
@@ -350,6 +352,18 @@ def test_a_finished_run_is_never_overwritten(tmp_path: Path) -> None:
         store.create("once")
 
 
+def test_an_unfinished_run_is_continued_not_restarted(tmp_path: Path) -> None:
+    """A resumed run opens its directory again: what the first process wrote stays, the new lines follow."""
+    store = RunStore(tmp_path)
+    with store.create("resumed") as first:
+        first.record(_record(0))
+        first.record(_record(1))
+    with store.create("resumed") as second:
+        second.record(_record(2))
+        saved = second.finish(synthetic_run("resumed").result)
+    assert [r.ids.turn for r in saved.records()] == [0, 1, 2]
+
+
 def test_the_result_must_belong_to_its_directory(tmp_path: Path) -> None:
     with RunStore(tmp_path).create("mine") as writer, pytest.raises(CheckpointError, match="'theirs'"):
         writer.finish(synthetic_run("theirs").result)
@@ -473,15 +487,27 @@ def test_runs_lists_the_history(tmp_path: Path) -> None:
     code, out = _runs("--root", str(tmp_path))
     assert code == 0, out
     assert out.index("second-run") < out.index("first-run")
-    assert "16 (preemption)" in out
-    assert "24 (preemption)" in out
-    assert "2026-10-30 09:00:00" in out
+    first_row = next(line for line in out.splitlines() if "first-run" in line).split()
+    assert first_row[:6] == ["first-run", "2026-10-30", "qwen3-235b-a22b", "agentic", "24", "686"]
+    assert "preemption" in out
 
     code, out = _runs("--root", str(tmp_path), "--json")
     assert code == 0, out
     listed = json.loads(out)
     assert [r["id"] for r in listed] == ["second-run", "first-run"]
     assert listed[0]["knees"] == [{"agents": 16, "context": 40960, "cause": "preemption"}]
+
+
+def test_runs_fits_a_narrow_terminal(tmp_path: Path) -> None:
+    """At 80 columns long targets wrap; the id, the knee and the throughput are never cut or dropped."""
+    store = RunStore(tmp_path)
+    save(store, synthetic_run("a-rather-long-run-id", target="http://gpu-node-17.example.internal:8000/v1"))
+    console = Console(record=True, width=80)
+    console.print(history_table(store.runs(), tmp_path))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    row = next(line for line in text.splitlines() if "a-rather-long-run-id" in line)
+    assert row.split()[-2:] == ["24", "686"]
 
 
 def test_runs_on_an_empty_root_says_so(tmp_path: Path) -> None:

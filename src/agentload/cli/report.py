@@ -9,7 +9,7 @@ import typer
 
 from agentload.cli.common import console, reports_errors
 from agentload.cli.runs import RootOption
-from agentload.report import print_result, write_report
+from agentload.report.console import print_result
 from agentload.store import DEFAULT_ROOT, RunStore
 
 
@@ -31,6 +31,10 @@ def report(
     ] = False,
 ) -> None:
     """Render saved runs into one HTML file with interactive plots; several runs are compared side by side."""
+    # Imported here, not at the top: plotly takes about a second to import, and the CLI imports every command
+    # module at start-up — `agentload runs` or `agentload sim` should not wait for it.
+    from agentload.report.html import write_report
+
     store = RunStore(root)
     dirs = [store.resolve(ref) for ref in run_refs]
     stats = write_report(dirs, output, title=title)

@@ -46,4 +46,4 @@ def runs(
     if not entries:
         console.print(f"no runs in {store.history.path} (run `agentload bench`, or `agentload runs --rebuild`)")
         return
-    console.print(history_table(entries))
+    console.print(history_table(entries, root))

@@ -1,19 +1,7 @@
-"""Reports of saved runs: a self-contained offline HTML file with plotly plots, and rich console tables.
+"""Reports of saved runs: a self-contained offline HTML file with plotly plots (``report.html``), and rich
+console tables (``report.console``).
 
 Reports render from run directories (``store``), never from live state, and compute no statistics of their own:
-the numbers are the bench's.
+the numbers are the bench's. The package imports nothing itself, so ``agentload runs`` (console tables only)
+does not pay for importing plotly.
 """
-
-from agentload.report.console import history_table, levels_table, print_result, result_panel
-from agentload.report.html import ReportStats, load_runs, render_report, write_report
-
-__all__ = [
-    "ReportStats",
-    "history_table",
-    "levels_table",
-    "load_runs",
-    "print_result",
-    "render_report",
-    "result_panel",
-    "write_report",
-]

@@ -6,8 +6,10 @@ It shows the same cells and sentences as the HTML report (``report.text``), so t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from rich.console import Console, Group, JustifyMethod
+from rich import box
+from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -18,8 +20,9 @@ from agentload.store.history import HistoryEntry
 
 
 def levels_table(result: RunResult) -> Table:
-    table = level_table(result)
-    out = Table(title=f"{result.run_id} · {result.model} · {result.workload}", title_justify="left", expand=False)
+    table = level_table(result, fold_constant=True)
+    title = " · ".join([result.run_id, result.model, result.workload, *table.constants])
+    out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     for i, header in enumerate(table.headers):
         out.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
     for row, is_knee in zip(table.rows, table.knee_rows, strict=True):
@@ -50,33 +53,43 @@ def print_result(result: RunResult, console: Console) -> None:
     console.print(result_panel(result))
 
 
-def history_table(entries: Sequence[HistoryEntry]) -> Table:
-    table = Table(title="agentload runs", title_justify="left")
-    columns: list[tuple[str, JustifyMethod]] = [
-        ("id", "left"),
-        ("date", "left"),
-        ("target", "left"),
-        ("model", "left"),
-        ("workload", "left"),
-        ("mode", "left"),
-        ("knee", "right"),
-        ("best output tok/s", "right"),
-        ("path", "left"),
-    ]
-    for name, justify in columns:
-        table.add_column(name, justify=justify)
+SHORT_CAUSES = {"cache_eviction": "eviction", "compute_saturation": "compute", "slo": "SLO"}
+
+
+def history_table(entries: Sequence[HistoryEntry], root: Path) -> Table:
+    """The history, newest first. Paths are shown only when some run lives outside ``<root>/<id>`` or is gone.
+
+    Cells stack two short lines (date over time, model over target, workload over mode, agents over cause)
+    rather than widening the table: on an 80-column terminal rich would otherwise drop whole columns.
+    """
+    show_paths = any(e.path != root / e.id or not e.path.is_dir() for e in entries)
+    table = Table(title=f"agentload runs in {root}", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("id", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("model\ntarget", overflow="fold")
+    table.add_column("workload\nmode", no_wrap=True)
+    table.add_column("knee", justify="right", no_wrap=True)
+    table.add_column("best\ntok/s", justify="right")
+    if show_paths:
+        table.add_column("path", overflow="fold")
     for e in entries:
-        knee = ", ".join(f"{k.agents} ({k.cause})" for k in e.knees) or DASH
-        missing = "" if e.path.is_dir() else " [red](missing)[/]"
-        table.add_row(
+        knee = Text("\n".join(f"{k.agents}" for k in e.knees) or DASH, style="bold")
+        if e.knees:
+            knee.append("\n" + ", ".join(SHORT_CAUSES.get(k.cause, k.cause) for k in e.knees), style="dim")
+        model = Text(e.model)
+        model.append("\n" + e.target, style="dim")
+        cells: list[str | Text] = [
             e.id,
-            e.created[:19].replace("T", " "),
-            e.target,
-            e.model,
-            e.workload,
-            e.mode,
+            e.created[:16].replace("T", "\n"),
+            model,
+            f"{e.workload}\n{e.mode}",
             knee,
             num(e.best_output_tps, 0),
-            Text.from_markup(f"{Text(str(e.path)).markup}{missing}"),
-        )
+        ]
+        if show_paths:
+            path = Text(str(e.path))
+            if not e.path.is_dir():
+                path.append(" (missing)", style="red")
+            cells.append(path)
+        table.add_row(*cells)
     return table

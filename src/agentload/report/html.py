@@ -11,6 +11,7 @@ only (style.md §5), never from a live benchmark.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,12 @@ def _plot(fig: go.Figure, plot_id: str) -> Plot:
     return Plot(id=plot_id, json=fig.to_json(validate=False, pretty=False))
 
 
+def _one_line_headers(table: LevelTable) -> LevelTable:
+    # The two-line headers are for the terminal; a browser wraps by itself ("preempt-\nions" → "preemptions").
+    headers = [h.replace("-\n", "").replace("\n", " ") for h in table.headers]
+    return dataclasses.replace(table, headers=headers)
+
+
 def _view(run: RunData, index: int) -> RunView:
     r = run.result
     evidence = [
@@ -101,7 +108,7 @@ def _view(run: RunData, index: int) -> RunView:
         knees=[knee_sentence(k) for k in r.knee],
         evidence=evidence,
         capacity=[capacity_sentence(c) for c in r.capacity],
-        table=level_table(r),
+        table=_one_line_headers(level_table(r)),
         settings=[(k, "—" if v is None else str(v)) for k, v in r.settings.items()],
     )
     view.plots.append(_plot(token_split(run), f"run{index}-split"))

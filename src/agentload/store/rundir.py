@@ -167,6 +167,9 @@ class RunWriter:
     ``record`` and ``sample`` reach the file before they return (see ``store.jsonl``), so nothing collected is
     lost when the process dies; call ``flush`` at the end of each level to make it durable against a crash of
     the machine too. Use it as a context manager, or call ``close`` (``finish`` closes it).
+
+    A directory that holds an unfinished run is continued, not emptied (a resumed run appends to what the
+    killed process wrote); one that holds a finished run is refused.
     """
 
     def __init__(self, path: Path, *, on_finish: FinishHook | None = None) -> None:
