@@ -303,3 +303,16 @@ async def test_connection_pool_is_raised_above_aiohttps_default() -> None:
     async with fake_server({"/v1/models": hold}) as url, ServerProbe(url, connections=200) as probe:
         results = await asyncio.wait_for(asyncio.gather(*(probe.models() for _ in range(150))), timeout=10)
     assert len(results) == 150
+
+
+async def test_a_stop_rule_ends_the_stream_and_the_server_aborts_the_request() -> None:
+    async with running_sim("laptop") as (server, url), ServerProbe(url) as probe:
+        timing = await probe.stream_completion({"prompt": "a b c", "max_tokens": 200}, stop=lambda n, _t: n == 3)
+        assert len(timing.token_times) == 3
+        assert timing.prompt_tokens is None  # the usage chunk never came
+        for _ in range(100):  # the server notices the closed connection at its next write
+            if server.engine.stats.finished.get("abort"):
+                break
+            await asyncio.sleep(0.02)
+        assert server.engine.stats.finished == {"abort": 1}
+        assert server.engine.num_running == 0

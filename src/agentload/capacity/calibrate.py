@@ -7,7 +7,8 @@ Issue #5, part 3. The server's own KV pool is read exactly (``endpoint.scrape``)
   of lengths up to a good share of max_model_len, a few repeats, interleaved so drift touches every length alike.
 * Inter-token latency against batch size and context — N streams at once (N = 1, 2, 4, …, within the pool) at
   two context lengths with long outputs (``ignore_eos``); the ITL of a run is the median gap between text chunks
-  in the window where all N streams are decoding (after the last one's first token, before the first one ends).
+  in the window where all N streams are decoding (after the last one's first token, before the first one ends),
+  and the streams are closed as soon as that window holds enough gaps.
 
 The fit uses the structure of ``StepTimeModel`` itself rather than a copy of its formulas: each coefficient's
 feature is the model's own step time with that coefficient set to 1 and every other to 0, so a change to the
@@ -38,7 +39,7 @@ import math
 import random
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,7 +53,7 @@ from agentload.capacity.kv import parse_kv_dtype
 from agentload.capacity.models import ModelSpec
 from agentload.capacity.profile import StepSpec, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
-from agentload.endpoint.scrape import ServedModel, ServerPool, StreamTiming
+from agentload.endpoint.scrape import ServedModel, ServerPool, StopRule, StreamTiming
 from agentload.errors import AgentloadError, ConfigError, ServerCapabilityError
 
 # The coefficients the fit estimates, and which part of a step each belongs to.
@@ -89,7 +90,7 @@ class CalibrationTarget(Protocol):
 
     async def round_trip(self) -> float: ...
 
-    async def stream_completion(self, body: Mapping[str, Any]) -> StreamTiming: ...
+    async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming: ...
 
 
 class ProgressSink(Protocol):
@@ -208,6 +209,27 @@ class _Measurements:
     ttft: list[TtftPoint] = field(default_factory=list)
     itl: list[ItlPoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # (words sent, prompt tokens the server counted)
+
+    def _line(self) -> tuple[float, float]:
+        """(tokens at zero words, tokens per word), from the counts the server reported; one per word before any."""
+        if len({w for w, _ in self.sizes}) >= 2:
+            slope, intercept = np.polyfit([w for w, _ in self.sizes], [t for _, t in self.sizes], 1)
+            if slope > 0:
+                return float(intercept), float(slope)
+        if self.sizes:
+            words, tokens = self.sizes[-1]
+            return 0.0, tokens / words
+        return 0.0, 1.0
+
+    def tokens_for(self, words: int) -> float:
+        """The server's token count for a prompt of ``words`` words."""
+        intercept, slope = self._line()
+        return intercept + slope * words
+
+    def words_for(self, tokens: float) -> int:
+        intercept, slope = self._line()
+        return max(1, round((tokens - intercept) / slope))
 
 
 def _prompt(rng: random.Random, words: int) -> str:
@@ -231,6 +253,7 @@ def steady_itl(streams: Sequence[StreamTiming], *, prompt_tokens: int, min_gaps:
     """The ITL of concurrent streams: median gap while all of them were decoding, or None if they never were.
 
     The gap ending at text chunk j of a stream is the step that read the prompt plus j generated tokens.
+    ``prompt_tokens`` stands in for streams that carry no usage (ended early).
     """
     if not streams or any(len(s.token_times) < 2 for s in streams):
         return None
@@ -250,6 +273,35 @@ def steady_itl(streams: Sequence[StreamTiming], *, prompt_tokens: int, min_gaps:
     return ItlPoint(batch=len(streams), context=float(np.mean(contexts)), itl_s=float(np.median(gaps)), gaps=len(gaps))
 
 
+class _SteadyWindow:
+    """Ends a batch of streams once each has ``steady`` chunks after the last stream's first one.
+
+    Streams sent together start one after another (each prefill waits for the ones before), so each must be
+    allowed enough tokens to outlast that ramp; the allowance can then be a generous guess, since the window
+    ends the streams as soon as it has what it needs.
+    """
+
+    def __init__(self, streams: int, steady: int) -> None:
+        self._streams = streams
+        self._steady = steady
+        self._started = 0
+        self._all_started = False
+
+    def rule(self) -> StopRule:
+        after = 0
+
+        def stop(count: int, _now: float) -> bool:
+            nonlocal after
+            if count == 1:
+                self._started += 1
+                self._all_started = self._started == self._streams
+            elif self._all_started:
+                after += 1
+            return after >= self._steady
+
+        return stop
+
+
 def _ttft_lengths(plan: CalibrationPlan, max_model_len: int, pool_tokens: int) -> list[int]:
     top = min(plan.ttft_max_tokens, int(plan.ttft_max_share * max_model_len), pool_tokens // 2)
     if plan.ttft_lengths is not None:
@@ -258,8 +310,9 @@ def _ttft_lengths(plan: CalibrationPlan, max_model_len: int, pool_tokens: int) -
     return sorted({round(float(x)) for x in np.geomspace(low, top, plan.ttft_points)})
 
 
-async def _first_error(tasks: Sequence[asyncio.Task[StreamTiming]]) -> list[StreamTiming]:
+async def _together(coroutines: Sequence[Coroutine[Any, Any, StreamTiming]]) -> list[StreamTiming]:
     """Run streams together; on a failure cancel the rest and raise that failure itself (not a group)."""
+    tasks = [asyncio.create_task(c) for c in coroutines]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -267,6 +320,84 @@ async def _first_error(tasks: Sequence[asyncio.Task[StreamTiming]]) -> list[Stre
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+@dataclass
+class _Session:
+    """One calibration's measuring: the target, what it serves, and what has been measured so far."""
+
+    target: CalibrationTarget
+    model: str
+    plan: CalibrationPlan
+    progress: ProgressSink
+    m: _Measurements
+    rng: random.Random
+
+    async def warm_up(self) -> None:
+        """One request that pays any one-off cost (compilation) and shows the tokens per word."""
+        words = 200
+        timing = await self.target.stream_completion(_body(self.model, _prompt(self.rng, words), 1))
+        if timing.prompt_tokens is None:
+            self.m.notes.append("the server sent no usage: prompt lengths are estimated from word counts")
+        else:
+            self.m.sizes.append((words, timing.prompt_tokens))
+
+    async def ttft(self, lengths: Sequence[int]) -> None:
+        """Each length ``ttft_repeats`` times, lengths interleaved so drift touches them all alike."""
+        m = self.m
+        self.progress.phase("TTFT against prompt length", len(lengths) * self.plan.ttft_repeats)
+        for _ in range(self.plan.ttft_repeats):
+            for length in lengths:
+                words = m.words_for(length)
+                timing = await self.target.stream_completion(_body(self.model, _prompt(self.rng, words), 1))
+                if timing.prompt_tokens is not None:
+                    m.sizes.append((words, timing.prompt_tokens))
+                if timing.ttft is None or timing.ttft <= 0:
+                    m.notes.append(f"a {length}-token prompt streamed no text; its TTFT was not used")
+                else:
+                    prompt = timing.prompt_tokens or round(m.tokens_for(words))
+                    cached = min(timing.cached_tokens or 0, prompt - 1)
+                    m.ttft.append(TtftPoint(target_tokens=length, prompt_tokens=prompt, cached_tokens=cached,
+                                            ttft_s=timing.ttft))  # fmt: skip
+                self.progress.advance()
+
+    async def itl(self, contexts: Sequence[int], pool: ServerPool, max_model_len: int) -> set[int]:
+        """ITL for every batch size at every context; returns the contexts that gave a usable point."""
+        plan, m = self.plan, self.m
+        fastest = fastest_per_length(m.ttft)
+        xs, ys = [p.prompt_tokens for p in fastest], [p.ttft_s for p in fastest]
+        batches = sorted(set(plan.batch_sizes))
+        measured: set[int] = set()
+        self.progress.phase("ITL against batch size and context", len(contexts) * len(batches))
+        for context in contexts:
+            step_guess = ys[0]  # a decode step is no slower than the shortest prefill
+            for n in batches:
+                # While the later streams prefill, the earlier ones decode: allow for n whole prefills (generous;
+                # the steady window ends the streams once it has its gaps) plus the window itself.
+                ramp = 0 if n == 1 else math.ceil(n * float(np.interp(context, xs, ys)) / step_guess)
+                room = int(plan.pool_share * pool.num_blocks / n) * pool.block_size - context
+                out = min(plan.steady_tokens + 1 + ramp, max_model_len - context - 1, room)
+                if out < plan.steady_tokens + 1 or n > (pool.max_num_seqs or n):
+                    m.notes.append(f"batch {n} at context {context} does not fit the pool or max_model_len; skipped")
+                    self.progress.advance()
+                    continue
+                window = _SteadyWindow(n, plan.steady_tokens)
+                words = m.words_for(context)
+                streams = await _together(
+                    [
+                        self.target.stream_completion(_body(self.model, _prompt(self.rng, words), out), window.rule())
+                        for _ in range(n)
+                    ]
+                )
+                point = steady_itl(streams, prompt_tokens=round(m.tokens_for(words)), min_gaps=plan.min_gaps)
+                if point is None:
+                    m.notes.append(f"batch {n} at context {context}: the streams never all decoded together; skipped")
+                else:
+                    m.itl.append(point)
+                    measured.add(context)
+                    step_guess = point.itl_s
+                self.progress.advance()
+        return measured
 
 
 async def calibrate(
@@ -281,7 +412,6 @@ async def calibrate(
     """Measure ``target``, fit the step-time coefficients and compile the result with its profile."""
     plan = plan or CalibrationPlan()
     progress = progress or _Silent()
-    rng = random.Random(plan.seed)
     m = _Measurements()
 
     progress.phase("reading the server", 1)
@@ -300,66 +430,16 @@ async def calibrate(
         kv_dtype = "auto"
     draft = _profile_doc(name or _default_name(served.id), url, served, catalogue_name, pool, max_model_len, kv_dtype)
     resolved = parse_profile(tomli_w.dumps(draft), "the calibrated profile")
-    # One warm-up request that also measures tokens per word (first requests pay one-off compilation).
-    probe_words = 200
-    warm = await target.stream_completion(_body(served.id, _prompt(rng, probe_words), 1))
-    ratio = (warm.prompt_tokens or probe_words) / probe_words
-    if warm.prompt_tokens is None:
-        m.notes.append("the server sent no usage: prompt lengths are estimated from word counts")
+    session = _Session(target, served.id, plan, progress, m, random.Random(plan.seed))
+    await session.warm_up()
     progress.advance()
 
-    def words_for(tokens: float) -> int:
-        return max(1, int(tokens / ratio))
-
-    lengths = _ttft_lengths(plan, max_model_len, pool.tokens)
-    progress.phase("TTFT against prompt length", len(lengths) * plan.ttft_repeats)
-    for _ in range(plan.ttft_repeats):
-        for length in lengths:
-            timing = await target.stream_completion(_body(served.id, _prompt(rng, words_for(length)), 1))
-            ttft = timing.ttft
-            if ttft is None or ttft <= 0:
-                m.notes.append(f"a {length}-token prompt streamed no text; its TTFT was not used")
-            else:
-                prompt_tokens = timing.prompt_tokens or length
-                cached = min(timing.cached_tokens or 0, prompt_tokens - 1)
-                m.ttft.append(
-                    TtftPoint(target_tokens=length, prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=ttft)
-                )
-            progress.advance()
+    await session.ttft(_ttft_lengths(plan, max_model_len, pool.tokens))
     fastest = fastest_per_length(m.ttft)
     if len(fastest) < 3:
         raise CalibrationError(f"only {len(m.ttft)} usable TTFT measurements at fewer than 3 prompt lengths")
-    xs, ys = [p.prompt_tokens for p in fastest], [p.ttft_s for p in fastest]
-
     contexts = plan.itl_contexts or (256, min(max_model_len // 4, 8192))
-    batches = sorted(set(plan.batch_sizes))
-    measured_contexts: set[int] = set()
-    progress.phase("ITL against batch size and context", len(contexts) * len(batches))
-    for context in contexts:
-        step_guess = float(np.interp(1, xs, ys))  # a decode step is no slower than the shortest prefill
-        for n in batches:
-            # Streams start together, so the first ones decode while the others prefill: ask for enough
-            # tokens to cover that ramp plus the steady window (the ramp is at most n prefills of this context).
-            ramp = 0 if n == 1 else math.ceil(n * float(np.interp(context, xs, ys)) / step_guess)
-            out = min(plan.steady_tokens + ramp, max_model_len - context - 1)
-            need = n * math.ceil((context + out) / pool.block_size)
-            if out < plan.min_gaps + 1 or need > plan.pool_share * pool.num_blocks or n > (pool.max_num_seqs or n):
-                m.notes.append(f"batch {n} at context {context} does not fit the pool or max_model_len; skipped")
-                progress.advance()
-                continue
-            tasks = [
-                asyncio.create_task(target.stream_completion(_body(served.id, _prompt(rng, words_for(context)), out)))
-                for _ in range(n)
-            ]
-            streams = await _first_error(tasks)
-            point = steady_itl(streams, prompt_tokens=context, min_gaps=plan.min_gaps)
-            if point is None:
-                m.notes.append(f"batch {n} at context {context}: the streams never all decoded together; skipped")
-            else:
-                m.itl.append(point)
-                measured_contexts.add(context)
-                step_guess = point.itl_s
-            progress.advance()
+    measured_contexts = await session.itl(contexts, pool, max_model_len)
     if len(m.itl) < 3:
         raise CalibrationError(f"only {len(m.itl)} usable ITL measurements; the pool may be too small")
     if len(measured_contexts) < 2 or len({p.batch for p in m.itl}) < 2:
@@ -369,6 +449,11 @@ async def calibrate(
     coefficients, report = fit_step_coefficients(
         fastest, m.itl, structure=resolved.coefficients, model=resolved.model, step_s=plan.step_s, round_trip_s=rtt
     )
+    if report.memory_bound_ttft == len(fastest):
+        m.notes.append(
+            "every prompt was memory-bound (TTFT flat in length): prefill_s_per_token and attention_s_per_pair "
+            "are not determined; longer prompts would determine them"
+        )
     m.notes.append(
         f"step_s is not identifiable apart from weights_s and api_overhead_s; set to {plan.step_s:g} s, layer_s to 0"
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -53,6 +53,7 @@ __all__ = [
     "ServerCapabilityError",
     "ServerPool",
     "ServerProbe",
+    "StopRule",
     "StreamTiming",
     "base_url",
     "parse_metrics",
@@ -171,6 +172,10 @@ class ServedModel(BaseModel):
     id: str
     root: str | None = None
     max_model_len: int | None = Field(default=None, gt=0)
+
+
+# Asked after every text chunk of a stream with (chunks so far, arrival time): True ends the stream there.
+StopRule = Callable[[int, float], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,8 +451,12 @@ class ServerProbe:
         _raise_for_status(f"GET /v1/models on {self.url}", status, body)
         return elapsed
 
-    async def stream_completion(self, body: Mapping[str, Any]) -> StreamTiming:
-        """POST a streamed ``/v1/completions`` request and time every chunk that carries text."""
+    async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming:
+        """POST a streamed ``/v1/completions`` request and time every chunk that carries text.
+
+        ``stop(chunks so far, arrival time)`` is asked after each text chunk; when it says True the response is
+        closed there (the server aborts the request) and the timing has no usage.
+        """
         data = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
         usage: Mapping[str, Any] | None = None
         times: list[float] = []
@@ -472,6 +481,8 @@ class ServerProbe:
                     first = choices[0] if isinstance(choices, list) and choices else None
                     if isinstance(first, Mapping) and first.get("text"):
                         times.append(now)
+                        if stop is not None and stop(len(times), now):
+                            break
                     if isinstance(event.get("usage"), Mapping):
                         usage = event["usage"]
         details = usage.get("prompt_tokens_details") if usage else None
