@@ -408,7 +408,7 @@ async def test_a_server_that_accepts_and_never_answers_is_declared_dead_after_de
     assert len(records) == 1  # no resend into a dead server
     assert records[0].error is ErrorKind.CONNECT_TIMEOUT
     assert dog.statistics().refused == {"dead_server": 1}
-    assert 1.0 <= elapsed <= 1.0 + 0.1 + 0.5  # dead_after_s + check_s + scheduling slack
+    assert 1.0 <= elapsed <= 1.0 + 0.1 + 1.0  # dead_after_s + check_s + slack for a loaded machine (not 30 s)
     assert backend.stats.gave_up == {"server_dead": 1}
 
 
@@ -428,7 +428,7 @@ async def test_nothing_listening_ends_when_the_poller_has_heard_nothing_for_dead
     assert {r.outcome for r in records} == {Outcome.CONNECT_ERROR}
     assert 3 <= len(records) < 100
     assert [r.ids.attempt for r in records] == list(range(len(records)))
-    assert 1.0 <= elapsed <= 1.0 + 0.1 + 0.5
+    assert 1.0 <= elapsed <= 1.0 + 0.1 + 1.0
     assert backend.stats.gave_up == {"server_dead": 1}
 
 
