@@ -23,6 +23,8 @@ None (auto)         ``/health``, ``/metrics`` (+ ``/slots``    the metric prefix
 
 Any HTTP status counts as an answer (a 404 from a hosted API still proves the process is up): ``responding`` and
 ``last_response_age()`` are what the dead-server rule needs, "no answer from the server for N seconds".
+``wait_until_ready`` is for a fleet's start: vLLM serves no HTTP while it loads, which no per-request rule can tell
+from a dead server.
 """
 
 from __future__ import annotations
