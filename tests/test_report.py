@@ -5,11 +5,13 @@ The browser half (plotly actually draws, no console errors) is tests/test_report
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import typer
 from markupsafe import escape
@@ -46,6 +48,15 @@ def plots(html: str) -> dict[str, dict[str, Any]]:
     """The figures the report carries, by plot id, parsed back from their JSON blocks."""
     blocks = re.findall(r'<script type="application/json" data-plot="([^"]+)">(.*?)</script>', html, re.S)
     return {plot_id: json.loads(body) for plot_id, body in blocks}
+
+
+def values(field: Any) -> list[Any]:
+    """A trace's data array: a JSON list, or plotly's typed-array form (NumPy input travels as base64)."""
+    if isinstance(field, dict):
+        decoded: list[Any] = np.frombuffer(base64.b64decode(field["bdata"]), dtype=field["dtype"]).tolist()
+        return decoded
+    assert isinstance(field, list)
+    return field
 
 
 def traces(figure: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,9 +129,15 @@ def test_the_plots_show_the_saved_numbers(two_runs: list[RunDir]) -> None:
 
     timeline = traces(figures["run0-timeline"])
     kv = next(t for t in timeline if t["name"] == "KV usage")
-    assert kv["y"] == [s.sample.kv_usage * 100 for s in runs[0].samples if s.sample.kv_usage is not None]
+    assert values(kv["y"]) == [s.sample.kv_usage * 100 for s in runs[0].samples if s.sample.kv_usage is not None]
+    assert values(kv["x"]) == [s.sample.t for s in runs[0].samples]
+    assert set(values(kv["customdata"])) == {1, 8, 16, 24, 32, 48}  # hover names the level by its agents
     waiting = next(t for t in timeline if t["name"] == "waiting")
-    assert max(waiting["y"]) == 48 - 26  # 48 agents, 26 running past the knee
+    assert max(values(waiting["y"])) == 48 - 26  # 48 agents, 26 running past the knee
+    hits = next(t for t in timeline if t["name"] == "prefix hit rate")
+    last_level_hits = runs[0].result.levels[-1].prefix_hit_rate_server
+    assert last_level_hits is not None
+    assert values(hits["y"])[-1] == pytest.approx(100 * last_level_hits)
 
     split = {t["name"]: t for t in traces(figures["run1-split"])}
     assert split["prefill tok/s"]["y"] == [lv.prefill_tps for lv in runs[1].result.levels]

@@ -101,6 +101,16 @@ def test_every_plot_is_drawn_without_console_errors(browsed: Browsed) -> None:
     assert page.locator("#throughput .scatterlayer .trace").count() >= 2
     assert page.locator("#run0-split .barlayer .trace").count() == 2
     assert page.locator("#run1-timeline .scatterlayer .trace").count() == 4
+    # The timeline's series travel as base64 typed arrays: decoded, the KV line spans the whole time axis (the
+    # plot area of its row), with a vertex for each step between levels.
+    line = page.locator("#run0-timeline .subplot.xy .scatterlayer .trace .js-line").first
+    area = page.locator("#run0-timeline .draglayer .xy .nsewdrag").first.bounding_box()
+    drawn = line.bounding_box()
+    assert area is not None
+    assert drawn is not None
+    assert drawn["width"] == pytest.approx(area["width"], rel=0.02)
+    levels = len(browsed.runs[0].result.levels)
+    assert (line.get_attribute("d") or "").count("L") >= 2 * levels
 
 
 def test_the_report_makes_no_network_request(browsed: Browsed) -> None:

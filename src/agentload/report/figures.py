@@ -16,6 +16,8 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
@@ -300,6 +302,10 @@ def hit_rate_steps(samples: Sequence[ServerSample]) -> tuple[list[float], list[f
     return ts, rates
 
 
+def _array(values: Sequence[float | None]) -> npt.NDArray[np.float64]:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
 def _level_spans(samples: Sequence[LevelSample]) -> list[tuple[int, float, float]]:
     """(level, start, end) for each stretch of consecutive samples taken in one level; a stretch ends where the
     next begins, so the shaded bands tile the time axis without gaps."""
@@ -316,24 +322,21 @@ def timeline(run: RunData) -> go.Figure | None:
         return None
     samples = sorted(run.samples, key=lambda s: s.sample.t)
     raw = [s.sample for s in samples]
-    t = [s.t for s in raw]
+    # NumPy arrays, not lists: plotly validates and copies a list element by element (a 30-minute soak at 1 Hz
+    # took seconds), and serialises an array as compact base64 that plotly.js decodes. NaN draws as a gap.
+    t = np.array([s.t for s in raw], dtype=float)
     agents = {lv.level: lv.agents for lv in run.result.levels}
-    fig = make_subplots(
-        rows=3,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.05,
-    )
-    level_of = [f"level {s.level} · {agents.get(s.level, '?')} agents" for s in samples]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.05)
+    agents_of = np.array([agents.get(s.level, -1) for s in samples], dtype=np.int64)
     if any(s.kv_usage is not None for s in raw):
         fig.add_trace(
             go.Scatter(
                 x=t,
-                y=[None if s.kv_usage is None else s.kv_usage * 100 for s in raw],
+                y=_array([None if s.kv_usage is None else s.kv_usage * 100 for s in raw]),
                 name="KV usage",
                 line={"color": run.colour, "width": 2},
-                customdata=level_of,
-                hovertemplate="t %{x:.0f}s · %{customdata}<br>KV %{y:.1f}%<extra></extra>",
+                customdata=agents_of,
+                hovertemplate="t %{x:.0f}s · %{customdata} agents<br>KV %{y:.1f}%<extra></extra>",
             ),
             row=1,
             col=1,
@@ -345,11 +348,11 @@ def timeline(run: RunData) -> go.Figure | None:
         fig.add_trace(
             go.Scatter(
                 x=t,
-                y=ys,
+                y=_array(ys),
                 name=name,
                 line={"color": colour, "dash": dash, "width": 2},
-                customdata=level_of,
-                hovertemplate=f"t %{{x:.0f}}s · %{{customdata}}<br>{name} %{{y:.0f}}<extra></extra>",
+                customdata=agents_of,
+                hovertemplate=f"t %{{x:.0f}}s · %{{customdata}} agents<br>{name} %{{y:.0f}}<extra></extra>",
             ),
             row=2,
             col=1,
@@ -358,8 +361,8 @@ def timeline(run: RunData) -> go.Figure | None:
     if any(r is not None for r in rates):
         fig.add_trace(
             go.Scatter(
-                x=ht,
-                y=[None if r is None else r * 100 for r in rates],
+                x=np.array(ht, dtype=float),
+                y=_array([None if r is None else r * 100 for r in rates]),
                 name="prefix hit rate",
                 line={"color": "#2ca02c", "width": 2},
                 connectgaps=False,
