@@ -2,18 +2,22 @@
 
 The real-time test calibrates against the simulated server with a purpose-made profile rather than ``laptop``:
 laptop's prefill (0.22 ms per token) makes 16 concurrent streams at a useful context take minutes of wall time,
-and its 10 ms decode step is only ten times the ~1 ms by which asyncio timers (epoll's millisecond resolution)
-overshoot each simulated step. The profile below has a GPU-like shape — cheap prefill, a 30 ms decode step, a
-40 ms API overhead — so that overshoot stays at a few percent of every identifiable quantity.
+and its 10 ms decode step is only ten times the 1-2 ms by which asyncio timers (epoll's millisecond resolution,
+and a busy host) overshoot each simulated sleep. The profile below has a GPU-like shape — cheap prefill, a 30 ms
+decode step, a 100 ms API overhead — so that overshoot stays at a few percent of every identifiable quantity
+even on a loaded two-core machine (a 40 ms overhead came out 10-15% high there).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import itertools
 import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from agentload.capacity.calibrate import (
@@ -36,6 +41,7 @@ from agentload.capacity.calibrate import (
     steady_itl,
 )
 from agentload.capacity.profile import ServingProfile, load_profile
+from agentload.cli.calibrate import summary
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServedModel, ServerPool, ServerProbe, StopRule, StreamTiming
 from agentload.errors import ConfigError
@@ -184,6 +190,18 @@ async def test_calibration_of_a_modelled_server_recovers_it_and_writes_a_generic
     assert CalibrationResult.model_validate_json(result.model_dump_json()) == result
 
 
+async def test_the_summary_shows_pool_coefficients_and_fit() -> None:
+    result = await calibrate(ModelledServer(load_profile("laptop"), served="m"), url="http://model")
+    buffer = io.StringIO()
+    summary(result, Console(file=buffer, width=200))
+    out = buffer.getvalue()
+    assert "KV pool: 4,096 blocks × 16 tokens = 65,536 tokens" in out
+    for name in (*FITTED, "api_overhead_s", "step_s"):
+        assert name in out
+    assert "Fit error (relative RMS): TTFT 0.0%" in out
+    assert "note: step_s is not identifiable" in out
+
+
 async def test_calibration_names_a_model_the_server_does_not_serve() -> None:
     target = ModelledServer(load_profile("laptop"), served="Qwen/Qwen2.5-0.5B-Instruct")
     with pytest.raises(ConfigError) as info:
@@ -227,6 +245,18 @@ async def test_calibrating_the_simulator_recovers_its_profile(tmp_path: Path) ->
     assert {i.batch for i in result.itl} == {1, 2, 4, 8, 16}
     assert result.fit.ttft_rel_rms < 0.05
     assert result.fit.itl_rel_rms < 0.05
+
+    # The written profile served by the simulator behaves like the server it was calibrated from.
+    original_ttft = {t.target_tokens: t.ttft_s for t in result.fastest_ttft}[4096]
+    original_itl = next(i.itl_s for i in result.itl if i.batch == 1 and i.context < 1000)
+    async with running_sim(str(path)) as (_, replay_url), ServerProbe(replay_url) as replay:
+        words = " ".join(["word"] * 4095)
+        ttft = min([(await replay.stream_completion({"prompt": f"{k} {words}", "max_tokens": 1})).ttft or 0
+                    for k in range(2)])  # fmt: skip
+        stream = await replay.stream_completion({"prompt": "x " * 511, "max_tokens": 40})
+    assert ttft == pytest.approx(original_ttft, rel=0.10)
+    gaps = [b - a for a, b in itertools.pairwise(stream.token_times)]
+    assert statistics.median(gaps) == pytest.approx(original_itl, rel=0.10)
 
 
 # -- the command ----------------------------------------------------------------------------------------------

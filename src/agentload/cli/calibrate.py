@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -55,10 +56,11 @@ async def _run(url: str, api_key: str | None, model: str | None, plan: Calibrati
             )
 
 
-def _summary(result: CalibrationResult) -> None:
+def summary(result: CalibrationResult, out: Console = console) -> None:
+    """The result for a reader: pool, coefficients with their uncertainty, fit error, notes."""
     pool = result.pool
-    console.print(f"Calibrated {result.url}: {result.served_model} ({pool.engine})")
-    console.print(
+    out.print(f"Calibrated {result.url}: {result.served_model} ({pool.engine})")
+    out.print(
         f"KV pool: {pool.num_blocks:,} blocks × {pool.block_size} tokens = {pool.tokens:,} tokens "
         f"({pool.source}{'' if pool.exact else '; an equivalent, not exact'}); max_model_len {result.max_model_len:,}"
     )
@@ -81,15 +83,15 @@ def _summary(result: CalibrationResult) -> None:
         table.add_row(name, f"{getattr(c, name):.4g}", "—" if err is None else f"{err:.1%}", how[name])
     table.add_row("api_overhead_s", f"{c.api_overhead_s:.4g}", "", "TTFT intercept − round trip − step")
     table.add_row("step_s", f"{c.step_s:.4g}", "", "assumed (not identifiable)")
-    console.print(table)
+    out.print(table)
     fit = result.fit
-    console.print(
+    out.print(
         f"Fit error (relative RMS): TTFT {fit.ttft_rel_rms:.1%} over {len(result.fastest_ttft)} prompt lengths "
         f"(fastest of {len(result.ttft)} requests), "
         f"ITL {fit.itl_rel_rms:.1%} over {len(result.itl)} batches; round trip {result.round_trip_s * 1e3:.2f} ms"
     )
     for note in result.notes:
-        console.print(f"[dim]note: {note}[/]")
+        out.print(f"[dim]note: {note}[/]")
 
 
 @reports_errors
@@ -111,8 +113,8 @@ def calibrate(
 
     `agentload sim --profile PROFILE.toml` then serves a simulated copy of that server.
     """
-    batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= max_batch) or (1,)
-    plan = CalibrationPlan(ttft_repeats=repeats, batch_sizes=tuple(sorted({*batches, max_batch})))
+    batches = {b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= max_batch} | {max_batch}
+    plan = CalibrationPlan(ttft_repeats=repeats, batch_sizes=tuple(sorted(batches)))
     # Refuse an unwritable destination before minutes of measurement, not after.
     if output is not None and output.is_dir():
         raise ConfigError(f"-o {output} is a directory; give a file name such as {output / 'profile.toml'}")
@@ -123,11 +125,12 @@ def calibrate(
         try:
             output.write_text(result.profile_toml, encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from exc
+            typer.echo(result.profile_toml)  # minutes of measurement are not lost to a full disk
+            raise ConfigError(f"cannot write {output}: {exc.strerror or exc} (the profile is printed above)") from exc
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    _summary(result)
+    summary(result)
     if output is None:
         console.print()
         typer.echo(result.profile_toml)
