@@ -18,6 +18,8 @@ from agentload.bench.target import Target
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.retry import RetryingBackend
+from agentload.endpoint.signals import SignalPoller
+from agentload.endpoint.watchdog import Watchdog
 from agentload.vtime import LoopClock
 from agentload.workload.base import Workload
 
@@ -85,8 +87,13 @@ async def run_level(
     clock = LoopClock()
     start = clock.now() - run_t0
     data = LevelData(level, agents, context, workload.name, start, start + warmup_s, start + warmup_s + window_s)
-    client = ChatClient(target.base_url, transport=target.transport)
-    backend = RecordingBackend(RetryingBackend(client), data.records, sink)
+    # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
+    # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
+    poller = SignalPoller(target.base_url, transport=target.transport, clock=clock)
+    await poller.start()
+    policy = Watchdog(signals=poller, clock=clock)
+    client = ChatClient(target.base_url, transport=target.transport, policy=policy)
+    backend = RecordingBackend(RetryingBackend(client, policy=policy, clock=clock), data.records, sink)
     ctx = _Context(backend, target.model, run_id, level, run_t0 + data.end, data)
     drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
     sampler = MetricsSampler(target.transport, target.base_url, t0=run_t0)
@@ -112,6 +119,7 @@ async def run_level(
         for t in tasks:
             t.cancel()
         await sampler.stop()
+        await poller.stop()
     data.samples = sampler.samples
     for t in tasks:
         if t.done() and not t.cancelled() and t.exception() is not None:

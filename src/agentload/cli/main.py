@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from agentload import __version__
+from agentload.cli import bench as bench_cmd
 from agentload.cli import calibrate
 from agentload.cli import plan as plan_cmd
 from agentload.cli import probe as probe_cmd
@@ -36,6 +37,7 @@ def _root(
     """agentload: capacity of LLM servers for AI agents."""
 
 
+app.command("bench")(bench_cmd.bench)
 app.command("sim")(sim_cmd.sim)
 app.command("profiles")(profiles_cmd.profiles)
 app.command("plan")(plan_cmd.plan)

@@ -1,0 +1,191 @@
+"""``agentload bench``: how many agents this deployment carries before it stops behaving like one, and why."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentload.bench.analysis import LevelData
+from agentload.bench.orchestrate import BenchPlan, Mode, run_bench
+from agentload.bench.results import LevelSummary, RunResult
+from agentload.bench.search import parse_slo
+from agentload.bench.target import Target, http_target, sim_target
+from agentload.capacity.profile import load_profile
+from agentload.cli.common import console, err_console, reports_errors
+from agentload.errors import ConfigError
+from agentload.report.console import print_result
+from agentload.sim.behaviour import Behaviour, OracleBehaviour
+from agentload.sim.scenarios import default_book
+from agentload.store.runstore import RunStore
+from agentload.vtime import run_virtual
+from agentload.workload.registry import get_workload
+
+DEFAULT_SIM = "qwen3-235b-gb300"
+_DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|m|h)?\s*$")
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    try:
+        counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {text!r}: expected whole numbers separated by commas, e.g. 1,16,64") from exc
+    if not counts or counts[0] < 1:
+        raise ConfigError(f"{flag} {text!r}: every count must be at least 1")
+    return counts
+
+
+def parse_duration(text: str, flag: str) -> float:
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"{flag} {text!r}: expected a duration such as 90s, 30m or 2h")
+    value = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    if value <= 0:
+        raise ConfigError(f"{flag} {text!r}: must be positive")
+    return value
+
+
+@reports_errors
+def bench(
+    url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (real time).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model id to request (with --url).")] = None,
+    sim: Annotated[
+        str | None, typer.Option(help="Simulator profile, run in process in virtual time (no sockets).")
+    ] = None,
+    workload: Annotated[
+        str, typer.Option(help="agentic, agentic-hold, synthetic, suite, or trace:FILE.")
+    ] = "agentic-hold",
+    context: Annotated[str, typer.Option(help="Context per agent, tokens; a list makes a context × agents grid.")] = (
+        "40960"
+    ),
+    sweep: Annotated[str | None, typer.Option(help="Agent counts to measure, e.g. 1,16,64,128.")] = None,
+    find_knee: Annotated[bool, typer.Option("--find-knee", help="Search the knee (bracket + bisect).")] = False,
+    slo: Annotated[str | None, typer.Option(help="A level past this breaks the knee, e.g. ttft_p95=2s.")] = None,
+    soak: Annotated[str | None, typer.Option(help="Hold --agents for this long (e.g. 30m) and report drift.")] = None,
+    agents: Annotated[int | None, typer.Option(min=1, help="Agents for a single level or a soak.")] = None,
+    warmup: Annotated[str, typer.Option(help="Warm-up per level, discarded.")] = "120s",
+    window: Annotated[str, typer.Option(help="Measured window per level.")] = "300s",
+    tolerance: Annotated[float, typer.Option(min=0.01, max=0.9, help="Drop below the best that marks the knee.")] = (
+        0.10
+    ),
+    max_agents: Annotated[int, typer.Option(min=1, help="The knee search's largest count.")] = 1024,
+    compare_synthetic: Annotated[
+        bool, typer.Option(help="Also run the matched synthetic arm for the real ÷ synthetic ratio.")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Root directory of runs (default $AGENTLOAD_RUNS or ./agentload-runs).")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed for workload sizes.")] = 0,
+) -> None:
+    """Measure agents, not tokens: throughput, TTFT, prefix reuse and KV pressure across agent counts, and the knee.
+
+    Without --url or --sim it runs the default simulated scenario: Qwen3-235B on a DGX Station GB300
+    (the source article's 997,753-token pool) with agents holding ~40k tokens of context, and finds the knee.
+    """
+    if url and sim:
+        raise ConfigError("use --url (a real server) or --sim (the simulator), not both")
+    if url and not model:
+        raise ConfigError("--url needs --model (the id the server serves; see `agentload probe URL`)")
+    if model and not url:
+        raise ConfigError("--model goes with --url; the simulator serves its profile's model")
+    modes = [m for m, on in (("sweep", sweep), ("find-knee", find_knee), ("soak", soak)) if on]
+    if len(modes) > 1:
+        raise ConfigError(f"choose one of --sweep, --find-knee, --soak (got {', '.join(modes)})")
+    if not url and not sim and not modes:
+        sim, find_knee, modes = DEFAULT_SIM, True, ["find-knee"]
+    contexts = parse_counts(context, "--context")
+    warmup_s, window_s = parse_duration(warmup, "--warmup"), parse_duration(window, "--window")
+    mode: Mode
+    counts: list[int] = []
+    if sweep:
+        counts = parse_counts(sweep, "--sweep")
+        mode = "grid" if len(contexts) > 1 else "sweep"
+    elif find_knee:
+        mode = "find-knee"
+    elif soak:
+        if agents is None:
+            raise ConfigError("--soak needs --agents (the level to hold)")
+        counts, mode, window_s = [agents], "soak", parse_duration(soak, "--soak")
+    else:
+        if agents is None:
+            raise ConfigError("say what to run: --sweep, --find-knee, --soak DURATION --agents N, or --agents N")
+        counts, mode = [agents], "single"
+    wl = get_workload(workload)
+    synthetic = get_workload("synthetic") if compare_synthetic else None
+    slo_spec = parse_slo(slo) if slo else None
+
+    behaviour: Behaviour | None = OracleBehaviour(default_book()) if workload == "suite" else None
+    if sim:
+        profile = load_profile(sim)  # fail early on a bad name
+        for c in contexts:
+            if c > profile.max_model_len:
+                raise ConfigError(f"--context {c} exceeds the profile's max-model-len {profile.max_model_len}")
+
+        def make_target() -> Target:
+            return sim_target(sim, behaviour)
+
+    else:
+        assert url is not None
+        assert model is not None
+        shared = http_target(url, model)
+
+        def make_target() -> Target:
+            return shared
+
+    plan = BenchPlan(
+        make_target=make_target,
+        workload=wl,
+        contexts=contexts,
+        mode=mode,
+        agents=counts,
+        warmup_s=warmup_s,
+        window_s=window_s,
+        slo=slo_spec,
+        tolerance=tolerance,
+        max_agents=max_agents,
+        synthetic=synthetic,
+        seed=seed,
+        settings={"workload": workload, "contexts": context},
+    )
+    store = RunStore(out)
+    writer = store.create()
+
+    def on_level(s: LevelSummary) -> None:
+        hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+        ttft = s.ttft_s.p50
+        err_console.print(
+            f"[dim]level {s.level}:[/] {s.agents:>4} agents × {s.context:,} tokens → {s.output_tps:8.1f} out tok/s"
+            f"  prefix hit {'-' if hit is None else f'{hit:.0%}'}"
+            f"  TTFT p50 {'-' if ttft is None else f'{ttft:.2f}s'}  preemptions {s.preemptions or 0:.0f}"
+        )
+
+    err_console.print(
+        f"[bold]agentload bench[/] {'sim:' + sim + ' (virtual time)' if sim else url} · workload {workload} · "
+        f"{mode} · contexts {', '.join(f'{c:,}' for c in contexts)} · run {writer.run_id}"
+    )
+
+    async def go() -> tuple[RunResult, list[LevelData]]:
+        try:
+            return await run_bench(plan, on_level=on_level, sink=writer.record, run_id=writer.run_id)
+        finally:
+            if not sim:
+                await make_target().transport.aclose()
+
+    try:
+        result, data = run_virtual(go()) if sim else asyncio.run(go())
+    except BaseException:
+        writer.close()  # the records gathered so far stay on disk
+        raise
+    for level in data:
+        for raw in level.samples:
+            writer.sample(level.level, raw.sample)
+    run_dir = writer.finish(result)
+    if json_out:
+        console.print_json(result.model_dump_json())
+    else:
+        print_result(result, console)
+        console.print(f"[dim]saved {run_dir.path} · `agentload report {result.run_id}` renders it[/]")
