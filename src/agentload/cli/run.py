@@ -1,0 +1,353 @@
+"""``agentload run FLEET.toml``: run a fleet of agents at the width the server can carry, resumable after a kill.
+
+This module wires the concrete pieces the fleet runner only knows as protocols: the server (``--url``, or the
+embedded simulator on 127.0.0.1), the probe and preflight that choose the starting width, the signal poller the
+``auto`` limiter and the stall watchdog read, the streaming client with retries, the run directory, and the
+display. ``run_fleet`` does the work and returns the compiled result; the command prints it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiohttp import web
+from rich.console import Console
+from rich.table import Table
+
+from agentload.capacity.profile import load_profile
+from agentload.cli.common import console, err_console, reports_errors
+from agentload.endpoint.client import ChatClient, FixedDeadlines, StallPolicy
+from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
+from agentload.endpoint.retry import RetryingBackend
+from agentload.endpoint.signals import SignalPoller
+from agentload.endpoint.transport import Transport
+from agentload.endpoint.watchdog import Watchdog
+from agentload.errors import ConfigError
+from agentload.fleet.checkpoint import (
+    LOG,
+    RESULTS,
+    WORKSPACES,
+    CheckpointLog,
+    RunManifest,
+    SegmentLine,
+    load_log,
+    read_manifest,
+    write_json_atomic,
+    write_manifest,
+)
+from agentload.fleet.config import AgentPlan, FleetConfig, expand, load_fleet
+from agentload.fleet.limiter import Limiter, Mode, make_policy
+from agentload.fleet.progress import LineProgress, LiveProgress
+from agentload.fleet.results import FleetResult, compile_result
+from agentload.fleet.runner import FleetProgress, FleetRunner
+from agentload.sim.inprocess import InProcessTransport
+from agentload.sim.server import SimConfig, SimServer
+from agentload.vtime import LoopClock, run_virtual
+
+EXIT_AGENTS_FAILED = 1
+# The in-process simulator answers any URL; this one says so in the results (and resolves nowhere).
+IN_PROCESS_URL = "http://simulator.invalid"
+
+
+@dataclass
+class RunOptions:
+    fleet: Path | None = None
+    mode: Mode = Mode.AUTO
+    width: int | None = None
+    max_width: int | None = None
+    resume: Path | None = None
+    out: Path = Path("runs")
+    url: str | None = None
+    model: str | None = None
+    profile: str = "laptop"
+    stop_after_s: float | None = None
+    progress: str = "auto"  # auto | live | lines | none
+    fsync: bool = True
+    virtual: bool = False  # the in-process simulator in simulated time (no sockets, no waiting)
+    run_dir: Path | None = None  # set once known, so an interrupted run can say where to resume
+    notes: list[str] = field(default_factory=list)  # what was decided before the run, for the caller to print
+
+
+@asynccontextmanager
+async def embedded_simulator(profile: str) -> AsyncIterator[str]:
+    """The simulator on 127.0.0.1 (a free port) for the length of the block; yields its base URL."""
+    server = SimServer(SimConfig(profile=load_profile(profile)))
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def _new_run_dir(out: Path, name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")  # a name for people, not a measurement
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {out}: {exc.strerror or exc}") from exc
+    for n in range(1000):
+        path = out / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from exc
+        return path
+    raise ConfigError(f"cannot find a free run directory name under {out}")
+
+
+def _manifest(opts: RunOptions) -> tuple[RunManifest, Path]:
+    if opts.resume is not None:
+        manifest = read_manifest(opts.resume)
+        if opts.fleet is not None and load_fleet(opts.fleet) != manifest.fleet:
+            raise ConfigError(f"{opts.fleet} is not the fleet {opts.resume} was started with (resume without it)")
+        if opts.url is not None and manifest.url is not None and opts.url != manifest.url:
+            opts.notes.append(f"resuming against {opts.url} (the run started against {manifest.url})")
+        return manifest, opts.resume
+    if opts.virtual and opts.url is not None:
+        raise ConfigError("--virtual runs the embedded simulator in simulated time; it cannot drive --url")
+    if opts.fleet is None:
+        raise ConfigError("give a FLEET.toml to run, or --resume RUN_DIR to continue a run")
+    fleet: FleetConfig = load_fleet(opts.fleet)
+    run_dir = _new_run_dir(opts.out, fleet.name)
+    manifest = RunManifest(
+        run_id=run_dir.name,
+        fleet=fleet,
+        fleet_source=str(opts.fleet),
+        url=opts.url,
+        profile=opts.profile if opts.url is None else None,
+        model=opts.model,
+        virtual=opts.virtual,
+    )
+    write_manifest(run_dir, manifest)
+    return manifest, run_dir
+
+
+def start_width(
+    mode: Mode, width: int | None, plans: list[AgentPlan], probed: ProbeResult
+) -> tuple[int, str, list[str]]:
+    """The width the run starts with, why, and the preflight's warnings."""
+    if mode is Mode.SEQUENTIAL:
+        if width not in (None, 1):
+            raise ConfigError("--width does not apply to --mode sequential (one agent at a time)")
+        return 1, "sequential: one agent at a time", []
+    planned = max(p.planned_context() for p in plans)
+    pf: Preflight = preflight(probed, planned_context=planned, requested_width=width)
+    start, reason = pf.start_width, pf.reason
+    if mode is Mode.AUTO and width is not None:
+        reason = f"--width {width} as the starting point" + (f"; {pf.reason}" if pf.holds is not None else "")
+    if start > len(plans):
+        reason += f"; the fleet has only {len(plans)} agents"
+        start = len(plans)
+    return max(1, start), reason, list(pf.warnings)
+
+
+@dataclass
+class _Server:
+    url: str
+    label: str
+    transport: Transport | None  # None: HTTP over aiohttp; else the in-process simulator's seam
+
+
+async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExitStack) -> _Server:
+    url = opts.url or manifest.url
+    if url is not None:
+        return _Server(url, url, None)
+    profile = manifest.profile or opts.profile
+    if manifest.virtual:
+        transport = InProcessTransport(SimServer(SimConfig(profile=load_profile(profile))))
+        stack.push_async_callback(transport.aclose)
+        return _Server(IN_PROCESS_URL, f"in-process simulator (profile {profile}, simulated time)", transport)
+    url = await stack.enter_async_context(embedded_simulator(profile))
+    return _Server(url, f"embedded simulator (profile {profile})", None)
+
+
+async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult:
+    """Run (or resume) a fleet and return its compiled result; ``results.json`` is written in the run dir.
+
+    A run made with ``virtual`` must be awaited on a ``VirtualTimeLoop`` (``vtime.run_virtual``).
+    """
+    manifest, run_dir = _manifest(opts)
+    opts.run_dir = run_dir
+    plans = expand(manifest.fleet)
+    state = load_log(run_dir / LOG)
+    if state.torn_bytes:
+        opts.notes.append(f"dropped a torn last line ({state.torn_bytes} bytes) from {run_dir / LOG}")
+    segment = len(state.segments)
+    clock = LoopClock()
+    async with AsyncExitStack() as stack:
+        server = await _open_server(opts, manifest, stack)
+        url = server.url
+        probed = await probe(url, model=opts.model or manifest.model, transport=server.transport)
+        model = opts.model or manifest.model or probed.model
+        if model is None and any(p.model is None for p in plans):
+            raise ConfigError(f"{url} lists no model; name one with --model or in the fleet file")
+        width, reason, warnings = start_width(opts.mode, opts.width, plans, probed)
+        poller = SignalPoller(url, engine=probed.engine, interval_s=1.0, transport=server.transport, clock=clock)
+        await poller.start()
+        stack.push_async_callback(poller.stop)
+        policy: StallPolicy = Watchdog(signals=poller, clock=clock)
+        if manifest.virtual:
+            # A simulated server has no cold start to wait out, and the watchdog's short re-checks are what
+            # trip a client timer bug on a VirtualTimeLoop (a timer due at t fires at t − ε and re-arms at t,
+            # forever); deadlines that never expire in a simulated run avoid it.
+            policy = FixedDeadlines(connect_s=60.0, first_token_s=3600.0, idle_s=3600.0, total_s=86400.0)
+        client = ChatClient(url, transport=server.transport, policy=policy)
+        if server.transport is None:
+            stack.push_async_callback(client.aclose)  # the in-process transport is closed with its server
+        backend = RetryingBackend(client)
+        max_width = min(opts.max_width or len(plans), len(plans))
+        limiter = Limiter(make_policy(opts.mode, width, max_width=max_width))
+        # Simulated runs skip fsync: a thread's fsync would let virtual time run ahead while it is on disk.
+        log = CheckpointLog(run_dir / LOG, sync=opts.fsync and not manifest.virtual)
+        stack.callback(log.close)
+        await log.append(SegmentLine(segment=segment, mode=opts.mode, start_width=width, reason=reason))
+        opts.notes.append(f"{opts.mode.value}: starting at width {width} — {reason}")
+        opts.notes.extend(f"warning: {w}" for w in warnings)
+        display = out or console
+        for note in opts.notes:
+            err_console.print(note, markup=False, soft_wrap=True)
+        ids = [p.agent_id for p in plans]
+        kind = opts.progress
+        if kind == "auto":
+            kind = "live" if display.is_terminal else "lines"
+        progress: FleetProgress | None = None
+        if kind == "live":
+            progress = stack.enter_context(LiveProgress(ids, display))
+        elif kind == "lines":
+            progress = LineProgress(ids, display)
+        runner = FleetRunner(
+            plans,
+            backend=backend,
+            limiter=limiter,
+            log=log,
+            state=state,
+            clock=clock,
+            workspaces=run_dir / WORKSPACES,
+            model=model or "",
+            run_id=manifest.run_id,
+            segment=segment,
+            signals=poller,
+            progress=progress,
+            stop_after_s=opts.stop_after_s,
+        )
+        outcome = await runner.run()
+    final_state = load_log(run_dir / LOG, repair=False)
+    result = compile_result(
+        manifest,
+        plans,
+        final_state,
+        server=server.label,
+        model=model or "",
+        segment=segment,
+        wall_s=outcome.wall_s,
+        limiter=outcome.limiter,
+        warnings=warnings,
+        stopped_early=outcome.stopped_early,
+    )
+    write_json_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
+    return result
+
+
+def render_summary(result: FleetResult, run_dir: Path) -> Table:
+    t = result.totals
+    table = Table(title=f"{result.fleet}: {result.mode.value} on {result.server}", title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("")
+    rows = [
+        ("agents", f"{t.agents}: {t.done} done, {t.failed} failed, {t.skipped} skipped, {t.unfinished} unfinished"),
+        ("turns", f"{t.turns:,} ({result.turns_per_s:.2f} per second in this run)"),
+        ("tokens", f"{t.prompt_tokens:,} prompt ({t.cached_tokens:,} cached), {t.completion_tokens:,} completion"),
+        ("wall clock", f"{result.wall_s:.1f} s" + (" (stopped early; resumable)" if result.stopped_early else "")),
+        ("width", f"started at {result.start_width}: {result.start_reason}"),
+    ]
+    if result.mode is Mode.AUTO:
+        history = result.limiter.history
+        rows.append(
+            (
+                "auto",
+                f"{len(history)} changes, now {result.limiter.limit}, "
+                f"{result.settled_width:.1f} on average over the second half; parked {result.limiter.parked_total}×",
+            )
+        )
+    if len(result.segments) > 1:
+        rows.append(("segments", f"{len(result.segments)} (resumed {len(result.segments) - 1}×)"))
+    rows.append(("results", str(run_dir / RESULTS)))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+@reports_errors
+def run(
+    fleet: Annotated[Path | None, typer.Argument(help="The FLEET.toml to run (optional with --resume).")] = None,
+    mode: Annotated[Mode, typer.Option(help="sequential, parallel (--width N) or auto (adaptive).")] = Mode.AUTO,
+    width: Annotated[
+        int | None, typer.Option(min=1, help="parallel: agents live at once; auto: the width to start from.")
+    ] = None,
+    max_width: Annotated[int | None, typer.Option(min=1, help="auto: never wider than this.")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue the run in this run directory.")] = None,
+    out: Annotated[Path, typer.Option(help="Where new run directories are created.")] = Path("runs"),
+    url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (default: the embedded simulator).")] = (
+        None
+    ),
+    model: Annotated[str | None, typer.Option(help="Model for tasks that name none (default: the server's).")] = None,
+    profile: Annotated[str, typer.Option(help="Profile of the embedded simulator (without --url).")] = "laptop",
+    stop_after: Annotated[
+        float | None, typer.Option(min=0.0, help="Stop after this many seconds, leaving the run resumable.")
+    ] = None,
+    virtual: Annotated[
+        bool,
+        typer.Option(help="Without --url: run the simulator in process, in simulated time (no waiting)."),
+    ] = False,
+    progress: Annotated[str, typer.Option(help="auto, live, lines or none.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Run a fleet of agent tasks at the concurrency the server can carry; checkpointed, resumable after a kill."""
+    if progress not in ("auto", "live", "lines", "none"):
+        raise ConfigError(f"--progress {progress!r}: use auto, live, lines or none")
+    if mode is Mode.PARALLEL and width is None:
+        raise ConfigError("--mode parallel needs --width N (or use --mode auto to let the limiter choose)")
+    opts = RunOptions(
+        fleet=fleet,
+        mode=mode,
+        width=width,
+        max_width=max_width,
+        resume=resume,
+        out=out,
+        url=url,
+        model=model,
+        profile=profile,
+        stop_after_s=stop_after,
+        progress="none" if as_json else progress,
+        virtual=virtual,
+    )
+    try:
+        resumed_virtual = resume is not None and read_manifest(resume).virtual
+        if virtual or resumed_virtual:
+            result: FleetResult = run_virtual(run_fleet(opts))
+        else:
+            result = asyncio.run(run_fleet(opts))
+    except KeyboardInterrupt:
+        where = opts.run_dir or "RUN_DIR"
+        err_console.print(f"interrupted; continue with: agentload run --resume {where}", markup=False)
+        raise typer.Exit(130) from None
+    run_dir = opts.run_dir or opts.out / result.run_id
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        console.print(render_summary(result, run_dir))
+    if result.totals.failed:
+        raise typer.Exit(EXIT_AGENTS_FAILED)

@@ -1,0 +1,234 @@
+"""The run directory: a manifest, an append-only JSONL log of finished turns, and the results at the end.
+
+``RUN_DIR/run.json``      what was asked: the fleet (whole, so a resume runs the very same agents), server, model
+``RUN_DIR/turns.jsonl``   one line per event, appended, flushed and fsynced before the run goes on:
+                          ``segment`` (a process started or resumed the run), ``turn`` (an agent finished a turn:
+                          the whole ``TurnLog``), ``agent`` (an agent finished), ``limit`` (the width changed)
+``RUN_DIR/results.json``  the compiled result (written at the end of each segment)
+``RUN_DIR/workspaces/``   one directory per agent, for its file tools
+
+A turn is committed when its line is on disk: the agent loop's ``on_turn`` hook awaits the write before the
+agent goes on, so after a SIGKILL every turn is either in the log (and is not sent again on resume) or was never
+acknowledged (and is sent again) — no turn lost, none repeated. A kill can tear only the line being written; it
+has no newline, and ``load_log`` drops it and truncates the file there so later appends start on a clean line.
+A complete line that does not parse is damage, not a kill, and stops the resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from agentload.agent.loop import TurnLog
+from agentload.errors import CheckpointError
+from agentload.fleet.config import FleetConfig
+from agentload.fleet.limiter import LimitChange, Mode
+
+MANIFEST = "run.json"
+LOG = "turns.jsonl"
+RESULTS = "results.json"
+WORKSPACES = "workspaces"
+
+Outcome = Literal["done", "failed", "skipped"]
+
+
+class RunManifest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal[1] = 1
+    run_id: str
+    fleet: FleetConfig
+    fleet_source: str = ""
+    url: str | None = Field(description="None: the embedded simulator")
+    profile: str | None = Field(default=None, description="the embedded simulator's profile")
+    model: str | None = None
+    virtual: bool = Field(default=False, description="the in-process simulator in simulated time")
+
+
+class SegmentLine(BaseModel):
+    kind: Literal["segment"] = "segment"
+    segment: int
+    mode: Mode
+    start_width: int
+    reason: str
+
+
+class TurnLine(BaseModel):
+    kind: Literal["turn"] = "turn"
+    agent: str
+    round: int
+    segment: int  # which process committed it (0 = the first run, 1 = the first resume, ...)
+    elapsed_s: float  # the agent's active seconds up to the end of this turn, over every segment
+    turn: TurnLog
+
+
+class AgentLine(BaseModel):
+    kind: Literal["agent"] = "agent"
+    agent: str
+    outcome: Outcome
+    stop_reason: str = ""
+    elapsed_s: float = 0.0
+    final_content: str = ""
+    detail: str = ""
+
+
+class LimitLine(BaseModel):
+    kind: Literal["limit"] = "limit"
+    segment: int
+    change: LimitChange
+
+
+Line = Annotated[SegmentLine | TurnLine | AgentLine | LimitLine, Field(discriminator="kind")]
+_LINE: TypeAdapter[SegmentLine | TurnLine | AgentLine | LimitLine] = TypeAdapter(Line)
+
+
+@dataclass
+class LogState:
+    """What a log says: committed turns per agent (rounds 0..n-1, each once), finished agents, segments."""
+
+    turns: dict[str, list[TurnLine]] = field(default_factory=dict)
+    finished: dict[str, AgentLine] = field(default_factory=dict)
+    segments: list[SegmentLine] = field(default_factory=list)
+    limits: list[LimitLine] = field(default_factory=list)
+    torn_bytes: int = 0  # length of a torn last line that was dropped
+
+    def add(self, line: SegmentLine | TurnLine | AgentLine | LimitLine, where: str) -> None:
+        if isinstance(line, TurnLine):
+            have = self.turns.setdefault(line.agent, [])
+            if line.agent in self.finished:
+                raise CheckpointError(f"{where}: a turn of agent {line.agent!r} after it finished")
+            if line.round != len(have) or line.turn.round != line.round:
+                raise CheckpointError(
+                    f"{where}: agent {line.agent!r} round {line.round} follows {len(have)} committed rounds "
+                    "(a turn lost or repeated)"
+                )
+            have.append(line)
+        elif isinstance(line, AgentLine):
+            if line.agent in self.finished:
+                raise CheckpointError(f"{where}: agent {line.agent!r} finished twice")
+            self.finished[line.agent] = line
+        elif isinstance(line, SegmentLine):
+            self.segments.append(line)
+        else:
+            self.limits.append(line)
+
+    def committed(self, agent: str) -> list[TurnLog]:
+        return [t.turn for t in self.turns.get(agent, [])]
+
+    def elapsed(self, agent: str) -> float:
+        turns = self.turns.get(agent)
+        return turns[-1].elapsed_s if turns else 0.0
+
+
+def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, end offset including the newline, bytes) of every complete line."""
+    start = 0
+    number = 0
+    while True:
+        end = data.find(b"\n", start)
+        if end < 0:
+            return
+        number += 1
+        yield number, end + 1, data[start:end]
+        start = end + 1
+
+
+def load_log(path: Path, *, repair: bool = True) -> LogState:
+    """Read a log; a torn last line (no newline: the process died mid-write) is dropped and, with ``repair``,
+    cut off the file."""
+    state = LogState()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return state
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    good = 0
+    for number, end, raw in _lines(data):
+        if raw.strip():
+            try:
+                line = _LINE.validate_json(raw)
+            except ValidationError as exc:
+                raise CheckpointError(f"{path}:{number}: not a checkpoint line ({exc.errors()[0]['msg']})") from exc
+            state.add(line, f"{path}:{number}")
+        good = end
+    state.torn_bytes = len(data) - good
+    if state.torn_bytes and repair:
+        try:
+            with path.open("r+b") as f:
+                f.truncate(good)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise CheckpointError(f"cannot repair the torn last line of {path}: {exc.strerror or exc}") from exc
+    return state
+
+
+class CheckpointLog:
+    """Appends lines durably: one ``write`` per line (O_APPEND), then ``fsync`` off the event loop."""
+
+    def __init__(self, path: Path, *, sync: bool = True) -> None:
+        self.path = path
+        self.sync = sync
+        try:
+            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CheckpointError(f"cannot open {path} for appending: {exc.strerror or exc}") from exc
+        self.lines_written = 0
+
+    async def append(self, line: SegmentLine | TurnLine | AgentLine | LimitLine) -> None:
+        fd = self._fd
+        if fd is None:
+            raise CheckpointError(f"{self.path} is closed")
+        data = memoryview(line.model_dump_json().encode() + b"\n")
+        # One synchronous write per line: no other coroutine can interleave bytes into it, and the kernel
+        # completes a regular-file write even when the process is killed during it.
+        while data:
+            n = os.write(fd, data)
+            data = data[n:]
+        self.lines_written += 1
+        if self.sync:
+            # The caller (an agent) waits for the disk; the other agents keep running meanwhile.
+            await asyncio.to_thread(os.fsync, fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def write_manifest(run_dir: Path, manifest: RunManifest) -> None:
+    write_json_atomic(run_dir / MANIFEST, manifest.model_dump_json(indent=2))
+
+
+def read_manifest(run_dir: Path) -> RunManifest:
+    path = run_dir / MANIFEST
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{run_dir} is not a run directory (no {MANIFEST})") from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        return RunManifest.model_validate_json(text)
+    except ValidationError as exc:
+        raise CheckpointError(f"{path} is not a run manifest: {exc.errors()[0]['msg']}") from exc
