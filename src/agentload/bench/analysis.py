@@ -31,6 +31,7 @@ class LevelData:
     end: float
     records: list[RequestRecord] = field(default_factory=list)
     samples: list[RawSample] = field(default_factory=list)
+    t0: float = 0.0  # the run's clock origin: records carry absolute clock times, levels run-relative ones
     sessions_ok: int = 0
     sessions_failed: int = 0
     passed: int = 0
@@ -80,7 +81,7 @@ def _hist_percentiles(start: dict[float, float], end: dict[float, float]) -> Per
 def summarise(data: LevelData) -> LevelSummary:
     w0, w1 = data.window_start, data.end
     window = max(w1 - w0, 1e-9)
-    in_window = [r for r in data.records if w0 <= r.t_done <= w1]
+    in_window = [r for r in data.records if w0 <= r.t_done - data.t0 <= w1]
     ok = [r for r in in_window if r.ok]
     samples = [s for s in data.samples if w0 - 1e-9 <= s.sample.t <= w1 + 1e-9]
     first = samples[0] if samples else None

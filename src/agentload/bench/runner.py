@@ -86,7 +86,8 @@ async def run_level(
     """Run ``agents`` agents for warm-up + window seconds of the target's clock; return what they did."""
     clock = LoopClock()
     start = clock.now() - run_t0
-    data = LevelData(level, agents, context, workload.name, start, start + warmup_s, start + warmup_s + window_s)
+    data = LevelData(level, agents, context, workload.name, start, start + warmup_s, start + warmup_s + window_s,
+                     t0=run_t0)  # fmt: skip
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
     poller = SignalPoller(target.base_url, transport=target.transport, clock=clock)

@@ -1,0 +1,115 @@
+"""``agentload bench`` end to end: the source article's scenario in virtual time, the HTTP simulator in real time,
+and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agentload.bench.results import RunResult
+from agentload.cli.main import app
+from tests.simserver import running_sim
+
+
+def bench(tmp_path: Path, *args: str) -> RunResult:
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "runs"), "--json", *args])
+    assert result.exit_code == 0, result.output
+    runs = list((tmp_path / "runs").glob("*/result.json"))
+    assert len(runs) == 1
+    return RunResult.model_validate_json(runs[0].read_text())
+
+
+@pytest.mark.slow
+def test_qwen_gb300_knee_is_the_dense_formula_and_is_explained(tmp_path: Path) -> None:
+    run = bench(tmp_path, "--sim", "qwen3-235b-gb300", "--workload", "agentic-hold", "--context", "40960",
+                "--find-knee")  # fmt: skip
+    knee = run.knee[0]
+    assert 20 <= knee.agents <= 28
+    assert knee.measured_over_predicted is not None
+    assert 0.85 <= knee.measured_over_predicted <= 1.15
+    assert knee.explanation.cause in ("cache_eviction", "preemption")
+    ev = knee.explanation.evidence
+    assert ev["prefix_hit_rate_past_knee"] < ev["prefix_hit_rate_at_knee"]
+    assert run.capacity[0].sessions == pytest.approx(24.36, abs=0.01)
+
+
+@pytest.mark.slow
+def test_sliding_window_model_carries_far_more_than_the_formula(tmp_path: Path) -> None:
+    run = bench(tmp_path, "--sim", "deepseek-sliding-gb300", "--workload", "agentic-hold", "--context", "40960",
+                "--find-knee", "--max-agents", "48")  # fmt: skip
+    knee = run.knee[0]
+    assert knee.agents == 48  # still scaling at the search's limit
+    assert knee.measured_over_predicted is not None
+    assert knee.measured_over_predicted >= 1.45
+
+
+@pytest.mark.slow
+def test_sweep_and_search_agree_and_the_search_is_cheaper(tmp_path: Path) -> None:
+    sweep = bench(tmp_path / "a", "--sim", "qwen3-235b-gb300", "--context", "40960",
+                  "--sweep", "1,8,16,24,32,40,48,64")  # fmt: skip
+    search = bench(tmp_path / "b", "--sim", "qwen3-235b-gb300", "--context", "40960", "--find-knee")
+    k_sweep, k_search = sweep.knee[0], search.knee[0]
+    # The sweep can only name one of its points: the search's knee lies between it and the next point.
+    assert k_sweep.agents <= k_search.agents < 32
+    assert k_search.agent_turns <= k_sweep.agent_turns / 3
+
+
+async def test_http_simulator_prefix_hits_from_usage_and_metrics_agree(tmp_path: Path) -> None:
+    async with running_sim("laptop") as (_, url):
+        import asyncio
+
+        def run() -> Any:
+            return CliRunner().invoke(
+                app,
+                ["bench", "--url", url, "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--workload", "agentic",
+                 "--context", "6000", "--agents", "4", "--warmup", "5s", "--window", "20s",
+                 "--out", str(tmp_path / "runs"), "--json"],
+            )  # fmt: skip
+
+        result = await asyncio.to_thread(run)
+    assert result.exit_code == 0, result.output
+    level = json.loads(next((tmp_path / "runs").glob("*/result.json")).read_text())["levels"][0]
+    assert level["throughput_source"] == "server"
+    assert level["requests_ok"] > 5
+    assert level["prefix_hit_rate_server"] > 0.5
+    assert abs(level["prefix_hit_rate_server"] - level["prefix_hit_rate_usage"]) <= 0.01
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--sim", "nope", "--agents", "2"], "unknown profile"),
+        (["--sim", "laptop", "--sweep", "1,x"], "--sweep"),
+        (["--sim", "laptop", "--sweep", "0,4"], "at least 1"),
+        (["--sim", "laptop", "--find-knee", "--sweep", "1,2"], "choose one"),
+        (["--sim", "laptop", "--agents", "2", "--workload", "bogus"], "unknown workload"),
+        (["--sim", "laptop", "--agents", "2", "--context", "999999"], "max-model-len"),
+        (["--sim", "laptop", "--soak", "10m"], "--agents"),
+        (["--sim", "laptop", "--agents", "2", "--window", "soon"], "--window"),
+        (["--sim", "laptop", "--find-knee", "--slo", "ttft_p95"], "--slo"),
+        (["--url", "http://127.0.0.1:9", "--agents", "2"], "--model"),
+        (["--url", "http://127.0.0.1:9", "--sim", "laptop"], "not both"),
+        (["--sim", "laptop", "--agents", "2", "--workload", "trace:/nonexistent.jsonl"], "nonexistent"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_malformed_trace_is_one_clear_error(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n{oops\n')
+    result = CliRunner().invoke(
+        app, ["bench", "--sim", "laptop", "--agents", "1", "--workload", f"trace:{trace}", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "bad.jsonl" in result.output
+    assert ":2" in result.output
+    assert "Traceback" not in result.output
