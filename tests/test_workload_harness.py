@@ -35,13 +35,15 @@ class SessionReport:
 
 
 class RecordingBackend:
-    """One attempt per turn (no retries), every record kept in arrival order."""
+    """One attempt per turn (no retries), every record and request body kept in arrival order."""
 
     def __init__(self, client: ChatClient) -> None:
         self._inner = SingleAttemptBackend(client)
         self.records: list[RequestRecord] = []
+        self.bodies: list[Mapping[str, Any]] = []
 
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        self.bodies.append(body)
         out = await self._inner.complete(body, ids)
         self.records.extend(out)
         return out
@@ -49,18 +51,20 @@ class RecordingBackend:
 
 @dataclass
 class Level:
-    """A LoadContext: the level ends (``should_stop``) at ``stop_at`` on the loop's clock."""
+    """A LoadContext: the level ends (``should_stop``) at ``stop_at`` on the loop's clock, or once
+    ``stop_after_requests`` requests were sent (a stop point that does not depend on how fast the server is)."""
 
     backend: RecordingBackend
     model: str
     stop_at: float
+    stop_after_requests: float = math.inf
     run_id: str = "test-run"
     level: int = 0
     clock: LoopClock = field(default_factory=LoopClock)
     sessions: list[SessionReport] = field(default_factory=list)
 
     def should_stop(self) -> bool:
-        return self.clock.now() >= self.stop_at
+        return self.clock.now() >= self.stop_at or len(self.backend.records) >= self.stop_after_requests
 
     def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
         self.sessions.append(SessionReport(agent_id, ok, passed, scored, self.clock.now()))
@@ -71,6 +75,7 @@ class LevelRun:
     records: list[RequestRecord]
     sessions: list[SessionReport]
     ended_at: float  # virtual seconds after the level started
+    bodies: list[Mapping[str, Any]]
 
 
 def sim_server(profile: str = PROFILE, **config: Any) -> SimServer:
@@ -87,15 +92,17 @@ async def run_level_async(
     seed: int = 0,
     level: int = 0,
     run_id: str = "test-run",
+    stop_after_requests: float = math.inf,
 ) -> LevelRun:
     client = ChatClient("http://sim.invalid", transport=InProcessTransport(server), api_key_env=None)
     try:
         clock = LoopClock()
         start = clock.now()
-        ctx = Level(RecordingBackend(client), server.model_name, start + duration_s, run_id=run_id, level=level)
+        ctx = Level(RecordingBackend(client), server.model_name, start + duration_s, stop_after_requests,
+                    run_id=run_id, level=level)  # fmt: skip
         drivers = workload.agents(count, context=context, seed=seed)
         await asyncio.gather(*(d.run(ctx) for d in drivers))
-        return LevelRun(ctx.backend.records, ctx.sessions, clock.now() - start)
+        return LevelRun(ctx.backend.records, ctx.sessions, clock.now() - start, ctx.backend.bodies)
     finally:
         await client.aclose()
 
@@ -108,11 +115,12 @@ def run_level(
     duration_s: float = math.inf,
     seed: int = 0,
     server: SimServer | None = None,
+    stop_after_requests: float = math.inf,
 ) -> LevelRun:
     """One level on a fresh (or the given) simulated server, in virtual time."""
-    run: LevelRun = run_virtual(
-        run_level_async(server or sim_server(), workload, count, context=context, duration_s=duration_s, seed=seed)
-    )
+    level = run_level_async(server or sim_server(), workload, count, context=context, duration_s=duration_s,
+                            seed=seed, stop_after_requests=stop_after_requests)  # fmt: skip
+    run: LevelRun = run_virtual(level)
     return run
 
 

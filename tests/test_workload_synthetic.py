@@ -16,7 +16,7 @@ CONTEXT = 16_384
 
 @pytest.fixture(scope="module")
 def synthetic() -> LevelRun:
-    return run_level(SyntheticWorkload(), 3, context=CONTEXT, duration_s=150.0, seed=5)
+    return run_level(SyntheticWorkload(), 3, context=CONTEXT, duration_s=80.0, seed=5)
 
 
 def test_synthetic_prompts_never_hit_the_prefix_cache(synthetic: LevelRun) -> None:
@@ -54,8 +54,8 @@ def test_synthetic_shapes_match_an_agentic_run() -> None:
 
 
 def test_pacing_sleeps_the_agentic_pauses() -> None:
-    fast = run_level(SyntheticWorkload(), 1, context=8192, duration_s=60.0)
-    paced = run_level(SyntheticWorkload(pace=True), 1, context=8192, duration_s=60.0)
+    fast = run_level(SyntheticWorkload(), 1, context=8192, duration_s=30.0)
+    paced = run_level(SyntheticWorkload(pace=True), 1, context=8192, duration_s=30.0)
     # ~2.2 s of tool and think time per request against well under a second of serving.
     assert len(paced.records) < len(fast.records) / 2
 

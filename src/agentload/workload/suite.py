@@ -28,7 +28,7 @@ from agentload.suite.model import SuiteTest
 from agentload.suite.results import AgentStatus
 from agentload.suite.runner import LevelAccumulator, SuiteConfig, run_session
 from agentload.suite.scoring import Status
-from agentload.workload.agentic import agent_ids
+from agentload.workload.agentic import FAILURE_PAUSE_S, agent_ids, between_turns
 from agentload.workload.base import AgentDriver, LoadContext
 
 
@@ -77,6 +77,12 @@ class SuiteDriver:
                     break
                 passed += sum(1 for t in result.tests if t.status is Status.PASS)
                 scored += sum(1 for t in result.tests if t.status in (Status.PASS, Status.FAIL))
+                # An unscored test means a request failed; against a dead server that takes no time at all, so
+                # wait a little rather than spin through the suite.
+                if any(t.status is Status.UNSCORED for t in result.tests) and not await between_turns(
+                    ctx, FAILURE_PAUSE_S
+                ):
+                    break
             ctx.session_done(self.agent_id, ok=ok, passed=passed, scored=scored)
 
 
