@@ -92,11 +92,15 @@ def test_session_rows_wait_for_the_previous_reply_then_the_delay() -> None:
     assert a1.t_sent - a0.t_done == pytest.approx(2.0, abs=1e-3)  # "delay": 2000
     assert b1.t_sent - b0.t_done == pytest.approx(0.5, abs=1e-3)
     assert a2.t_sent - t0 == pytest.approx(10.0, abs=1e-3)  # its own timestamp, later than the reply
+    # A session may open with a delay instead of a timestamp; its later timestamps still count from the trace's.
+    c0, c1 = (turns[("session:c", i)] for i in range(2))
+    assert c0.t_sent - t0 == pytest.approx(3.0, abs=1e-3)
+    assert c1.t_sent - t0 == pytest.approx(6.0, abs=1e-3)
     # A session's later turns extend its blocks (the earlier turn's last block was partial): each finds all of
     # the earlier prompt cached, to within the block its end-of-message marker falls in.
-    for before, after in ((a0, a1), (a1, a2), (b0, b1)):
+    for before, after in ((a0, a1), (a1, a2), (b0, b1), (c0, c1)):
         assert before.prompt_tokens - 2 * BLOCK <= (after.cached_tokens or 0) <= before.prompt_tokens
-    assert sorted(s.ok for s in run.sessions) == [True, True, True]
+    assert sorted(s.ok for s in run.sessions) == [True] * 4
 
 
 def test_open_loop_stops_starting_rows_when_the_level_ends() -> None:

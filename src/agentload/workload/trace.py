@@ -218,6 +218,7 @@ class _Job:
     key: str
     start_s: float  # trace time, seconds after the trace's first timestamp (before ``speed``)
     rows: list[MooncakeRow]
+    t0_ms: float  # the trace's first timestamp: a later row's own timestamp is measured from it
 
 
 def _jobs(rows: Sequence[MooncakeRow]) -> list[_Job]:
@@ -230,12 +231,12 @@ def _jobs(rows: Sequence[MooncakeRow]) -> list[_Job]:
     jobs: list[_Job] = []
     for row in rows:
         if row.session_id is None:
-            jobs.append(_Job(f"row{row.line}", start(row), [row]))
+            jobs.append(_Job(f"row{row.line}", start(row), [row], t0))
         elif row.session_id in sessions:
             sessions[row.session_id].append(row)
         else:
             sessions[row.session_id] = [row]
-            jobs.append(_Job(f"session:{row.session_id}", start(row), sessions[row.session_id]))
+            jobs.append(_Job(f"session:{row.session_id}", start(row), sessions[row.session_id], t0))
     jobs.sort(key=lambda j: j.start_s)  # stable: equal times keep file order
     return jobs
 
@@ -302,7 +303,7 @@ class MooncakeDriver:
             for job in self.jobs:
                 if not await _wait_until(ctx, origin + job.start_s / self.speed):
                     break
-                task = asyncio.ensure_future(self._job(ctx, job, origin, salt))
+                task = asyncio.create_task(self._job(ctx, job, origin, salt))
                 running.add(task)
                 task.add_done_callback(running.discard)
             if running:
@@ -316,8 +317,7 @@ class MooncakeDriver:
             if i > 0:
                 due = ctx.clock.now() + (row.delay or 0.0) / 1000 / self.speed
                 if row.timestamp is not None:
-                    t0 = job.rows[0].timestamp or 0.0
-                    due = max(due, origin + (job.start_s + (row.timestamp - t0) / 1000) / self.speed)
+                    due = max(due, origin + (row.timestamp - job.t0_ms) / 1000 / self.speed)
                 if not await _wait_until(ctx, due):
                     return  # the level ended mid-session: not a finished session
             body = {
