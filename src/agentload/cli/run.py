@@ -9,6 +9,7 @@ display. ``run_fleet`` does the work and returns the compiled result; the comman
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -80,6 +81,11 @@ async def embedded_simulator(profile: str) -> AsyncIterator[str]:
     """The simulator on 127.0.0.1 (a free port) for the length of the block; yields its base URL."""
     server = SimServer(SimConfig(profile=load_profile(profile)))
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    # An agent stopped mid-stream (--stop-after, Ctrl-C) makes the simulator's handler fail its next write, and
+    # aiohttp logs each such disconnect with a traceback; in the embedded server they are expected, not news.
+    server_log = logging.getLogger("aiohttp.server")
+    level = server_log.level
+    server_log.setLevel(logging.CRITICAL)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -88,6 +94,7 @@ async def embedded_simulator(profile: str) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+        server_log.setLevel(level)
 
 
 def _new_run_dir(out: Path, name: str) -> Path:
