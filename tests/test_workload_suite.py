@@ -21,7 +21,7 @@ def test_every_agent_passes_every_test_against_the_oracle() -> None:
     assert {s.agent_id for s in run.sessions} == {"agent-0", "agent-1"}
     assert len(run.sessions) >= 4  # a pass takes ~3 virtual seconds: several per agent
     assert all(s.ok and s.passed == s.scored for s in run.sessions)
-    assert [s.scored for s in run.sessions[:4]] == [18] * 4
+    assert [s.scored for s in run.sessions[:4]] == [17] * 4  # T1–T17: the H1 relay is reported on its own
     # Requests carry the bench's level and one conversation per pass and test.
     assert {r.ids.level for r in run.records} == {0}
     assert {"agent-0/p0/T1", "agent-0/p1/T1", "agent-0/p0/H1"} <= {r.ids.agent for r in run.records}
@@ -49,11 +49,14 @@ def test_a_model_that_refuses_everything_scores_low() -> None:
     assert first.passed == 0
 
 
-def test_unscored_tests_are_not_counted_as_scored() -> None:
+def test_unscored_tests_count_against_the_pass_rate() -> None:
     server = sim_server(behaviour=oracle(), faults=[parse_fault("http503:1")])
-    run = run_level(SuiteWorkload(tests=["T1", "T2"]), 1, context=0, duration_s=1.0, server=server)
-    assert run.sessions[0].scored == 0
+    run = run_level(SuiteWorkload(tests=["T1", "T2"]), 1, context=0, duration_s=5.0, server=server)
+    # Every request fails: nothing could be judged, and the seed counts that as not passed.
+    assert run.sessions[0].scored == 2
     assert run.sessions[0].passed == 0
+    # Failing takes no time on a dead server; the agent pauses a second instead of spinning through the suite.
+    assert len(run.sessions) <= 3
 
 
 def test_unknown_test_id_is_a_config_error() -> None:

@@ -2,8 +2,9 @@
 
 Each agent runs the suite (``agentload.suite``: T1–T17 and the H1 relay, rule-scored) test after test through the
 level's backend, pass after pass until the level ends, and reports every pass through ``ctx.session_done`` with
-``passed`` (tests passed) and ``scored`` (tests passed or failed; a test whose request failed is unscored), so
-the bench's pass rate is passed ÷ scored pooled over the level.
+``passed`` and ``scored`` counted as the suite's pooled pass rate counts them (domain.md §2, suite/results.py):
+over T1–T17, the H1 relay kept out; a test whose request failed (unscored) counts against, as a test the seed's
+agents never finished did. The bench's pass rate is then Σ passed ÷ Σ scored over the level.
 
 Tests go one at a time through the suite runner's ``run_session``, so the end of the level is noticed between
 tests rather than after a whole pass (the relay alone is 51 turns). A pass the level's end cuts short is still
@@ -24,7 +25,7 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
-from agentload.suite.model import SuiteTest
+from agentload.suite.model import Category, SuiteTest
 from agentload.suite.results import AgentStatus
 from agentload.suite.runner import LevelAccumulator, SuiteConfig, run_session
 from agentload.suite.scoring import Status
@@ -75,8 +76,9 @@ class SuiteDriver:
                 if result.status is AgentStatus.FAILED:
                     ok = False
                     break
-                passed += sum(1 for t in result.tests if t.status is Status.PASS)
-                scored += sum(1 for t in result.tests if t.status in (Status.PASS, Status.FAIL))
+                pooled = [t for t in result.tests if t.category is not Category.MULTIHOP]
+                passed += sum(1 for t in pooled if t.status is Status.PASS)
+                scored += len(pooled)
                 # An unscored test means a request failed; against a dead server that takes no time at all, so
                 # wait a little rather than spin through the suite.
                 if any(t.status is Status.UNSCORED for t in result.tests) and not await between_turns(

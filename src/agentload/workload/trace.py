@@ -6,9 +6,10 @@ ids are equal share exactly that prefix: every id becomes one fixed 512-word tex
 is its blocks' texts in order cut to ``input_length``, and words past the named blocks are the request's own.
 Rows are replayed open loop: each fires at its timestamp (relative to the trace's first, divided by ``speed``)
 whatever the server is doing — the load is the trace's, not the agent count's; the count only splits the rows
-among drivers. Rows sharing a ``session_id`` are one conversation sent in order, like AIPerf's multi-turn
-Mooncake traces: a later row waits for the previous reply, then ``delay`` ms (and never fires before its own
-timestamp); each row's prompt is built whole from its own hash_ids, which already say what it shares.
+among drivers; a level ends early once every row was answered. Rows sharing a ``session_id`` are sent in order
+(the multi-turn variant AIPerf reads): a later row waits for the previous reply, then ``delay`` ms, and never
+fires before its own timestamp; each row's prompt is built whole from its own hash_ids, which already say what
+it shares with the turns before it. ``context`` does not apply to traces: they fix every size.
 
 **Session traces** (our format, written by ``workload.record`` from a run's records): one session per line,
 ``{"session_id", "agent", "start_s", "shared_prefix_tokens", "turns": [{"prompt_tokens", "completion_tokens",
