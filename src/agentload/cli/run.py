@@ -154,7 +154,8 @@ def start_width(
     pf: Preflight = preflight(probed, planned_context=planned, requested_width=width)
     start, reason = pf.start_width, pf.reason
     if mode is Mode.AUTO and width is not None:
-        reason = f"--width {width} as the starting point" + (f"; {pf.reason}" if pf.holds is not None else "")
+        own = preflight(probed, planned_context=planned, requested_width=None)
+        reason = f"--width {width} as the starting point" + (f" ({own.reason})" if own.holds is not None else "")
     if start > len(plans):
         reason += f"; the fleet has only {len(plans)} agents"
         start = len(plans)
@@ -272,7 +273,7 @@ def render_summary(result: FleetResult, run_dir: Path) -> Table:
     t = result.totals
     table = Table(title=f"{result.fleet}: {result.mode.value} on {result.server}", title_justify="left")
     table.add_column("", style="bold")
-    table.add_column("")
+    table.add_column("", overflow="fold")  # a run directory's path must stay whole to be pasted
     rows = [
         ("agents", f"{t.agents}: {t.done} done, {t.failed} failed, {t.skipped} skipped, {t.unfinished} unfinished"),
         ("turns", f"{t.turns:,} ({result.turns_per_s:.2f} per second in this run)"),
