@@ -11,6 +11,7 @@ from agentload.cli import plan as plan_cmd
 from agentload.cli import probe as probe_cmd
 from agentload.cli import profiles as profiles_cmd
 from agentload.cli import report as report_cmd
+from agentload.cli import run as run_cmd
 from agentload.cli import runs as runs_cmd
 from agentload.cli import sim as sim_cmd
 from agentload.cli import suite as suite_cmd
@@ -44,5 +45,6 @@ app.command("plan")(plan_cmd.plan)
 app.command("calibrate")(calibrate.calibrate)
 app.command("probe")(probe_cmd.probe)
 app.command("suite")(suite_cmd.suite)
+app.command("run")(run_cmd.run)
 app.command("runs")(runs_cmd.runs)
 app.command("report")(report_cmd.report)
