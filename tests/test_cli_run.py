@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ import typer
 from typer.testing import CliRunner
 
 from agentload.cli.run import run
+from agentload.fleet.config import expand, load_fleet
 from agentload.fleet.results import FleetResult
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 app = typer.Typer()
 app.command()(run)
 
@@ -121,3 +124,21 @@ def test_the_summary_table_names_the_width_and_the_results_file(tmp_path: Path) 
     assert "3 done, 0 failed" in result.output
     assert "started at 2: the requested width 2" in result.output
     assert "results.json" in result.output
+
+
+def test_an_unreachable_server_is_one_line_and_leaves_no_run_directory(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(app, [str(_fleet(tmp_path)), "--url", f"http://127.0.0.1:{port}", "--out", str(out)])
+    assert result.exit_code == 2
+    assert "cannot reach" in result.output
+    assert result.output.count("\n") == 1
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_the_example_fleets_load_and_plan() -> None:
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        plans = expand(load_fleet(path))
+        assert plans, path

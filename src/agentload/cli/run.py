@@ -115,7 +115,8 @@ def _new_run_dir(out: Path, name: str) -> Path:
     raise ConfigError(f"cannot find a free run directory name under {out}")
 
 
-def _manifest(opts: RunOptions) -> tuple[RunManifest, Path]:
+def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
+    """The run's manifest and directory; a new run gets its directory only once the server has answered."""
     if opts.resume is not None:
         manifest = read_manifest(opts.resume)
         if opts.fleet is not None and load_fleet(opts.fleet) != manifest.fleet:
@@ -128,9 +129,8 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path]:
     if opts.fleet is None:
         raise ConfigError("give a FLEET.toml to run, or --resume RUN_DIR to continue a run")
     fleet: FleetConfig = load_fleet(opts.fleet)
-    run_dir = _new_run_dir(opts.out, fleet.name)
     manifest = RunManifest(
-        run_id=run_dir.name,
+        run_id="",
         fleet=fleet,
         fleet_source=str(opts.fleet),
         url=opts.url,
@@ -138,6 +138,12 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path]:
         model=opts.model,
         virtual=opts.virtual,
     )
+    return manifest, None
+
+
+def _create_run(opts: RunOptions, manifest: RunManifest) -> tuple[RunManifest, Path]:
+    run_dir = _new_run_dir(opts.out, manifest.fleet.name)
+    manifest = manifest.model_copy(update={"run_id": run_dir.name})
     write_manifest(run_dir, manifest)
     return manifest, run_dir
 
@@ -187,13 +193,9 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
 
     A run made with ``virtual`` must be awaited on a ``VirtualTimeLoop`` (``vtime.run_virtual``).
     """
-    manifest, run_dir = _manifest(opts)
-    opts.run_dir = run_dir
+    manifest, existing = _manifest(opts)
+    opts.run_dir = existing
     plans = expand(manifest.fleet)
-    state = load_log(run_dir / LOG)
-    if state.torn_bytes:
-        opts.notes.append(f"dropped a torn last line ({state.torn_bytes} bytes) from {run_dir / LOG}")
-    segment = len(state.segments)
     clock = LoopClock()
     async with AsyncExitStack() as stack:
         server = await _open_server(opts, manifest, stack)
@@ -203,6 +205,16 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         if model is None and any(p.model is None for p in plans):
             raise ConfigError(f"{url} lists no model; name one with --model or in the fleet file")
         width, reason, warnings = start_width(opts.mode, opts.width, plans, probed)
+        # Only now, with a server that answers and a width to start at, is there a run to record.
+        if existing is None:
+            manifest, run_dir = _create_run(opts, manifest)
+            opts.run_dir = run_dir
+        else:
+            run_dir = existing
+        state = load_log(run_dir / LOG)
+        if state.torn_bytes:
+            opts.notes.append(f"dropped a torn last line ({state.torn_bytes} bytes) from {run_dir / LOG}")
+        segment = len(state.segments)
         poller = SignalPoller(url, engine=probed.engine, interval_s=1.0, transport=server.transport, clock=clock)
         await poller.start()
         stack.push_async_callback(poller.stop)
@@ -271,7 +283,9 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
 
 def render_summary(result: FleetResult, run_dir: Path) -> Table:
     t = result.totals
-    table = Table(title=f"{result.fleet}: {result.mode.value} on {result.server}", title_justify="left")
+    table = Table(
+        title=f"{result.fleet}: {result.mode.value} on {result.server}", title_justify="left", show_header=False
+    )
     table.add_column("", style="bold")
     table.add_column("", overflow="fold")  # a run directory's path must stay whole to be pasted
     rows = [

@@ -74,7 +74,9 @@ class _Board:
 
     def summary(self) -> str:
         counts = Counter(r.state for r in self.rows.values())
-        parts = [f"{counts.get(s, 0)} {s.value}" for s in AgentState if counts.get(s)]
+        order = (AgentState.RUNNING, AgentState.PARKED, AgentState.WAITING, AgentState.DONE, AgentState.FAILED,
+                 AgentState.SKIPPED)  # fmt: skip
+        parts = [f"{counts[s]} {s.value}" for s in order if counts.get(s)]
         width = ""
         if self.stats is not None:
             width = f"  width {self.stats.limit} ({self.stats.mode.value}, {len(self.stats.history)} changes)"
