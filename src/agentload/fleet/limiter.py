@@ -51,7 +51,7 @@ class TurnSample:
     new_tokens: int  # what an idle server with a warm cache must prefill: this prompt − (last prompt + reply)
     reusable_tokens: int  # the previous turn's prompt: what a warm prefix cache serves again (0 on a first turn)
     cached_tokens: int | None  # what the server says it served from cache (None when it does not report it)
-    prev_done: float | None  # when the agent's previous turn ended; None on its first turn in this process
+    prev_done: float | None  # when the agent's previous turn ended; None on its first turn
     ok: bool
     overloaded: bool = False  # an attempt was refused or timed out (429, 503, stall)
 
@@ -250,12 +250,13 @@ class AutoTuning:
     # multiplies it by 6 or more (0.7-1.0 s at 9 agents, 3 s at 10).
     tolerance: float = 4.0
     # Share of the reusable prefix the server re-prefilled, above its structural floor, that means eviction:
-    # below the knee it stays under a block's worth (≈0), one agent past it jumps to ≈0.4 (laptop, 9 agents).
+    # below the knee it stays under a block's worth (≈0); past it, 10-60% within a round or two (laptop
+    # profile, 7.8k-token agents, at 9-10 agents).
     loss_limit: float = 0.10
     # Mean requests waiting at the server: vLLM admits a waiting request within a step or two while the pool
     # has room, so a queue that stays above one request for a whole round means it no longer does.
     waiting_limit: float = 1.0
-    # A queue reading taken this soon after a first prefill ended still shows the queue that prefill built.
+    # A queue reading taken this soon after a cold prefill ended still shows the queue that prefill built.
     settle_s: float = 2.0
     # KV usage above which the controller does not widen: one more agent's first prefill would not fit.
     kv_headroom: float = 0.90
@@ -298,11 +299,12 @@ class AdaptiveWidth:
     * The server's ``num_requests_waiting`` (mean over the window) and KV usage, when a poller provides them.
     * Refused or timed-out attempts (429, 503, stalls).
 
-    TTFT and the queue are read only while no agent's first prefill is in flight. A new agent's first turn
-    prefills its whole context (seconds on a small GPU) and every turn scheduled meanwhile waits behind it; the
-    server must pay that once per agent at any width, so it says nothing about whether the width is too high
-    (measured on the laptop profile: each wave of new agents multiplied TTFT 5–15× with no eviction at all).
-    Prefix loss and refusals are read always: eviction and 429s are the width's fault whenever they happen.
+    TTFT and the queue are read only while no cold prefill is in flight (``prefill_started`` / ``_finished``:
+    an agent's first turn, its first after a restart or after being parked). A cold turn prefills a whole
+    context (seconds on a small GPU) and every turn scheduled meanwhile waits behind it; the server pays that
+    once per agent at any width, so it says nothing about whether the width is too high (measured on the laptop
+    profile: each wave of new agents multiplied TTFT 5–15× with no eviction at all). Prefix loss and refusals
+    are read always: eviction and 429s are the width's fault whenever they happen.
 
     Each signal gives a gradient in [0.5, 1] (TTFT: Gradient2's ``tolerance × baseline / sample``; loss:
     ``1 − excess``; waiting: Vegas's ``L / (L + queue)``); the smallest wins. Below 1 the limit moves toward
@@ -328,8 +330,8 @@ class AdaptiveWidth:
         self.t = tuning or AutoTuning()
         self._pending: list[TurnSample] = []
         self._gauges: list[tuple[float, float | None, float | None]] = []  # (t, waiting, kv usage)
-        self._prefilling: dict[str, float] = {}  # agent → when its first prefill in this process was sent
-        self._prefills: list[tuple[float, float]] = []  # finished first prefills: (sent, first token or end)
+        self._prefilling: dict[str, float] = {}  # agent → when its cold turn in flight was sent
+        self._prefills: list[tuple[float, float]] = []  # finished cold turns: (sent, answered)
         self._window_start = 0.0
         self._last_decrease = -math.inf
         self._baseline: dict[bool, float] = {}  # first turn? → normalised TTFT of clean windows
@@ -358,7 +360,7 @@ class AdaptiveWidth:
             self._prefills.append((start, t))
 
     def _disturbed(self, t0: float, t1: float) -> bool:
-        """Did any agent's first prefill overlap [t0, t1]?"""
+        """Did any agent's cold prefill overlap [t0, t1]?"""
         if any(s <= t1 for s in self._prefilling.values()):
             return True
         return any(s <= t1 and e >= t0 for s, e in self._prefills)
@@ -386,7 +388,7 @@ class AdaptiveWidth:
         change = self._decide(now, limit, gate, fresh)
         self._window_start = now
         self._gauges.clear()
-        self._prefills = [(s, e) for s, e in self._prefills if e >= now]
+        self._prefills = [(s, e) for s, e in self._prefills if e >= now - self.t.settle_s]
         return change
 
     def _decide(self, now: float, limit: int, gate: GateView, fresh: Sequence[TurnSample]) -> LimitChange | None:
@@ -444,7 +446,7 @@ class AdaptiveWidth:
             self._last_decrease = now
             return LimitChange(t=now, old=limit, new=new, reason=f"narrow: {why}", **evidence)
         if ratio is None and loss is None:
-            # Nothing undisturbed to judge by (every turn overlapped a first prefill, or no baseline yet):
+            # Nothing undisturbed to judge by (every turn overlapped a cold prefill, or no baseline yet):
             # learn the baseline, but no evidence is no reason to widen.
             for first, m in medians.items():
                 self._baseline.setdefault(first, m)
