@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from agentload.bench.results import RunResult
+from agentload.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "vllm-tier"
@@ -178,3 +182,34 @@ def vllm(vllm_tier: Path) -> Iterator[VllmServer]:
         yield server
     finally:
         server.stop()
+
+
+# -- the knee search (shared by test_vllm_knee and test_vllm_calibrate) -------------------------------------
+KNEE_ARGS = ("--workload", "agentic-hold", "--context", str(CONTEXT), "--warmup", "20s", "--window", "40s")
+
+
+def bench(out: Path, *args: str) -> RunResult:
+    result = CliRunner().invoke(app, ["bench", "--out", str(out), "--json", *args])
+    assert result.exit_code == 0, result.output
+    runs = list(out.glob("*/result.json"))
+    assert len(runs) == 1
+    return RunResult.model_validate_json(runs[0].read_text())
+
+
+@pytest.fixture(scope="session")
+def knee_run(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """One knee search shared by the knee and calibration tests (it is the tier's longest step)."""
+    began = time.monotonic()
+    run = bench(tmp_path_factory.mktemp("knee"), "--url", vllm.url, "--model", MODEL, *KNEE_ARGS,
+                "--find-knee", "--max-agents", "16")  # fmt: skip
+    TIMINGS["bench --find-knee"] = time.monotonic() - began
+    levels = ", ".join(
+        f"{lv.agents}: {lv.output_tps:.1f} tok/s hit {lv.prefix_hit_rate_server or 0:.2f}" for lv in run.levels
+    )
+    knee = run.knee[0]
+    FIGURES["knee"] = (
+        f"{knee.agents} agents at {CONTEXT} tokens (estimate {run.capacity[0].sessions}, measured/predicted "
+        f"{knee.measured_over_predicted}); cause {knee.explanation.cause}: {knee.explanation.summary}; "
+        f"evidence {knee.explanation.evidence}; levels {levels}"
+    )
+    return run
