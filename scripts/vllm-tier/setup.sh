@@ -17,6 +17,9 @@ python="${AGENTLOAD_VLLM_TIER_PYTHON:-python3.11}"
 venv="$tier/venv"
 model="$tier/model"
 mkdir -p "$tier"
+# Two test runs on one machine share the tier: the second waits here until the first has finished installing.
+exec 9>"$tier/.setup.lock"
+flock 9
 
 say() { printf '[vllm-tier %s] %s\n' "$(date +%T)" "$*"; }
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.watchdog import Watchdog
+from agentload.errors import EndpointTimeoutError
 from tests.integration.conftest import FIGURES, MODEL, START_TIMEOUT_S, TIMINGS, launch, tail, wait_healthy
 
 AGENTS = 4
@@ -27,7 +30,8 @@ TURNS = 3
 
 
 async def test_agents_started_during_a_cold_start_all_complete(vllm_tier: object) -> None:
-    server = launch(32, "coldstart")
+    # 64 blocks: vLLM refuses to start with a pool that cannot hold one max-length (4,096-token) request.
+    server = launch(64, "coldstart")
     launched = time.monotonic()
     try:
         poller = SignalPoller(server.url, engine="vllm", interval_s=0.5)
@@ -35,7 +39,21 @@ async def test_agents_started_during_a_cold_start_all_complete(vllm_tier: object
         dog = Watchdog(signals=poller)
         client = ChatClient(server.url, policy=dog)
         backend = RetryingBackend(client, policy=dog)
-        gate = asyncio.ensure_future(poller.wait_until_ready(START_TIMEOUT_S))
+
+        async def ready() -> None:
+            # wait_until_ready in short slices, so a server that died while loading fails the test at once
+            # instead of after the whole start timeout.
+            while True:
+                try:
+                    await poller.wait_until_ready(2.0)
+                    return
+                except EndpointTimeoutError:
+                    if not server.alive():
+                        pytest.fail(f"vLLM exited during the cold start:\n{tail(server.log)}")
+                    if time.monotonic() - launched > START_TIMEOUT_S:
+                        pytest.fail(f"vLLM not ready after {START_TIMEOUT_S:g} s:\n{tail(server.log)}")
+
+        gate = asyncio.ensure_future(ready())
 
         async def agent(i: int) -> list[RequestRecord]:
             records: list[RequestRecord] = []
