@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-
-import orjson
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from agentload.vtime import LoopClock
+import orjson
+
 from agentload.endpoint.records import (
     ErrorKind,
     Outcome,
@@ -35,6 +34,7 @@ from agentload.endpoint.records import (
 )
 from agentload.endpoint.sse import SSEParser
 from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Response, StreamBroken, Transport
+from agentload.vtime import LoopClock
 
 
 class Phase(StrEnum):

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from agentload.vtime import LoopClock
 from agentload.sim.engine import Engine, SimRequest, StepResult
+from agentload.vtime import LoopClock
 
 
 class Delivery:
@@ -78,19 +78,28 @@ class EngineRunner:
         engine = self.engine
         clock = self.clock
         loop_sleep = asyncio.sleep
+        planned: float | None = None  # when the next step should start: the previous step's modelled end
         while True:
             if not engine.has_work():
+                planned = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            started = clock.now()
+            now = clock.now()
+            # Steps run back to back on the modelled timeline: a step starts at the previous one's planned end,
+            # not at the moment the loop woke up (asyncio timers fire a millisecond or two late, and those delays
+            # would otherwise add up step after step). Only when the host has fallen behind by more than a few
+            # milliseconds does the timeline slip to now.
+            started = planned if planned is not None and now - planned < 0.005 else now
             result = engine.step(started)
             if result.batch.num_requests == 0:
+                planned = None
                 # Nothing could be scheduled (every waiting request needs more blocks than exist right now);
                 # wait for an abort or a new arrival rather than spin.
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            planned = result.end
             delay = result.end - clock.now()
             await loop_sleep(delay if delay > 0 else 0)
             for req in result.emitted:
