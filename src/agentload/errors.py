@@ -15,7 +15,8 @@ Catch ``AgentloadError`` to catch everything the package raises on purpose::
     │   ├── EndpointTimeoutError       it answered too slowly for the command to go on
     │   ├── EndpointResponseError      it answered with an error status or an unusable body
     │   └── ServerCapabilityError      it works but lacks what the command needs (no pool figure, no metrics)
-    ├── CheckpointError        a run directory or checkpoint file is unusable (resume)
+    ├── CheckpointError        a run directory, checkpoint file or run history is unusable
+    ├── CalibrationError       the measurements cannot determine the step-time coefficients
     └── SimulationError        the simulator reached a state it cannot continue from (a bug or impossible config)
 
 Foreign exceptions (tomllib, pydantic, OSError) are translated at the boundary with ``raise ... from exc`` so the
@@ -99,6 +100,10 @@ class ServerCapabilityError(EndpointError):
 
 class CheckpointError(AgentloadError):
     """A run directory or checkpoint file cannot be used to resume."""
+
+
+class CalibrationError(AgentloadError):
+    """The measurements cannot determine the coefficients (too few usable points, or none in a regime)."""
 
 
 class SimulationError(AgentloadError):

@@ -54,7 +54,7 @@ from agentload.capacity.models import ModelSpec
 from agentload.capacity.profile import StepSpec, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.endpoint.scrape import ServedModel, ServerPool, StopRule, StreamTiming
-from agentload.errors import AgentloadError, ConfigError, ServerCapabilityError
+from agentload.errors import CalibrationError, ConfigError, ServerCapabilityError
 
 # The coefficients the fit estimates, and which part of a step each belongs to.
 FITTED = ("prefill_s_per_token", "attention_s_per_pair", "weights_s", "kv_s_per_token", "request_s")
@@ -75,10 +75,6 @@ _WORD_TEXT = (
     "kind head house service friend father power hour game line end member law car city community name"
 )
 _WORDS = _WORD_TEXT.split()
-
-
-class CalibrationError(AgentloadError):
-    """The measurements cannot determine the coefficients (too few usable points, or none in a regime)."""
 
 
 class CalibrationTarget(Protocol):
