@@ -35,9 +35,13 @@ TIER_DIR = Path(os.environ.get("AGENTLOAD_VLLM_TIER_DIR", Path.home() / ".cache"
 
 MODEL = "agentload-tiny"  # --served-model-name in serve.sh
 BLOCK_TOKENS = 128  # the CPU backend's default block size
-POOL_BLOCKS = 96  # 12,288 tokens
-MAX_MODEL_LEN = 4096
-CONTEXT = 2048  # per agent in the knee tests: the pool holds 96 / 16 = 6 of them
+POOL_BLOCKS = 192  # 24,576 tokens
+MAX_MODEL_LEN = 8192
+# Per agent in the knee tests: the pool holds 192 / 32 = 6 of them. Large enough that a turn whose prefix was
+# evicted costs ~1.5 s of recompute (prefill runs at ~3k tokens/s here) against ~2.2 s of think time, so the knee
+# is a cliff rather than a slope (at 2,048 tokens a sweep fell from 22 to 13.5 tok/s between 6 and 8 agents, but a
+# 7th agent would cost only ~0.7 s a turn by the same arithmetic, about the search's 10% tolerance).
+CONTEXT = 4096
 
 SETUP_TIMEOUT_S = 1200.0  # a cold pip install plus the model build; seen here: ~2 min + 10 s
 START_TIMEOUT_S = 300.0  # seen here: 40-60 s from launch to /health 200
@@ -185,7 +189,10 @@ def vllm(vllm_tier: Path) -> Iterator[VllmServer]:
 
 
 # -- the knee search (shared by test_vllm_knee and test_vllm_calibrate) -------------------------------------
-KNEE_ARGS = ("--workload", "agentic-hold", "--context", str(CONTEXT), "--warmup", "20s", "--window", "40s")
+# find-knee runs its levels at 0.12 × the window and half the warm-up (orchestrate.probe_scale): 36 s windows and
+# 15 s warm-ups here. A held agent takes a turn every ~2.5 s, so a shorter window (4.8 s from --window 40s) holds
+# too few turns, and one seen run put the knee at 1 agent on noise.
+KNEE_ARGS = ("--workload", "agentic-hold", "--context", str(CONTEXT), "--warmup", "30s", "--window", "300s")
 
 
 def bench(out: Path, *args: str) -> RunResult:

@@ -23,7 +23,7 @@ from tests.integration.conftest import BLOCK_TOKENS, FIGURES, KNEE_ARGS, POOL_BL
 def profile(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("calibrate") / "profile.toml"
     began = time.monotonic()
-    # Batches up to 8: the pool (12,288 tokens) keeps calibration's ITL streams small anyway (pool_share 0.8).
+    # Batches up to 8: the pool (24,576 tokens) keeps calibration's ITL streams small anyway (pool_share 0.8).
     result = CliRunner().invoke(app, ["calibrate", "--url", vllm.url, "-o", str(out), "--repeats", "2",
                                       "--max-batch", "8"])  # fmt: skip
     TIMINGS["calibrate"] = time.monotonic() - began

@@ -30,8 +30,8 @@ TURNS = 3
 
 
 async def test_agents_started_during_a_cold_start_all_complete(vllm_tier: object) -> None:
-    # 64 blocks: vLLM refuses to start with a pool that cannot hold one max-length (4,096-token) request.
-    server = launch(64, "coldstart")
+    # vLLM refuses to start with a pool that cannot hold one max-length request (plus a block it keeps back).
+    server = launch(96, "coldstart")
     launched = time.monotonic()
     try:
         poller = SignalPoller(server.url, engine="vllm", interval_s=0.5)

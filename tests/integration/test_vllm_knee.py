@@ -1,21 +1,22 @@
 """The knee on a real vLLM: found by ``bench --find-knee``, explained, and compared with the planner.
 
-The session server's pool is 96 blocks of 128 tokens (12,288 tokens); agents holding 2,048 tokens each need 16
+The session server's pool is 192 blocks of 128 tokens (24,576 tokens); agents holding 4,096 tokens each need 32
 blocks, so the pool holds 6 of them. Below that every agent's prefix stays cached between turns and a turn
 prefills only its new tokens; past it the blocks of an agent in its tool/think pause are evicted before its next
 turn (LRU over more working sets than fit), every turn recomputes its whole context, and the two cores' prefill
-(~3k tokens/s for this model) caps the turn rate. The search doubles 1, 2, 4, 8 and bisects 5..7: about seven
-levels of 20 s warm-up + 40 s window.
+(~3k tokens/s for this model) caps the turn rate. The search doubles 1, 2, 4, 8 and bisects 5..7.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from typer.testing import CliRunner
 
 from agentload.bench.results import RunResult
-from agentload.capacity.planner import AgentShape, PlanSpec, plan
+from agentload.cli.main import app
 from agentload.endpoint.scrape import ServerProbe
 from tests.integration.conftest import BLOCK_TOKENS, CONTEXT, FIGURES, MAX_MODEL_LEN, POOL_BLOCKS, TIER_DIR, VllmServer
 
@@ -69,14 +70,18 @@ def test_client_and_server_prefix_hit_rates_agree_at_every_level(knee_run: RunRe
 
 def test_the_planner_given_the_logged_pool_predicts_the_measured_knee(knee_run: RunResult, vllm: VllmServer) -> None:
     tokens, _ = vllm.startup_line()
-    model_dir = TIER_DIR / "model"
-    # The agent shape agentic-hold uses at this context (agentic.py): a ~205-token shared system prompt, ~20
-    # tokens of tool result and ~10 of reply a turn. `agentload plan` has no flags for these and its default
-    # shape (3,400 tokens a turn) does not fit a 2,048-token context, so the planner is called directly.
-    figures = plan(PlanSpec(model=str(model_dir / "config.json"), gpu="h100", max_model_len=MAX_MODEL_LEN,
-                            context_per_agent=CONTEXT, pool_tokens=tokens,
-                            agent=AgentShape(system_tokens=205, turn_input_tokens=20, output_tokens=10)))  # fmt: skip
+    # The planner knows no CPU "GPU"; with --pool-tokens the pool is the logged one and the GPU only names a
+    # block size (16) for its own block arithmetic, which for a dense model gives the same pool ÷ context.
+    result = CliRunner().invoke(app, ["plan", "--model", str(TIER_DIR / "model" / "config.json"), "--gpu", "h100",
+                                      "--max-model-len", str(MAX_MODEL_LEN), "-c", str(CONTEXT),
+                                      "--pool-tokens", str(tokens), "--no-curve", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    agents = json.loads(result.output)["agents"]
+    estimate = agents["window_aware_sessions"]
     knee = knee_run.knee[0]
-    estimate = figures.agents.estimate
-    FIGURES["planner"] = f"pool {tokens:,} tokens → {estimate:.2f} agents at {CONTEXT}; measured knee {knee.agents}"
+    FIGURES["planner"] = (
+        f"agentload plan --pool-tokens {tokens}: {estimate:.2f} agents at {CONTEXT} "
+        f"(recommended {agents['recommended_agents']}); measured knee {knee.agents} "
+        f"(ratio {knee.agents / estimate:.3f})"
+    )
     assert 0.85 <= knee.agents / estimate <= 1.15, FIGURES["planner"]
