@@ -15,7 +15,7 @@ from agentload.endpoint.records import Outcome
 from agentload.sim.faults import parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.vtime import LoopClock, run_virtual
+from agentload.vtime import LoopClock, VirtualTimeLoop, run_virtual
 
 
 def test_virtual_loop_jumps_over_sleeps() -> None:
@@ -122,3 +122,29 @@ def test_abandoned_stream_is_aborted_in_the_engine() -> None:
 
     server = run_virtual(main())
     assert server.engine.stats.finished.get("abort") == 1
+
+
+def test_idle_timer_expires_even_when_the_clock_lands_a_hair_short_of_it() -> None:
+    """A timer due at t can fire at t − ε on the virtual clock (float sums); the guard must still expire, not re-arm
+    itself at the same instant forever (which spun a fleet run at 100% CPU)."""
+    from agentload.endpoint.client import FixedDeadlines, Phase, _Guard
+
+    async def main() -> str | None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualTimeLoop)
+        # At t = 95.38166120961107, t + 0.3 rounds down: (t + 0.3) − t < 0.3. A guard armed then sees, when its
+        # timer fires at t + 0.3, that less than its budget has passed.
+        loop.advance(95.38166120961107 - loop.time())
+        guard = _Guard(FixedDeadlines(idle_s=0.3))
+        guard.arm(Phase.IDLE, 0.3)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return guard.fired.value if guard.fired else None
+        finally:
+            guard.disarm()
+        return None
+
+    wall = time.monotonic()
+    assert run_virtual(main()) == "idle_timeout"
+    assert time.monotonic() - wall < 5

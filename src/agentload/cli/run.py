@@ -24,7 +24,7 @@ from rich.table import Table
 
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import console, err_console, reports_errors
-from agentload.endpoint.client import ChatClient, FixedDeadlines, StallPolicy
+from agentload.endpoint.client import ChatClient, StallPolicy
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
 from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
@@ -219,11 +219,6 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         await poller.start()
         stack.push_async_callback(poller.stop)
         policy: StallPolicy = Watchdog(signals=poller, clock=clock)
-        if manifest.virtual:
-            # A simulated server has no cold start to wait out, and the watchdog's short re-checks are what
-            # trip a client timer bug on a VirtualTimeLoop (a timer due at t fires at t − ε and re-arms at t,
-            # forever); deadlines that never expire in a simulated run avoid it.
-            policy = FixedDeadlines(connect_s=60.0, first_token_s=3600.0, idle_s=3600.0, total_s=86400.0)
         client = ChatClient(url, transport=server.transport, policy=policy)
         if server.transport is None:
             stack.push_async_callback(client.aclose)  # the in-process transport is closed with its server

@@ -120,7 +120,9 @@ class _Guard:
 
     def _expired(self) -> None:
         now = self.loop.time()
-        if now - self.last < self.budget:
+        # The tolerance matters on a VirtualTimeLoop, whose clock can land a hair short of a timer's deadline:
+        # without it the timer would re-arm at the same instant forever.
+        if now - self.last < self.budget - 1e-6:
             self._timer = self.loop.call_at(self.last + self.budget, self._expired)
             return
         more = self.policy.extend(self.phase, now - self.phase_start)
