@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -260,15 +259,6 @@ async def test_calibrating_the_simulator_recovers_its_profile(tmp_path: Path) ->
 
 
 # -- the command ----------------------------------------------------------------------------------------------
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port that is bound but not listening, so a connection is refused for certain."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
 
 
 class _ModelsOnly(BaseHTTPRequestHandler):

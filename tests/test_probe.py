@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -240,15 +239,6 @@ async def test_a_server_still_starting_says_so() -> None:
 
 
 # -- unreachable ------------------------------------------------------------------------------------------------
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port that is bound but not listening, so a connection is refused for certain."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
 
 
 async def test_nothing_listening_is_unreachable(closed_port: int) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -58,17 +57,6 @@ def text_route(text: str) -> Route:
 
 
 MODELS = json_route({"object": "list", "data": [{"id": "m", "object": "model"}]})
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port that is bound but not listening, so a connection is refused for certain."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
 
 
 async def test_simulator_pool_models_metrics_and_a_timed_stream() -> None:

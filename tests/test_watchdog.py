@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -430,14 +429,3 @@ async def test_nothing_listening_ends_when_the_poller_has_heard_nothing_for_dead
     assert [r.ids.attempt for r in records] == list(range(len(records)))
     assert 1.0 <= elapsed <= 1.0 + 0.1 + 1.0
     assert backend.stats.gave_up == {"server_dead": 1}
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port that is bound but not listening, so a connection is refused for certain."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
