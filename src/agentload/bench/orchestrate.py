@@ -33,9 +33,9 @@ class BenchPlan:
     warmup_s: float = 120.0
     window_s: float = 300.0
     # Knee-search probes only need to tell "before the cliff" from "past it", which a KV cliff makes stark, so
-    # they run shorter than sweep levels (a fifth of the window, half the warm-up by default): that is how a
+    # they run shorter than sweep levels (an eighth of the window, half the warm-up by default): that is how a
     # search costs a fraction of a sweep's agent-turns.
-    probe_scale: float = 0.2
+    probe_scale: float = 0.12
     slo: Slo | None = None
     tolerance: float = 0.10
     max_agents: int = 1024
