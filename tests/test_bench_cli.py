@@ -113,3 +113,13 @@ def test_malformed_trace_is_one_clear_error(tmp_path: Path) -> None:
     assert "bad.jsonl" in result.output
     assert ":2" in result.output
     assert "Traceback" not in result.output
+
+
+def test_soak_reports_drift_and_says_why_gpu_figures_are_missing(tmp_path: Path) -> None:
+    run = bench(tmp_path, "--sim", "qwen3-235b-gb300", "--soak", "6m", "--agents", "4", "--warmup", "60s")
+    assert run.mode == "soak"
+    assert len(run.levels) == 1
+    drift = next(n for n in run.notes if n.startswith("soak drift over 360 s at 4 agents"))
+    assert "tok/s" in drift
+    assert "TTFT p50" in drift
+    assert any(n.startswith("NVML not sampled") for n in run.notes)  # no NVIDIA GPU on this machine

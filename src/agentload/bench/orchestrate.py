@@ -15,6 +15,7 @@ from agentload.bench.analysis import LevelData, summarise
 from agentload.bench.results import CapacityEstimate, Knee, LevelSummary, RunResult
 from agentload.bench.runner import RecordSink, run_level
 from agentload.bench.search import Search, Slo, find_knee, sweep
+from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
 from agentload.vtime import LoopClock
 from agentload.workload.base import Workload
@@ -78,6 +79,7 @@ async def run_bench(
     levels: list[LevelSummary] = []
     knees: list[Knee] = []
     capacity: list[CapacityEstimate] = []
+    notes: list[str] = []
     description = ""
     model = ""
 
@@ -124,7 +126,15 @@ async def run_bench(
             knee = await find_knee(search, context, max_agents=plan.max_agents)
         elif plan.mode in ("sweep", "grid"):
             knee = await sweep(search, plan.agents, context)
-        else:  # single / soak: the levels are measured, no knee is claimed
+        elif plan.mode == "soak":
+            gpus = GpuMonitor()
+            gpus.start()
+            for n in plan.agents:
+                await measure(n)
+                notes.extend(drift_notes(all_data[-1]))
+            notes.extend(await gpus.stop())
+            continue
+        else:  # single: the levels are measured, no knee is claimed
             for n in plan.agents:
                 await measure(n)
             continue
@@ -159,5 +169,6 @@ async def run_bench(
         capacity=capacity,
         knee=knees,
         real_over_synthetic=ratio,
+        notes=notes,
     )
     return result, all_data
