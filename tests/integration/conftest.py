@@ -134,11 +134,17 @@ class VllmServer:
             self.stopped = True
 
 
-def launch(blocks: int, name: str, *extra: str) -> VllmServer:
-    """Start a server in the background (serve.sh returns at once with its PID); does not wait for /health."""
+def launch(blocks: int, name: str, *extra: str, cores: str | None = None) -> VllmServer:
+    """Start a server in the background (serve.sh returns at once with its PID); does not wait for /health.
+
+    ``cores`` pins the engine's threads (VLLM_CPU_OMP_THREADS_BIND). vLLM's CPU default binds every server's
+    worker to core 0 and keeps core 1 for the rest, so a second server would start on the first one's core.
+    """
     port = free_port()
     log = TIER_DIR / f"{name}-{port}.log"
     env = {**os.environ, "AGENTLOAD_VLLM_TIER_DIR": str(TIER_DIR), "AGENTLOAD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
+    if cores is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     out = subprocess.run(
         [str(SCRIPTS / "serve.sh"), "start", str(port), str(blocks), str(log), *extra],
         check=True, capture_output=True, text=True, env=env, timeout=30,

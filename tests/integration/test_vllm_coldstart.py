@@ -31,7 +31,7 @@ TURNS = 3
 
 async def test_agents_started_during_a_cold_start_all_complete(vllm_tier: object) -> None:
     # vLLM refuses to start with a pool that cannot hold one max-length request (plus a block it keeps back).
-    server = launch(96, "coldstart")
+    server = launch(96, "coldstart", cores="1")  # core 0 is the session server's
     launched = time.monotonic()
     try:
         poller = SignalPoller(server.url, engine="vllm", interval_s=0.5)
