@@ -50,9 +50,9 @@ def test_the_simulated_throughput_at_the_real_knee_is_within_20_percent(
 ) -> None:
     knee = knee_run.knee[0]
     real = next(lv for lv in knee_run.levels if lv.agents == knee.agents)
-    # In a subprocess, as a user runs it: in this pytest process (after the real-time runs above) the in-process
-    # virtual-time run did not finish in 7 minutes (stuck in vtime's selector loop), while the same command on
-    # its own takes ~25 s. The timeout turns a repeat of that into a failure, not a hung tier.
+    # In a subprocess, as a user runs it, with a timeout: once (before 94f4c72 fixed the client's idle guard
+    # re-arming forever in virtual time) the in-process run hung for 7 minutes where the command alone takes ~25 s;
+    # a regression of that kind now fails here instead of hanging the tier.
     out = tmp_path / "runs"
     began = time.monotonic()
     done = subprocess.run(
