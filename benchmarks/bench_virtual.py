@@ -6,6 +6,9 @@ Scenarios (pick with ``--scenario``; default: all):
   ~100k tokens (1,800 tool-result tokens + 400 output tokens per turn, 2 s of tool time), on Qwen3-235B-A22B
   (fp4 weights, fp8 KV) over 4 × GB300 with max_model_len 131,072 and the pool derived from memory
   (9.46M tokens): the fleet starts inside the pool and ends far past it, so the run crosses the KV knee.
+* ``fleet-fits`` — the same fleet on Llama-3.1-8B (fp8 weights and KV) over 8 × B200, pool derived from memory
+  (19.4M tokens): the fleet fits until its last turns, so ~200 agents decode together in every step — the
+  decode-heavy regime, where the cohort fast path does the work.
 * ``fleet-1gpu`` — the same fleet on the built-in single DGX Station GB300 (997,753-token pool, max_model_len
   raised to 131,072): deep past the knee from the start, every turn a re-prefill.
 * ``qwen-24`` / ``deepseek-48`` — the capacity-curve runs of tests/test_virtual.py at 900 s (300 s warm-up):
@@ -35,6 +38,16 @@ model = "qwen3-235b-a22b"
 gpu = "gb300"
 num_gpus = 4
 weight_dtype = "fp4"
+kv_cache_dtype = "fp8"
+max_model_len = 131072
+"""
+
+LLAMA_8X_B200 = """
+name = "llama-8b-8xb200-128k"
+model = "llama-3.1-8b"
+gpu = "b200"
+num_gpus = 8
+weight_dtype = "fp8"
 kv_cache_dtype = "fp8"
 max_model_len = 131072
 """
@@ -74,6 +87,7 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("fleet", lambda: parse_profile(QWEN_4X_GB300, "bench"), 256, CODING_AGENT, 24 * 3600.0, 0.0, 40),
+    Scenario("fleet-fits", lambda: parse_profile(LLAMA_8X_B200, "bench"), 256, CODING_AGENT, 24 * 3600.0, 0.0, 40),
     Scenario("fleet-1gpu", lambda: parse_profile(QWEN_1X_GB300_128K, "bench"), 256, CODING_AGENT, 1800.0, 0.0),
     Scenario("qwen-24", lambda: load_profile("qwen3-235b-gb300"), 24, SessionShape(context=40_000), 900.0, 300.0),
     Scenario(

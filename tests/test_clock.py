@@ -87,6 +87,16 @@ def test_an_event_exactly_at_until_runs() -> None:
     assert seen == ["at"]
 
 
+def test_next_time_peeks_at_the_earliest_event() -> None:
+    clock = VirtualClock()
+    assert clock.next_time() is None
+    clock.call_at(3.0, lambda: None)
+    clock.call_at(2.0, lambda: None, PRIORITY_ENGINE)
+    assert clock.next_time() == 2.0
+    clock.run(until=2.5)
+    assert clock.next_time() == 3.0
+
+
 def test_call_later_is_relative_to_the_virtual_now() -> None:
     clock = VirtualClock()
     seen: list[float] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from agentload.capacity.kv import KVLayout
@@ -243,6 +245,39 @@ def test_no_offload_tier_means_an_evicted_block_is_gone() -> None:
     assert kv.allocate(taker, 4 * BS)
     found = kv.lookup(ha, 4)
     assert (found.num_hit_blocks, found.offload_blocks) == (0, 0)
+
+
+def test_remembered_walks_find_what_a_fresh_walk_finds() -> None:
+    """Long prefix walks start from the blocks the last walk found; evictions, refreshed hits and re-computed
+    blocks in between must not change any result."""
+    rng = random.Random(3)
+    managers = [KVCacheManager(dense_layout(), 1200, remember_walks=r) for r in (False, True)]
+    # Chains of their own, and chains that share their first 150 blocks (past the remembered block) then part.
+    shared = [7] * 150 * BS
+    chains = [chain(c, rng.randrange(130, 400)) for c in range(4)]
+    chains += [block_hashes(shared + [c] * rng.randrange(10, 250) * BS, BS) for c in range(4)]
+    holding: list[list[BlockTable]] = [[] for _ in managers]
+    for _ in range(400):
+        c = chains[rng.randrange(len(chains))]
+        limit = rng.randrange(100, len(c) + 1)
+        tokens = rng.randrange(1, limit + 2) * BS
+        keep = rng.randrange(1, 4)
+        drop = [rng.random() for _ in range(4)]
+        results = []
+        for kv, held in zip(managers, holding, strict=True):
+            found = kv.lookup(c, limit)
+            results.append((found.num_hit_blocks, found.hit_blocks[0].tolist()))
+            table = new_held(kv)
+            if found.num_hit_blocks * BS < tokens and kv.allocate(table, tokens, found):
+                kv.register(table, c, found.num_hit_blocks, tokens // BS)
+                held.append(table)
+            for x in drop:
+                if len(held) > keep:
+                    kv.free(held.pop(int(x * len(held))))
+        assert results[0] == results[1]
+    for kv in managers:
+        kv.check_invariants()
+    assert managers[1].stats.evicted_blocks == managers[0].stats.evicted_blocks > 500
 
 
 def test_sliding_groups_hold_only_their_window() -> None:

@@ -53,6 +53,15 @@ def test_extending_in_pieces_equals_hashing_at_once() -> None:
     assert grown == whole
 
 
+def test_extending_from_a_tail_of_the_sequence() -> None:
+    tokens = [(i * 31) % 977 for i in range(300)]
+    whole = block_hashes(tokens, BS)
+    head = block_hashes(tokens[:100], BS)  # 6 blocks: positions 0-95
+    # The tail must start at or before position 96, the first one the head's hashes do not cover.
+    assert extend_block_hashes(list(head), tokens[90:], BS, offset=90) == whole
+    assert extend_block_hashes(list(head), tokens[96:], BS, 200, offset=96) == whole[:12]
+
+
 def test_hashes_chain_on_the_parent() -> None:
     a = list(range(64))
     b = list(a)

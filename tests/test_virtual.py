@@ -34,7 +34,6 @@ def dense_curve() -> dict[int, VirtualRunResult]:
     return sweep("qwen3-235b-gb300", [16, 20, 24, 28, 32, 48])
 
 
-@pytest.mark.slow
 def test_dense_throughput_peaks_at_the_kv_knee(dense_curve: dict[int, VirtualRunResult]) -> None:
     tps = {n: r.output_tps for n, r in dense_curve.items()}
     peak_at = max(tps, key=lambda n: tps[n])
@@ -44,7 +43,6 @@ def test_dense_throughput_peaks_at_the_kv_knee(dense_curve: dict[int, VirtualRun
     assert tps[16] < tps[20] <= tps[peak_at], tps
 
 
-@pytest.mark.slow
 def test_past_the_dense_knee_the_cache_thrashes(dense_curve: dict[int, VirtualRunResult]) -> None:
     peak_at = max(dense_curve, key=lambda n: dense_curve[n].output_tps)
     below = [r for n, r in dense_curve.items() if n <= peak_at]
@@ -62,7 +60,6 @@ def test_past_the_dense_knee_the_cache_thrashes(dense_curve: dict[int, VirtualRu
     assert dense_curve[48].mean_waiting > 10
 
 
-@pytest.mark.slow
 def test_sliding_window_groups_keep_scaling_on_the_same_pool() -> None:
     curve = sweep("deepseek-sliding-gb300", [24, 32, 48])
     tps = {n: r.output_tps for n, r in curve.items()}
@@ -90,10 +87,14 @@ def test_sliding_window_groups_keep_scaling_on_the_same_pool() -> None:
 def test_fast_path_gives_the_step_by_step_results(profile_name: str, sessions: int, shape: SessionShape) -> None:
     """Decode cohorts and chained steps without clock events change nothing, to the last bit."""
     profile = load_profile(profile_name)
-    seen: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
+    seen: dict[bool, list[object]] = {False: [], True: []}
 
     def watcher(fast: bool) -> Callable[[StepResult], None]:
-        return lambda res: seen[fast].append((res.end, len(res.emitted)))
+        def note(res: StepResult) -> None:
+            ids = [[r.request_id for r in group] for group in (res.emitted, res.finished, res.preempted)]
+            seen[fast].append((res.duration, res.end, ids, res.batch))
+
+        return note
 
     results = {
         fast: run_sessions(profile, sessions, shape, duration_s=120, warmup_s=30, fast=fast, on_step=watcher(fast))
@@ -101,6 +102,8 @@ def test_fast_path_gives_the_step_by_step_results(profile_name: str, sessions: i
     }
     assert results[True] == results[False]
     assert seen[True] == seen[False]
+    # Without a step hook the driver takes its fastest path (whole runs of decode steps in one call).
+    assert run_sessions(profile, sessions, shape, duration_s=120, warmup_s=30) == results[False]
     assert results[False].turns_completed > sessions
 
 

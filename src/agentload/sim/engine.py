@@ -20,11 +20,13 @@ new block and one newly full block to cache. Fast mode keeps such steady decoder
 requests of the running list, whose counters advance implicitly with the cohort's tick and whose share of the
 step cost is kept as running sums. Only what happens to one of them — a block to allocate, a block to cache,
 the last token, a read-span breakpoint, a preemption — touches it, at the tick it is due, in the order the
-step-by-step scheduler would have done it. A step then costs O(events) instead of O(running requests). The
-results are identical to ``fast=False`` (tests/test_engine.py and tests/test_virtual.py compare both); the
-price is that a cohort member's ``num_computed``/``num_output``/``ever_computed`` are brought up to date only
-when it leaves the cohort or on ``sync()`` — fine for virtual runs, not for the HTTP server, which streams
-``num_output`` and therefore runs with ``fast=False``.
+step-by-step scheduler would have done it. A step then costs O(events) instead of O(running requests), and
+when the cohort is all there is (nothing waiting, no prefill under way) ``decode_steps`` runs such steps back
+to back until one needs the full scheduler. The results are identical to ``fast=False`` (tests/test_engine.py
+and tests/test_virtual.py compare both, to the last bit); the price is that a cohort member's
+``num_computed``/``num_output``/``ever_computed`` are brought up to date only when it leaves the cohort or on
+``sync()`` — fine for virtual runs, not for the HTTP server, which streams ``num_output`` and therefore runs
+with ``fast=False``.
 
 Step cost sums are kept in integer "layer-token" units (``read_span × num_layers``) so that they do not depend
 on the order of addition: the cohort's running sums and a request-by-request sum agree to the last bit.
@@ -66,20 +68,20 @@ class SimRequest:
     finished_at: float | None = None
     finish_reason: str | None = None
     preemptions: int = 0
+    prompt_len: int = field(init=False, default=0)  # len(prompt), kept: a prompt may be a view that computes it
     seq: int = -1  # admission order (the running list's order); renewed on every admission
     cohort_tick: int = -1  # fast mode: the tick the counters are valid at while in the cohort, else -1
     cohort_epoch: int = 0  # fast mode: bumped on leaving the cohort, so its pending events go stale
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt)
 
     @property
     def total_tokens(self) -> int:
-        return len(self.prompt) + self.num_output
+        return self.prompt_len + self.num_output
 
     def token_at(self, pos: int) -> int:
-        n = len(self.prompt)
+        n = self.prompt_len
         return self.prompt[pos] if pos < n else self.output[pos - n]
 
 
@@ -166,6 +168,7 @@ class Engine:
             profile.num_blocks,
             prefix_caching=profile.enable_prefix_caching,
             offload_blocks=profile.offload_blocks,
+            remember_walks=fast,
         )
         self.step_model = profile.step_model
         self.waiting: deque[SimRequest] = deque()
@@ -406,21 +409,8 @@ class Engine:
         if len(registers) > 1:
             registers.sort(key=_by_seq)
         for req in registers:
-            if req.cohort_tick < 0:
-                continue
-            after = self._catch_up(req) + 1
-            full = after // bs
-            hashes = req.hashes
-            if len(hashes) == full - 1:
-                # The common case, without the generic walk: one block, usually all generated tokens.
-                a, n = after - bs, len(req.prompt)
-                block = req.output[a - n : after - n] if a >= n else _Tokens(req)[a:after]
-                hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, block))
-            else:
-                extend_block_hashes(hashes, _Tokens(req), bs, after)
-            kv.register(req.blocks, hashes, req.num_hashed, full)
-            req.num_hashed = full
-            self._at(t + bs, _REGISTER, req)
+            if req.cohort_tick >= 0:
+                self._register_next(req, t)
         if len(finishing) > 1:
             finishing.sort(key=_by_seq)
         finishing = [req for req in finishing if req.cohort_tick >= 0]
@@ -486,6 +476,98 @@ class Engine:
             stats.busy_seconds += duration
         return StepResult(duration, end, emitted, finished, preempted, batch)
 
+    def steady(self) -> bool:
+        """Fast mode: nothing waits and every running request is a cohort member (``decode_steps`` applies)."""
+        return not self.waiting and 0 < self._members == len(self.running)
+
+    def decode_steps(
+        self,
+        now: float,
+        stop_at: float,
+        before: float,
+        after_step: Callable[[float, float], None],
+        on_step: Callable[[StepResult], None] | None = None,
+    ) -> tuple[int, float]:
+        """Run steady decode steps back to back, as ``step`` would, while each starts at or before ``stop_at``
+        and before ``before``; returns (steps run, when the last ended).
+
+        A step in which a member finishes, or whose new blocks might not all fit (a preemption), is left to
+        ``step``; so is everything once the engine is not ``steady``. ``after_step(start, duration)`` runs after
+        each step, when the engine's state is that step's outcome, then ``on_step`` (if given) with the step's
+        result. Only the cohort's running sums and the members with something due are touched, so a step costs
+        O(events).
+        """
+        kv, bs = self.kv, self.block_size
+        read, stats, events = self._read, self.stats, self._events
+        layers, members = read.layers, self._members
+        groups = len(self.profile.layout.groups)
+        step_time = self.step_model.step_time
+        steps = 0
+        while now <= stop_at and now < before and self.steady():
+            t = self._tick
+            allocs: list[SimRequest] = []
+            registers: list[SimRequest] = []
+            due = events.get(t)
+            if due is not None:
+                finishing = False
+                for kind, req, epoch in due:
+                    if req.cohort_epoch == epoch:
+                        if kind == _ALLOC:
+                            allocs.append(req)
+                        elif kind == _REGISTER:
+                            registers.append(req)
+                        else:
+                            finishing = True
+                if finishing or len(allocs) * groups > kv.num_free:
+                    break
+                del events[t]
+            if len(allocs) > 1:
+                allocs.sort(key=_by_seq)
+            for req in allocs:
+                grew = kv.allocate(req.blocks, self._catch_up(req) + 1)
+                assert grew, "checked above: every member's new blocks fit"
+                self._at(t + bs, _ALLOC, req)
+            units_sum, slope_sum = self._units_sum, self._slope_sum
+            batch = BatchShape(
+                members, members, (2 * units_sum + members * layers) / (2 * layers), (units_sum + slope_sum) / layers
+            )
+            duration = step_time(batch)
+            if len(registers) > 1:
+                registers.sort(key=_by_seq)
+            for req in registers:
+                self._register_next(req, t)
+            stats.generation_tokens += members
+            stats.steps += 1
+            stats.busy_seconds += duration
+            self._units_sum = units_sum + slope_sum
+            self._tick = t + 1
+            for req, epoch, lost in self._slope_events.pop(t + 1, ()):
+                if req.cohort_epoch == epoch:
+                    self._slope_sum -= lost
+            after_step(now, duration)
+            if on_step is not None:
+                on_step(StepResult(duration, now + duration, self.running[:members], [], [], batch))
+            now += duration
+            steps += 1
+        return steps, now
+
+    def _register_next(self, req: SimRequest, t: int) -> None:
+        """A member's block just became full (in the step at tick ``t``): hash and cache it."""
+        bs = self.block_size
+        after = self._catch_up(req) + 1
+        full = after // bs
+        hashes = req.hashes
+        if len(hashes) == full - 1:
+            # The common case, without the generic walk: one block, usually all generated tokens.
+            a, n = after - bs, req.prompt_len
+            block = req.output[a - n : after - n] if a >= n else _Tokens(req)[a:after]
+            hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, block))
+        else:
+            extend_block_hashes(hashes, _Tokens(req), bs, after)
+        self.kv.register(req.blocks, hashes, req.num_hashed, full)
+        req.num_hashed = full
+        self._at(t + bs, _REGISTER, req)
+
     def _finish(self, req: SimRequest, end: float) -> None:
         req.finished_at = end
         req.finish_reason = "length" if req.finish_reason is None else req.finish_reason
@@ -506,7 +588,7 @@ class _Tokens(Sequence[int]):
         req = self._req
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
-            n = len(req.prompt)
+            n = req.prompt_len
             if step == 1:
                 if stop <= n:
                     return req.prompt[start:stop]

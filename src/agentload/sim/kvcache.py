@@ -18,7 +18,10 @@ numpy arrays of block ids: reference counts are one array, and the free queue is
 entries are checked lazily — an entry is live while its block has no reference and the block's ``stamp``
 still names that entry's position. vLLM's doubly linked free list gets O(1) removal from the middle (a hit)
 the same way: here the stale entry is skipped when the front reaches it. Freeing a 6,000-block request is a
-handful of array operations instead of 6,000 list updates.
+handful of array operations instead of 6,000 list updates. The hash → block index is an array-backed table
+too (``_HashIndex``), and a long prefix walk is remembered so that a session's next turn re-checks the blocks
+it found instead of probing for them again. One-block operations (a decoding request's next block) go
+through memoryviews of the same arrays, which index at about half numpy's per-element cost.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,25 +39,40 @@ from agentload.capacity.kv import KVLayout
 from agentload.errors import SimulationError
 
 BlockIds = npt.NDArray[np.int32]
+
+
+def _one_by_one(array: npt.NDArray[Any]) -> memoryview:
+    """A memoryview of ``array``'s buffer: one element reads or writes at about half numpy's cost."""
+    return array.data
+
+
 _NO_BLOCKS: BlockIds = np.zeros(0, dtype=np.int32)
 
 
 class BlockList:
-    """One request's blocks in one KV cache group, oldest first: a growable array of block ids."""
+    """One request's blocks in one KV cache group, oldest first: a growable array of block ids.
 
-    __slots__ = ("_buf", "_n")
+    ``_one`` is a memoryview of the same buffer: it reads and writes one id at half the cost of array indexing
+    (the decode path appends one block at a time).
+    """
+
+    __slots__ = ("_buf", "_n", "_one")
 
     def __init__(self) -> None:
         self._buf = _NO_BLOCKS
+        self._one = _one_by_one(self._buf)
         self._n = 0
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, index: int) -> int:
-        if not -self._n <= index < self._n:
-            raise IndexError(index)
-        return int(self._buf[index % self._n])
+        if not 0 <= index < self._n:
+            if not -self._n <= index < 0:
+                raise IndexError(index)
+            index += self._n
+        item: int = self._one[index]
+        return item
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.tolist())
@@ -62,7 +81,8 @@ class BlockList:
         return f"BlockList({self.tolist()})"
 
     def tolist(self) -> list[int]:
-        return [int(b) for b in self._buf[: self._n]]
+        out: list[int] = self._buf[: self._n].tolist()
+        return out
 
     def view(self) -> BlockIds:
         """The ids as an array (a view: valid until the list changes)."""
@@ -73,10 +93,12 @@ class BlockList:
             grown = np.empty(max(2 * len(self._buf), self._n + extra, 16), dtype=np.int32)
             grown[: self._n] = self._buf[: self._n]
             self._buf = grown
+            self._one = _one_by_one(grown)
 
     def append(self, block: int) -> None:
-        self._reserve(1)
-        self._buf[self._n] = block
+        if self._n == len(self._buf):
+            self._reserve(1)
+        self._one[self._n] = block
         self._n += 1
 
     def extend(self, blocks: BlockIds) -> None:
@@ -122,6 +144,12 @@ _EMPTY = -1  # hash() never returns -1, so it marks an empty slot
 _GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of hash × 2⁶⁴/φ spread any set of keys
 _MASK64 = (1 << 64) - 1
 _SCALAR_TAIL = 8  # probing this few keys on is cheaper one by one than with array calls
+# Sparse on purpose: at most 1/_MAX_LOAD of the slots used, so most keys sit in or next to their home slot and
+# a batch resolves in two or three array passes. Live entries (≤ the pool's blocks) take ≤ 1/8 after a rebuild.
+_SLOTS_PER_BLOCK = 8
+_MEMO_AT = 128  # prefix walks at least this long are remembered, under the hash of this block
+_MEMO_ENTRIES = 4096
+_MAX_LOAD = 4
 
 
 class _HashIndex:
@@ -135,7 +163,7 @@ class _HashIndex:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        self._min_bits = max(10, (4 * num_blocks - 1).bit_length())  # ≤ 1/4 full right after a rebuild
+        self._min_bits = max(10, (_SLOTS_PER_BLOCK * num_blocks - 1).bit_length())
         self._resize(self._min_bits)
 
     def _resize(self, bits: int) -> None:
@@ -143,15 +171,18 @@ class _HashIndex:
         self._mask = (1 << bits) - 1
         self.keys = np.full(1 << bits, _EMPTY, dtype=np.int64)
         self.blocks = np.zeros(1 << bits, dtype=np.int32)
+        # Memoryviews of the same arrays, for the one-key paths (scalar reads at half numpy's cost).
+        self._keys_one = _one_by_one(self.keys)
+        self._blocks_one = _one_by_one(self.blocks)
         self.used = 0
 
     def room_for(self, count: int) -> bool:
-        return (self.used + count) * 2 <= len(self.keys)
+        return (self.used + count) * _MAX_LOAD <= len(self.keys)
 
     def rebuild(self, hashes: npt.NDArray[np.int64], blocks: BlockIds) -> None:
         """Start again from the live entries only."""
         bits = self._min_bits
-        while 4 * (len(hashes) + 1) > 1 << bits:
+        while _SLOTS_PER_BLOCK * (len(hashes) + 1) > 1 << bits:
             bits += 1
         self._resize(bits)
         slots, _ = self.place(hashes)
@@ -182,28 +213,36 @@ class _HashIndex:
 
     def find_one(self, h: int) -> int:
         slot = self.home_one(h)
-        keys = self.keys
+        keys = self._keys_one
         while True:
             k = keys[slot]
             if k == h:
-                return int(self.blocks[slot])
+                block: int = self._blocks_one[slot]
+                return block
             if k == _EMPTY:
                 return -1
             slot = (slot + 1) & self._mask
 
-    def place_one(self, h: int) -> int:
+    def place_one(self, h: int) -> tuple[int, bool]:
         """``place`` for one hash, with scalar reads (a decode step caches one block at a time)."""
         slot = self.home_one(h)
-        keys = self.keys
+        keys = self._keys_one
         while True:
             k = keys[slot]
             if k == h:
-                return slot
+                return slot, True
             if k == _EMPTY:
                 keys[slot] = h
                 self.used += 1
-                return slot
+                return slot, False
             slot = (slot + 1) & self._mask
+
+    def block_at(self, slot: int) -> int:
+        block: int = self._blocks_one[slot]
+        return block
+
+    def set_block(self, slot: int, block: int) -> None:
+        self._blocks_one[slot] = block
 
     def place(self, hashes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         """Each (distinct) hash's slot, claiming an empty one where it has none; and which already had one."""
@@ -231,16 +270,22 @@ class _HashIndex:
             more = ~done
             pending, slots = pending[more], (slots[more] + 1) & self._mask
         for i in pending.tolist():
-            before = self.used
-            out[i] = self.place_one(int(hashes[i]))
-            existed[i] = self.used == before
+            out[i], existed[i] = self.place_one(int(hashes[i]))
         return out, existed
 
 
 class KVCacheManager:
     """Owns the block pool; the engine asks it to look up, allocate, register and free a request's blocks."""
 
-    def __init__(self, layout: KVLayout, num_blocks: int, *, prefix_caching: bool = True, offload_blocks: int = 0):
+    def __init__(
+        self,
+        layout: KVLayout,
+        num_blocks: int,
+        *,
+        prefix_caching: bool = True,
+        offload_blocks: int = 0,
+        remember_walks: bool = True,
+    ):
         if num_blocks <= 0:
             raise SimulationError("the KV pool needs at least one block")
         self.layout = layout
@@ -251,6 +296,9 @@ class KVCacheManager:
         self.sliding_groups = [(i, g) for i, g in enumerate(layout.groups) if g.window is not None]
         # Blocks a sliding group holds once its window is full (blocks_for of an unbounded context).
         self._sliding_caps = [(i, g.blocks_for(2**62, self.block_size)) for i, g in self.sliding_groups]
+        self._one_group = len(layout.groups) == 1
+        # (group, most blocks it holds): unbounded for full attention.
+        self._caps = [(i, 2**62) for i in self.full_groups] + self._sliding_caps
         self._ref = np.zeros(num_blocks, dtype=np.int32)
         # The free queue: live entries are queue[head:tail] whose block is unreferenced and stamped there.
         self._queue = np.empty(2 * num_blocks + 1024, dtype=np.int32)
@@ -262,10 +310,20 @@ class KVCacheManager:
         # Which cache table holds a block (-1: none) and under which hash.
         self._key_group = np.full(num_blocks, -1, dtype=np.int16)
         self._key_hash = np.zeros(num_blocks, dtype=np.int64)
+        # Memoryviews of the per-block arrays for the one-block paths (scalar access at half numpy's cost).
+        self._ref_one = _one_by_one(self._ref)
+        self._stamp_one = _one_by_one(self._stamp)
+        self._queue_one = _one_by_one(self._queue)
+        self._key_group_one = _one_by_one(self._key_group)
+        self._key_hash_one = _one_by_one(self._key_hash)
         self._index = {gi: _HashIndex(num_blocks) for gi in self.full_groups}
         # One offload entry stands for a logical block across all full groups.
         self._offload_capacity = offload_blocks // max(1, len(self.full_groups))
         self._offload: OrderedDict[int, None] = OrderedDict()
+        # Recent prefix walks, keyed by the hash of their _MEMO_AT-th block: (hash list, blocks hit, their hashes,
+        # the blocks per full group). A hint only: every block is checked before it counts.
+        self._walks: OrderedDict[int, tuple[list[int], int, npt.NDArray[np.int64], list[BlockIds]]] = OrderedDict()
+        self._remember = remember_walks
         self.stats = CacheStats()
 
     # -- views -------------------------------------------------------------------------------------------
@@ -322,6 +380,7 @@ class KVCacheManager:
             size = max(len(self._queue), 2 * (len(live) + n) + 1024)
             if size > len(self._queue):
                 self._queue = np.empty(size, dtype=np.int32)
+                self._queue_one = _one_by_one(self._queue)
             self._queue[: len(live)] = live
             self._stamp[live] = np.arange(len(live))
             self._head, self._tail = 0, len(live)
@@ -335,22 +394,22 @@ class KVCacheManager:
         """Take the block at the front of the free queue (a decode step's new block: scalar reads, no arrays)."""
         if not self._num_free:
             raise SimulationError("allocated from an empty pool; the caller must check num_free first")
-        queue, ref, stamp = self._queue, self._ref, self._stamp
+        queue, ref, stamp = self._queue_one, self._ref_one, self._stamp_one
         head = self._head
         while True:
-            b = int(queue[head])
+            b: int = queue[head]
             if ref[b] == 0 and stamp[b] == head:
                 break
             head += 1
         self._head = head + 1
         ref[b] = 1
         self._num_free -= 1
-        group = self._key_group[b]
+        group = self._key_group_one[b]
         if group >= 0:
-            self._key_group[b] = -1  # its index entry goes stale
+            self._key_group_one[b] = -1  # its index entry goes stale
             self.stats.evicted_blocks += 1
             if group == self.full_groups[0] and self._offload_capacity:
-                self._store_offload([int(self._key_hash[b])])
+                self._store_offload([self._key_hash_one[b]])
         return b
 
     def _take(self, count: int) -> BlockIds:
@@ -417,30 +476,54 @@ class KVCacheManager:
         limit = min(max_blocks, len(hashes))
         if not self.prefix_caching or limit <= 0:
             return Lookup([_NO_BLOCKS for _ in groups], 0)
-        # Probe the chain in growing pieces: a miss is often early (past the knee), a full hit walks it all.
-        chain = np.array(hashes[:limit], dtype=np.int64)
+        hit_hashes: list[npt.NDArray[np.int64]] = []
         columns: list[list[BlockIds]] = [[] for _ in groups]
-        i, step = 0, 64
+        i = 0
+        # A session's next turn walks the same long prefix again: start from the blocks its last walk found,
+        # for as long as they still hold those hashes (the only block that can: one live block per hash).
+        memo = self._walks.get(hashes[_MEMO_AT - 1]) if limit >= _MEMO_AT and self._remember else None
+        if memo is not None:
+            before, n, known, walked = memo
+            k = min(n, limit)
+            if before is hashes or before[:k] == hashes[:k]:
+                live = np.ones(k, dtype=np.bool_)
+                for g, remembered in zip(groups, walked, strict=True):
+                    live &= (self._key_group[remembered[:k]] == g) & (self._key_hash[remembered[:k]] == known[:k])
+                i = k if live.all() else int(np.argmin(live))
+                hit_hashes.append(known[:i])
+                for column, remembered in zip(columns, walked, strict=True):
+                    column.append(remembered[:i])
+        # Then probe in growing pieces: past the knee a miss comes early (after the shared system prompt), below
+        # it the whole chain hits; either way the work stays within 4× of the blocks walked.
+        step = 128
         while i < limit:
-            piece = chain[i : i + step]
+            piece = np.array(hashes[i : min(i + step, limit)], dtype=np.int64)
             stop = len(piece)
             for column, g in zip(columns, groups, strict=True):
-                found = self._index[g].find(piece[:stop])
-                safe = np.maximum(found, 0)
-                live = (found >= 0) & (self._key_group[safe] == g) & (self._key_hash[safe] == piece[:stop])
+                candidates = self._index[g].find(piece[:stop])
+                safe = np.maximum(candidates, 0)
+                live = (candidates >= 0) & (self._key_group[safe] == g) & (self._key_hash[safe] == piece[:stop])
                 if not live.all():
                     stop = int(np.argmin(live))  # every full group must hold the block for it to count
-                column.append(found[:stop].astype(np.int32))
+                column.append(candidates[:stop].astype(np.int32))
+            hit_hashes.append(piece[:stop])
             i += stop
             if stop < len(piece):
                 break
             step *= 4
+        hits = [np.concatenate(column)[:i] if column else _NO_BLOCKS for column in columns]
+        if i >= _MEMO_AT and self._remember:
+            walks = self._walks
+            walks[hashes[_MEMO_AT - 1]] = (hashes, i, np.concatenate(hit_hashes)[:i], hits)
+            walks.move_to_end(hashes[_MEMO_AT - 1])
+            if len(walks) > _MEMO_ENTRIES:
+                walks.popitem(last=False)
         loads = 0
         if self._offload:
             tier = self._offload
             while i + loads < limit and hashes[i + loads] in tier:
                 loads += 1
-        return Lookup([np.concatenate(column)[:i] if column else _NO_BLOCKS for column in columns], loads)
+        return Lookup(hits, loads)
 
     def blocks_needed(self, held: BlockTable, target_tokens: int, lookup: Lookup | None = None) -> int:
         """Free blocks an allocation to ``target_tokens`` would consume (hits taken out of the free queue too)."""
@@ -461,22 +544,42 @@ class KVCacheManager:
     def allocate(self, held: BlockTable, target_tokens: int, lookup: Lookup | None = None) -> bool:
         """Grow ``held`` (per-group block lists) to cover ``target_tokens``; False, changing nothing, if it can't."""
         logical = -(-target_tokens // self.block_size)
+        if lookup is None and self._one_group:
+            # A running request of a single-group model growing (most calls, by nothing or one block).
+            only = held[0]
+            need = logical - len(only)
+            if need <= 0:
+                return True
+            if need > self._num_free:
+                return False
+            if need == 1:
+                only.append(self._take_one())
+            else:
+                only.extend(self._take(need))
+            return True
         if lookup is None:
-            # A running request growing (most calls, mostly by nothing or one block): no arrays unless needed.
-            wants = [(gi, logical - len(held[gi])) for gi in self.full_groups]
-            wants += [(gi, min(logical, cap) - len(held[gi])) for gi, cap in self._sliding_caps]
-            total = sum(w for _, w in wants if w > 0)
+            # A running request growing (by nothing, mostly, or a block in one group): no arrays unless needed.
+            wants = []
+            total = 0
+            for gi, cap in self._caps:
+                w = (logical if logical < cap else cap) - held[gi]._n
+                if w:
+                    wants.append((gi, w))
+                    if w > 0:
+                        total += w
+            if not wants:
+                return True
             if total > self._num_free:
                 return False
         else:
             if self.blocks_needed(held, target_tokens, lookup) > self._num_free:
                 return False
-            for gi, blocks in zip(self.full_groups, lookup.hit_blocks, strict=True):
-                if len(blocks):
-                    was_free = int(np.count_nonzero(self._ref[blocks] == 0))
-                    self._ref[blocks] += 1  # a chain names each block once
+            for gi, hit in zip(self.full_groups, lookup.hit_blocks, strict=True):
+                if len(hit):
+                    was_free = int(np.count_nonzero(self._ref[hit] == 0))
+                    self._ref[hit] += 1  # a chain names each block once
                     self._num_free -= was_free
-                    held[gi].extend(blocks)
+                    held[gi].extend(hit)
             wants = [(gi, logical - len(held[gi])) for gi in self.full_groups]
             wants += [(gi, min(logical, cap) - len(held[gi])) for gi, cap in self._sliding_caps]
             total = sum(w for _, w in wants if w > 0)
@@ -503,18 +606,20 @@ class KVCacheManager:
             return
         for gi in self.full_groups:
             index = self._index[gi]
-            blocks = held[gi].view()[start:stop]
             if stop - start == 1:
-                h, b = hashes[start], int(blocks[0])
-                owner = index.find_one(h)
-                if owner >= 0 and self._key_group[owner] == gi and self._key_hash[owner] == h:
-                    continue  # the first block cached under a hash keeps it
-                if owner < 0 and not index.room_for(1):
+                h, b = hashes[start], held[gi][start]
+                if not index.room_for(1):
                     self._rebuild(gi)
-                index.blocks[index.place_one(h)] = b
-                self._key_group[b] = gi
-                self._key_hash[b] = h
+                slot, had_slot = index.place_one(h)
+                if had_slot:
+                    owner = index.block_at(slot)
+                    if self._key_group_one[owner] == gi and self._key_hash_one[owner] == h:
+                        continue  # the first block cached under a hash keeps it
+                index.set_block(slot, b)
+                self._key_group_one[b] = gi
+                self._key_hash_one[b] = h
                 continue
+            blocks = held[gi].view()[start:stop]
             mine = np.array(hashes[start:stop], dtype=np.int64)
             if not index.room_for(len(mine)):
                 self._rebuild(gi)

@@ -39,13 +39,17 @@ def chain_hash(parent: int, block: Sequence[int]) -> int:
 
 
 def extend_block_hashes(
-    hashes: list[int], tokens: Sequence[int], block_size: int, upto: int | None = None
+    hashes: list[int], tokens: Sequence[int], block_size: int, upto: int | None = None, *, offset: int = 0
 ) -> list[int]:
-    """Append the hashes of the full blocks of ``tokens[:upto]`` not yet in ``hashes``; returns ``hashes``."""
-    limit = len(tokens) if upto is None else upto
+    """Append the hashes of the full blocks of ``tokens[:upto]`` not yet in ``hashes``; returns ``hashes``.
+
+    ``tokens`` may hold only the tail of the sequence, starting at position ``offset`` (at or before the first
+    position ``hashes`` does not cover); ``upto`` is a position in the whole sequence.
+    """
+    limit = offset + len(tokens) if upto is None else upto
     parent = hashes[-1] if hashes else ROOT_HASH
     for start in range(len(hashes) * block_size, limit - block_size + 1, block_size):
-        parent = chain_hash(parent, tokens[start : start + block_size])
+        parent = chain_hash(parent, tokens[start - offset : start - offset + block_size])
         hashes.append(parent)
     return hashes
 

@@ -8,10 +8,15 @@ exchange — which is how a sweep holds sessions "near 40k tokens" to find the K
 
 Throughput is counted over a measurement window after a warm-up, so the burst of first prefills does not
 dominate; the engine's counters are diffed across the window.
+
+With ``fast=True`` (the default) the engine runs in fast mode (see ``sim.engine``) and the driver chains steps
+without clock events while nothing else is due; ``fast=False`` is the plain event-by-event, request-by-request
+path, kept to prove the fast one gives the very same results (tests/test_virtual.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -151,7 +156,12 @@ class _Session:
             return _Prompt(self.tokens, len(self.tokens)), list(self.hashes)
         tool = self.fresh(s.turn_input_tokens)
         if s.growth == "hold":
-            return _Prompt(self.base, len(self.base), last_output + tool), list(self.base_hashes)
+            tail = last_output + tool
+            hashes = list(self.base_hashes)
+            # The blocks after the base, from the base's partial last block on, without joining the lists.
+            covered = len(hashes) * self.bs
+            extend_block_hashes(hashes, self.base[covered:] + tail, self.bs, offset=covered)
+            return _Prompt(self.base, len(self.base), tail), hashes
         if len(self.tokens) + len(last_output) + len(tool) + s.output_tokens > s.context:
             self.restart()
         else:
@@ -219,6 +229,15 @@ def run_sessions(
             state["stepping"] = True
             clock.call_at(clock.now(), do_step, PRIORITY_ENGINE)
 
+    def account(start: float, duration: float) -> None:
+        """Time-weighted occupancy, after a step that started at ``start``."""
+        if start >= warmup_s:
+            usage = engine.kv.usage
+            usage_sum[0] += usage * duration
+            usage_sum[1] += engine.num_running * duration
+            usage_sum[2] += engine.num_waiting * duration
+            usage_sum[3] = max(usage_sum[3], usage)
+
     def do_step() -> None:
         now = clock.now()
         while True:
@@ -228,30 +247,34 @@ def run_sessions(
                 if not engine.running:
                     raise SimulationError("the head of the waiting queue can never be admitted (pool too small)")
                 raise SimulationError("an engine step scheduled nothing while requests were running")
-            if now >= warmup_s:
-                d = res.duration
-                usage_sum[0] += engine.kv.usage * d
-                usage_sum[1] += engine.num_running * d
-                usage_sum[2] += engine.num_waiting * d
-                usage_sum[3] = max(usage_sum[3], engine.kv.usage)
+            account(now, res.duration)
             if on_step is not None:
                 on_step(res)
             # Fast path: when nothing else is due by the end of this step and no agent has a reply to act on,
             # the next step follows at once — what the deliver and do_step events would have done, without
             # them. Only a later event may be pending; one due at the very instant falls back to the queue.
-            if not fast or res.finished or not engine.has_work() or res.end > duration_s:
+            end = res.end
+            if not fast or res.finished or not engine.has_work() or end > duration_s:
                 break
             due = clock.next_time()
-            if due is not None and due <= res.end:
+            if due is not None and due <= end:
                 break
-            now = res.end
-        clock.call_at(res.end, lambda: deliver(res), PRIORITY_ENGINE)
+            now = end
+            if engine.steady():
+                # Steady decoding: the engine runs the steps itself until something is due.
+                horizon = math.inf if due is None else due
+                steps, now = engine.decode_steps(now, duration_s, horizon, account, on_step)
+                state["events"] += steps
+                if now > duration_s or (due is not None and due <= now):
+                    clock.call_at(now, lambda: deliver([]), PRIORITY_ENGINE)
+                    return
+        clock.call_at(res.end, lambda: deliver(res.finished), PRIORITY_ENGINE)
 
-    def deliver(res: StepResult) -> None:
+    def deliver(finished: list[SimRequest]) -> None:
         now = clock.now()
-        if res.finished:
+        if finished:
             last_turn[0] = now
-        for req in res.finished:
+        for req in finished:
             agent = req.handle
             assert isinstance(agent, _Session)
             if now >= warmup_s:
