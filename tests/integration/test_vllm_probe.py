@@ -88,7 +88,10 @@ async def test_usage_reports_cached_tokens_on_a_repeated_prompt_and_timing_is_st
         assert record.completion_tokens == 32  # the model cannot stop early (build_model.py)
         assert record.ttft is not None
         assert 0 < record.ttft < record.latency
-        assert len(record.itl()) == 31  # one gap between each pair of the 32 streamed tokens
+        # At most one gap per pair of the 32 tokens; fewer when vLLM's detokenizer holds back a token that ends
+        # mid-way through a UTF-8 character (random byte-level tokens do) and sends it with the next one.
+        assert 16 <= len(record.itl()) <= 31
+        assert sorted(record.chunk_times) == record.chunk_times
     # The agentic workload's words are one token each on this tokenizer, so sizes mean what they say.
     assert 900 <= first.prompt_tokens <= 900 + 20
     assert first.cached_tokens == 0
