@@ -72,7 +72,11 @@ async def test_http_simulator_prefix_hits_from_usage_and_metrics_agree(tmp_path:
 
         result = await asyncio.to_thread(run)
     assert result.exit_code == 0, result.output
-    level = json.loads(next((tmp_path / "runs").glob("*/result.json")).read_text())["levels"][0]
+    saved = json.loads(next((tmp_path / "runs").glob("*/result.json")).read_text())
+    # The capacity estimate uses the pool the server itself reports (vllm:cache_config_info).
+    assert saved["capacity"][0]["pool_tokens"] == 65_536
+    assert saved["capacity"][0]["sessions"] == pytest.approx(4096 / 375)
+    level = saved["levels"][0]
     assert level["throughput_source"] == "server"
     assert level["requests_ok"] > 5
     assert level["prefix_hit_rate_server"] > 0.5

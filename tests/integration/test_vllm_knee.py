@@ -33,11 +33,6 @@ async def test_the_knee_is_where_the_pool_runs_out(knee_run: RunResult, vllm: Vl
     assert 0.85 <= knee.agents / estimate <= 1.15, FIGURES["knee"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agentload bench --url does not pass the server's pool to run_bench (cli/bench.py calls run_bench "
-    "without pool=), so capacity says 'the server does not report its KV pool' and measured_over_predicted is None",
-)
 def test_bench_reports_the_servers_pool_and_measured_over_predicted(knee_run: RunResult) -> None:
     estimate = knee_run.capacity[0]
     assert estimate.pool_tokens == POOL_BLOCKS * BLOCK_TOKENS

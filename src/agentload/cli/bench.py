@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +17,8 @@ from agentload.bench.search import parse_slo
 from agentload.bench.target import Target, http_target, sim_target
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import console, err_console, reports_errors
-from agentload.errors import ConfigError
+from agentload.endpoint.scrape import ServerProbe
+from agentload.errors import ConfigError, EndpointError
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.scenarios import default_book
@@ -46,6 +48,17 @@ def parse_duration(text: str, flag: str) -> float:
     if value <= 0:
         raise ConfigError(f"{flag} {text!r}: must be positive")
     return value
+
+
+async def server_pool(url: str) -> tuple[int, int, str] | None:
+    """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props), if it says."""
+    try:
+        async with ServerProbe(url, api_key=os.environ.get("OPENAI_API_KEY")) as probe:
+            pool = await probe.pool()
+    except EndpointError as exc:
+        err_console.print(f"[yellow]note:[/] no capacity estimate: {exc}")
+        return None
+    return pool.tokens, pool.block_size, pool.source
 
 
 @reports_errors
@@ -169,8 +182,9 @@ def bench(
     )
 
     async def go() -> tuple[RunResult, list[LevelData]]:
+        pool = None if sim else await server_pool(url or "")
         try:
-            return await run_bench(plan, on_level=on_level, sink=writer.record, run_id=writer.run_id)
+            return await run_bench(plan, pool=pool, on_level=on_level, sink=writer.record, run_id=writer.run_id)
         finally:
             if not sim:
                 await make_target().transport.aclose()
