@@ -15,7 +15,7 @@ import pytest
 from agentload.capacity.profile import load_profile
 from agentload.errors import ConfigError
 from agentload.sim.engine import StepResult
-from agentload.sim.virtual import SessionShape, VirtualRunResult, run_sessions
+from agentload.sim.virtual import SessionShape, VirtualRunResult, _Prompt, run_sessions
 
 # 300 s of virtual time with a 100 s warm-up: long enough that every session has completed several turns in
 # the window (a turn is ~10-25 s here), short enough to keep the sweeps cheap.
@@ -108,6 +108,19 @@ def test_fast_path_gives_the_step_by_step_results(profile_name: str, sessions: i
 
 
 # -- the driver itself ---------------------------------------------------------------------------------------
+
+
+def test_a_prompt_view_reads_like_the_joined_list() -> None:
+    head, tail = list(range(100)), list(range(1000, 1030))
+    view = _Prompt(head, 60, tail)  # the first 60 of head, then tail
+    joined = head[:60] + tail
+    head.extend(range(5))  # the conversation grows after the prompt was taken: the view does not
+    assert len(view) == len(joined) == 90
+    for sl in (slice(0, 16), slice(48, 64), slice(60, 90), slice(50, 70, 3), slice(-20, None), slice(80, 200)):
+        assert view[sl] == joined[sl]
+    assert [view[i] for i in (0, 59, 60, 89, -1, -90)] == [joined[i] for i in (0, 59, 60, 89, -1, -90)]
+    with pytest.raises(IndexError):
+        view[90]
 
 
 def test_a_run_is_deterministic() -> None:
