@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
 
 import pytest
 
 from agentload.endpoint.signals import ServerSignals, SignalPoller
-from agentload.endpoint.transport import ConnectFailed, MockRequest, MockResponse, MockTransport
+from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.errors import EndpointTimeoutError
+from tests.mockserver import Routes, scripted
 from tests.simserver import running_sim
-
-Routes = Mapping[str, tuple[int, bytes]]
 
 
 class FakeClock:
@@ -22,20 +20,6 @@ class FakeClock:
 
     def now(self) -> float:
         return self.t
-
-
-def scripted(routes: Callable[[], Routes]) -> MockTransport:
-    """A server that answers the paths ``routes()`` names now, 404 elsewhere; an empty table refuses connections."""
-
-    async def handler(request: MockRequest) -> MockResponse:
-        table = routes()
-        if not table:
-            raise ConnectFailed("connection refused (mock)")
-        path = "/" + request.url.split("/", 3)[3]
-        status, body = table.get(path, (404, b"not found"))
-        return MockResponse(status=status, chunks_script=[(0.0, body)])
-
-    return MockTransport(handler)
 
 
 def paths(transport: MockTransport) -> list[str]:

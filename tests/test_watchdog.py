@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -21,11 +21,9 @@ from agentload.endpoint.client import ChatClient, FixedDeadlines, Phase
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
 from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import ConnectFailed, MockRequest, MockResponse, MockTransport
 from agentload.endpoint.watchdog import Watchdog, estimate_prompt_tokens
+from tests.mockserver import Routes, scripted
 from tests.simserver import running_sim
-
-Routes = Mapping[str, tuple[int, bytes]]
 
 
 class FakeClock:
@@ -48,18 +46,6 @@ def vllm_metrics(running: int = 0, waiting: int = 0, tokens: float = 0, preempti
 READY_IDLE: Routes = {"/health": (200, b""), "/metrics": (200, vllm_metrics())}
 WARMING: Routes = {"/health": (503, b"loading"), "/metrics": (200, vllm_metrics())}
 SILENT: Routes = {}
-
-
-def scripted(routes: Callable[[], Routes]) -> MockTransport:
-    async def handler(request: MockRequest) -> MockResponse:
-        table = routes()
-        if not table:
-            raise ConnectFailed("connection refused (mock)")
-        path = "/" + request.url.split("/", 3)[3]
-        status, body = table.get(path, (404, b""))
-        return MockResponse(status=status, chunks_script=[(0.0, body)])
-
-    return MockTransport(handler)
 
 
 class VirtualServer:
