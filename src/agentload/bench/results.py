@@ -70,6 +70,33 @@ class LevelSummary(BaseModel):
     mean_waiting: float | None = None
     preemptions: float | None = None
     recomputed_tokens: float | None = None
+    # Work measured: completed agent-turns per second of window, and how many turns the level wanted (issue 9:
+    # a level measures until it has enough turns, the window being the cap; ``too_few_turns`` when it did not).
+    turns_per_s: float | None = None
+    min_turns: int | None = None
+    too_few_turns: bool = False
+    # The context the server counted (its usage: prompt + completion tokens of each completed turn), beside the
+    # target ``context``; ``None`` when the server sent no usage.
+    context_mean: float | None = None
+    context_p95: float | None = None
+    # Output length: what the workload asked for (max_tokens) vs what came back, per completed turn, and whether
+    # exact lengths were requested from the engine (ignore_eos / min_tokens). ``output_short``: realised under
+    # ``OUTPUT_SHORT_RATIO`` of requested, so output tok/s does not measure the workload's shape.
+    output_requested_mean: float | None = None
+    output_realised_mean: float | None = None
+    output_controlled: bool = False
+    output_short: bool = False
+    warnings: list[str] = Field(default_factory=list)  # sentences a person should read beside this level's row
+
+    @property
+    def output_ratio(self) -> float | None:
+        if not self.output_requested_mean or self.output_realised_mean is None:
+            return None
+        return self.output_realised_mean / self.output_requested_mean
+
+
+# A level whose replies average under this share of the requested length is flagged (issue 9).
+OUTPUT_SHORT_RATIO = 0.8
 
 
 class CapacityEstimate(BaseModel):
@@ -82,6 +109,9 @@ class CapacityEstimate(BaseModel):
     context: int
     sessions: float | None  # the estimate
     source: str  # where the pool came from (cache_config_info, profile, startup log, ...)
+    # The context the estimate divides by: the realised one (server tokens) when the run measured it, else the
+    # target; ``target_context`` keeps what was asked for.
+    target_context: int | None = None
     label: str = "dense-attention estimate; a lower bound for sliding-window / sparse attention"
 
 
@@ -102,6 +132,7 @@ class Knee(BaseModel):
     measured_over_predicted: float | None = None
     explanation: KneeExplanation
     agent_turns: int = 0  # the work the search spent
+    decided_by: str = ""  # the signal that put the level after the knee past it (bench/knee rule), e.g. "ttft"
 
 
 class RunResult(BaseModel):
