@@ -55,7 +55,9 @@ def test_sweep_and_search_agree_and_the_search_is_cheaper(tmp_path: Path) -> Non
     k_sweep, k_search = sweep.knee[0], search.knee[0]
     # The sweep can only name one of its points: the search's knee lies between it and the next point.
     assert k_sweep.agents <= k_search.agents < 32
-    assert k_search.agent_turns <= k_sweep.agent_turns / 3
+    # Probes measure until they have 8 turns per agent (at least 60; issue 9), so a search costs more than the
+    # eighth-of-a-window probes did (1,539 agent-turns vs the sweep's 3,487 here), and still under half a sweep.
+    assert k_search.agent_turns <= k_sweep.agent_turns / 2
 
 
 async def test_http_simulator_prefix_hits_from_usage_and_metrics_agree(tmp_path: Path) -> None:

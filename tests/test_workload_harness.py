@@ -21,6 +21,7 @@ from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.base import Workload
+from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 
 PROFILE = "qwen3-235b-gb300"  # 40,960-token max_model_len, a pool of ~1M tokens: no eviction at test sizes
 
@@ -62,6 +63,7 @@ class Level:
     level: int = 0
     clock: LoopClock = field(default_factory=LoopClock)
     sessions: list[SessionReport] = field(default_factory=list)
+    sizing: TokenSizing = SIMULATOR_SIZING
 
     def should_stop(self) -> bool:
         return self.clock.now() >= self.stop_at or len(self.backend.records) >= self.stop_after_requests

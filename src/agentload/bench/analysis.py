@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentload.bench.results import KneeExplanation, LevelSummary, Percentiles, ServerSample
+from agentload.bench.results import OUTPUT_SHORT_RATIO, KneeExplanation, LevelSummary, Percentiles, ServerSample
 from agentload.bench.sampler import RawSample
-from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.records import RequestRecord, UsageSource
 
 
 @dataclass
@@ -36,6 +36,9 @@ class LevelData:
     sessions_failed: int = 0
     passed: int = 0
     scored: int = 0
+    min_turns: int | None = None  # completed turns the window wanted (None: no such goal)
+    output_controlled: bool = False  # exact output lengths were asked for (``endpoint.output``)
+    notes: list[str] = field(default_factory=list)  # what the runner saw that the summary should say
 
 
 def _pct(values: Sequence[float]) -> Percentiles:
@@ -81,7 +84,8 @@ def _hist_percentiles(start: dict[float, float], end: dict[float, float]) -> Per
 def summarise(data: LevelData) -> LevelSummary:
     w0, w1 = data.window_start, data.end
     window = max(w1 - w0, 1e-9)
-    in_window = [r for r in data.records if w0 <= r.t_done - data.t0 <= w1]
+    # The window's edges are quiet (bench/gate.py): a request belongs to it when it was sent and done inside it.
+    in_window = [r for r in data.records if r.t_sent - data.t0 >= w0 - 1e-9 and r.t_done - data.t0 <= w1 + 1e-9]
     ok = [r for r in in_window if r.ok]
     samples = [s for s in data.samples if w0 - 1e-9 <= s.sample.t <= w1 + 1e-9]
     first = samples[0] if samples else None
@@ -116,6 +120,31 @@ def summarise(data: LevelData) -> LevelSummary:
     ttft = [r.ttft for r in ok if r.ttft is not None]
     itl = [g for r in ok for g in r.itl()]
     share = prefill_tps / (prefill_tps + output_tps) if (prefill_tps + output_tps) > 0 else None
+    counted = [r for r in ok if r.usage_source is UsageSource.SERVER]
+    contexts = [r.prompt_tokens + r.completion_tokens for r in counted]
+    asked = [r for r in counted if r.requested_tokens is not None]
+    requested = float(np.mean([r.requested_tokens or 0 for r in asked])) if asked else None
+    realised = float(np.mean([r.completion_tokens for r in asked])) if asked else None
+    short = requested is not None and realised is not None and realised < OUTPUT_SHORT_RATIO * requested
+    too_few = data.min_turns is not None and len(ok) < data.min_turns
+    warnings = list(data.notes)
+    if short and requested and realised is not None:
+        share_out = realised / requested
+        if data.output_controlled:
+            warnings.append(
+                f"replies averaged {share_out:.0%} of the requested length although exact lengths were asked for "
+                "(ignore_eos / min_tokens): the server ignores them, so output tok/s is the model's, not the workload's"
+            )
+        else:
+            warnings.append(
+                f"replies averaged {share_out:.0%} of the requested length (the model stopped early and the engine "
+                "was not asked for exact lengths): output tok/s does not measure the workload's shape"
+            )
+    if too_few:
+        warnings.append(
+            f"only {len(ok)} completed turns in the window (wanted {data.min_turns}): its figures are noisy; "
+            "give it a longer --window"
+        )
     return LevelSummary(
         level=data.level,
         agents=data.agents,
@@ -144,6 +173,16 @@ def summarise(data: LevelData) -> LevelSummary:
         mean_waiting=float(np.mean(waiting)) if waiting else None,
         preemptions=preemptions,
         recomputed_tokens=recomputed,
+        turns_per_s=len(ok) / window,
+        min_turns=data.min_turns,
+        too_few_turns=too_few,
+        context_mean=float(np.mean(contexts)) if contexts else None,
+        context_p95=float(np.percentile(contexts, 95)) if contexts else None,
+        output_requested_mean=requested,
+        output_realised_mean=realised,
+        output_controlled=data.output_controlled,
+        output_short=short,
+        warnings=warnings,
     )
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
+import numpy as np
+
 from agentload import __version__
 from agentload.bench.analysis import LevelData, summarise
 from agentload.bench.results import CapacityEstimate, Knee, LevelSummary, RunResult
@@ -17,8 +19,14 @@ from agentload.bench.runner import RecordSink, run_level
 from agentload.bench.search import Search, Slo, find_knee, sweep
 from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
+from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.endpoint.client import ChatClient, FixedDeadlines
+from agentload.endpoint.output import can_force_length
+from agentload.errors import EndpointError
 from agentload.vtime import LoopClock
+from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
+from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, measure_sizing
 
 Mode = Literal["sweep", "find-knee", "grid", "soak", "single"]
 LevelHook = Callable[[LevelSummary], None]
@@ -42,11 +50,20 @@ class BenchPlan:
     max_agents: int = 1024
     synthetic: Workload | None = None  # the matched arm, run at the knee (or the last level) for the ratio
     seed: int = 0
+    # Ask the engine for exactly each request's max_tokens (``endpoint.output``); False: the model decides
+    # (``--natural-output``).
+    exact_output: bool = True
+    min_turns: int | None = None  # completed turns a window wants (default: runner.required_turns)
     settings: dict[str, str | int | float | bool | None] = field(default_factory=dict)
 
 
-def capacity_for(target: Target, context: int, pool: tuple[int, int, str] | None) -> CapacityEstimate:
-    """Pool ÷ context per session, in whole blocks as vLLM counts them."""
+def capacity_for(
+    target: Target, context: int, pool: tuple[int, int, str] | None, target_context: int | None = None
+) -> CapacityEstimate:
+    """Pool ÷ context per session, in whole blocks as vLLM counts them.
+
+    ``context`` is the realised context (server tokens) when the run measured it, ``target_context`` the asked one.
+    """
     if target.profile is not None:
         p = target.profile
         return CapacityEstimate(
@@ -55,13 +72,41 @@ def capacity_for(target: Target, context: int, pool: tuple[int, int, str] | None
             context=context,
             sessions=p.layout.naive_sessions(p.num_blocks, context),
             source=f"simulator profile {p.name} ({p.pool_source})",
+            target_context=target_context,
         )
     if pool is None:
         return CapacityEstimate(pool_tokens=None, block_size=None, context=context, sessions=None,
-                                source="the server does not report its KV pool")  # fmt: skip
+                                source="the server does not report its KV pool",
+                                target_context=target_context)  # fmt: skip
     tokens, block, source = pool
     sessions = (tokens // block) / -(-context // block)
-    return CapacityEstimate(pool_tokens=tokens, block_size=block, context=context, sessions=sessions, source=source)
+    return CapacityEstimate(pool_tokens=tokens, block_size=block, context=context, sessions=sessions, source=source,
+                            target_context=target_context)  # fmt: skip
+
+
+def realised_context(levels: list[LevelSummary], context: int, knee: int | None) -> int | None:
+    """The context the server counted at this target: the median of the levels' p95, up to the knee.
+
+    The p95 of a turn's prompt + reply is the context a session reaches: for held sessions it sits at the target
+    (their mean does too), for growing ones it is the peak they end at, which is what a session must fit. Levels
+    past the knee are left out where there are others: their turns are fewer and skewed toward the agents the
+    server served first. None when no level measured it (no usage from the server).
+    """
+    at = [lv for lv in levels if lv.context == context and lv.context_p95 is not None]
+    below = [lv for lv in at if knee is None or lv.agents <= knee] or at
+    if not below:
+        return None
+    return round(float(np.median([lv.context_p95 or 0.0 for lv in below])))
+
+
+async def measure_token_sizing(target: Target, seed: int) -> tuple[TokenSizing, str | None]:
+    """The server's tokens per word of our text (``workload.sizing``); the simulator's figures and a note if not."""
+    deadlines = FixedDeadlines(connect_s=30.0, first_token_s=300.0, idle_s=60.0, total_s=600.0)
+    client = ChatClient(target.base_url, transport=target.transport, policy=deadlines)
+    try:
+        return await measure_sizing(SingleAttemptBackend(client), target.model, seed=seed), None
+    except EndpointError as exc:
+        return SIMULATOR_SIZING, f"text sized at one token per word: {exc}"
 
 
 async def run_bench(
@@ -83,11 +128,25 @@ async def run_bench(
     description = ""
     model = ""
 
+    probe_target = plan.make_target()
+    sizing, sizing_note = await measure_token_sizing(probe_target, plan.seed)
+    if sizing_note:
+        notes.append(sizing_note)
+    engine = probe_target.engine
+    exact_engine = engine if plan.exact_output and can_force_length(engine) else None
+    if plan.exact_output and exact_engine is None:
+        notes.append(
+            f"the engine ({engine or 'unknown'}) offers no way to ask for exact output lengths: replies are as long "
+            "as the model makes them (see each level's realised ÷ requested output)"
+        )
+
     async def measure_with(workload: Workload, agents: int, context: int, scale: float = 1.0) -> LevelSummary:
         nonlocal description, model
         target = plan.make_target()
         description, model = target.description, target.model
         try:
+            # A probe (scale < 1) measures at least its share of the window and until it has enough turns, the
+            # whole window being the cap; a sweep level measures the whole window and says if it was too few.
             data = await run_level(
                 target,
                 workload,
@@ -97,9 +156,13 @@ async def run_bench(
                 run_id=run_id,
                 run_t0=t0,
                 warmup_s=plan.warmup_s * (0.5 if scale < 1.0 else 1.0),
-                window_s=plan.window_s * scale,
+                window_s=plan.window_s,
+                min_window_s=plan.window_s * scale,
+                min_turns=plan.min_turns,
                 seed=plan.seed,
                 sink=sink,
+                sizing=sizing,
+                exact_output_engine=exact_engine,
             )
         finally:
             if target.virtual:
@@ -111,11 +174,18 @@ async def run_bench(
             on_level(summary)
         return summary
 
-    probe_target = plan.make_target()
-    for context in plan.contexts:
-        estimate = capacity_for(probe_target, context, pool)
-        capacity.append(estimate)
+    # Held sessions sit at their context all the time, so pool ÷ the context the server counted is their capacity
+    # (issue 9: tokenizers differ). Growing sessions pass through every size up to the target within a window
+    # too short to see many of them end, so for them the target stays the divisor.
+    holds = isinstance(plan.workload, AgenticWorkload) and plan.workload.growth == "hold"
 
+    def estimate_at(context: int, knee: int | None) -> CapacityEstimate:
+        real = realised_context(levels, context, knee) if holds else None
+        if real is None:
+            return capacity_for(probe_target, context, pool)
+        return capacity_for(probe_target, real, pool, target_context=context)
+
+    for context in plan.contexts:
         scale = plan.probe_scale if plan.mode == "find-knee" else 1.0
 
         async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
@@ -133,11 +203,15 @@ async def run_bench(
                 await measure(n)
                 notes.extend(drift_notes(all_data[-1]))
             notes.extend(await gpus.stop())
+            capacity.append(estimate_at(context, None))
             continue
         else:  # single: the levels are measured, no knee is claimed
             for n in plan.agents:
                 await measure(n)
+            capacity.append(estimate_at(context, None))
             continue
+        estimate = estimate_at(context, knee.agents)
+        capacity.append(estimate)
         if estimate.sessions:
             knee = knee.model_copy(update={"measured_over_predicted": knee.agents / estimate.sessions})
         knees.append(knee)
@@ -163,6 +237,9 @@ async def run_bench(
             "window_s": plan.window_s,
             "tolerance": plan.tolerance,
             "slo": str(plan.slo) if plan.slo else None,
+            "exact_output": exact_engine is not None,
+            "tokens_per_word": round(sizing.tokens_per_word, 4),
+            "token_sizing": sizing.source,
             **plan.settings,
         },
         levels=levels,

@@ -1,7 +1,11 @@
 """Runs one load level: N agents of a workload against a target, sampled, recorded, then summarised.
 
-A level is warm-up + measurement window: agents start staggered over the first second, run closed-loop until the
-level's time is up, finish the turn in flight (within a grace period, then are cancelled), and everything they
+A level is warm-up + measurement window. Agents start staggered over the first second and run closed-loop. The
+window's edges are quiet (``gate.py``): new requests wait while the ones in flight finish, and the server's
+counters are sampled with nothing in flight, so the usage side and the server side of every figure cover the
+same requests. The window lasts at least ``min_window_s`` and until the level has measured enough completed turns
+(``required_turns``), at most ``window_s`` — a slow server gets enough samples, a fast one is not kept longer than
+needed. Then the agents finish the turn in flight (within a grace period, then are cancelled), and everything they
 did is in ``LevelData`` — records and server samples — for ``analysis.summarise``.
 """
 
@@ -13,29 +17,60 @@ from typing import Any
 
 from agentload.agent.loop import ChatBackend
 from agentload.bench.analysis import LevelData
+from agentload.bench.gate import QuiesceGate
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.endpoint.client import ChatClient
+from agentload.endpoint.output import exact_output
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.watchdog import Watchdog
 from agentload.vtime import LoopClock
 from agentload.workload.base import Workload
+from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 
 RecordSink = Callable[[RequestRecord], None]
 
+# Completed turns a level wants before its window may end (issue 9): per agent, and in all.
+MIN_TURNS_PER_AGENT = 8
+MIN_TURNS_TOTAL = 60
+# How long an edge waits for the requests in flight to finish before sampling anyway (and saying so).
+QUIESCE_TIMEOUT_S = 120.0
+
+
+def required_turns(agents: int, per_agent: int = MIN_TURNS_PER_AGENT, total: int = MIN_TURNS_TOTAL) -> int:
+    return max(per_agent * agents, total)
+
 
 class RecordingBackend:
-    """Passes turns to the inner backend and keeps every attempt's record."""
+    """Passes turns to the inner backend through the level's gate and keeps every attempt's record."""
 
-    def __init__(self, inner: ChatBackend, records: list[RequestRecord], sink: RecordSink | None = None) -> None:
+    def __init__(
+        self,
+        inner: ChatBackend,
+        records: list[RequestRecord],
+        sink: RecordSink | None = None,
+        *,
+        gate: QuiesceGate | None = None,
+        engine: str | None = None,
+    ) -> None:
         self.inner = inner
         self.records = records
         self.sink = sink
+        self.gate = gate
+        self.engine = engine  # set: ask this engine for exact output lengths (``endpoint.output``)
 
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
-        attempts = await self.inner.complete(body, ids)
+        if self.engine is not None:
+            body = exact_output(self.engine, body)
+        if self.gate is not None:
+            await self.gate.enter()
+        try:
+            attempts = await self.inner.complete(body, ids)
+        finally:
+            if self.gate is not None:
+                self.gate.leave()
         self.records.extend(attempts)
         if self.sink is not None:
             for r in attempts:
@@ -44,19 +79,22 @@ class RecordingBackend:
 
 
 class _Context:
-    """The LoadContext a level gives its agents."""
+    """The LoadContext a level gives its agents; the level ends when the runner says so."""
 
-    def __init__(self, backend: ChatBackend, model: str, run_id: str, level: int, stop_at: float, data: LevelData):
+    def __init__(
+        self, backend: ChatBackend, model: str, run_id: str, level: int, data: LevelData, sizing: TokenSizing
+    ) -> None:
         self.backend = backend
         self.clock = LoopClock()
         self.model = model
         self.run_id = run_id
         self.level = level
-        self._stop_at = stop_at
+        self.sizing = sizing
+        self.stopped = False
         self._data = data
 
     def should_stop(self) -> bool:
-        return self.clock.now() >= self._stop_at
+        return self.stopped
 
     def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
         if ok:
@@ -79,23 +117,34 @@ async def run_level(
     run_t0: float,
     warmup_s: float,
     window_s: float,
+    min_window_s: float | None = None,
+    min_turns: int | None = None,
     grace_s: float = 60.0,
     seed: int = 0,
     sink: RecordSink | None = None,
+    sizing: TokenSizing = SIMULATOR_SIZING,
+    exact_output_engine: str | None = None,
 ) -> LevelData:
-    """Run ``agents`` agents for warm-up + window seconds of the target's clock; return what they did."""
+    """Run ``agents`` agents for a warm-up and a work-sized window on the target's clock; return what they did.
+
+    ``exact_output_engine``: ask that engine for exactly each request's ``max_tokens`` (None: the model decides).
+    """
     clock = LoopClock()
     start = clock.now() - run_t0
+    shortest = window_s if min_window_s is None else min(min_window_s, window_s)
+    wanted = min_turns if min_turns is not None else required_turns(agents)
     data = LevelData(level, agents, context, workload.name, start, start + warmup_s, start + warmup_s + window_s,
-                     t0=run_t0)  # fmt: skip
+                     t0=run_t0, min_turns=wanted, output_controlled=exact_output_engine is not None)  # fmt: skip
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
     poller = SignalPoller(target.base_url, transport=target.transport, clock=clock)
     await poller.start()
     policy = Watchdog(signals=poller, clock=clock)
     client = ChatClient(target.base_url, transport=target.transport, policy=policy)
-    backend = RecordingBackend(RetryingBackend(client, policy=policy, clock=clock), data.records, sink)
-    ctx = _Context(backend, target.model, run_id, level, run_t0 + data.end, data)
+    gate = QuiesceGate(clock)
+    backend = RecordingBackend(RetryingBackend(client, policy=policy, clock=clock), data.records, sink, gate=gate,
+                               engine=exact_output_engine)  # fmt: skip
+    ctx = _Context(backend, target.model, run_id, level, data, sizing)
     drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
     sampler = MetricsSampler(target.transport, target.base_url, t0=run_t0)
     sampler.start()
@@ -105,13 +154,35 @@ async def run_level(
         await asyncio.sleep(i / max(1, agents))
         await drivers[i].run(ctx)
 
+    async def quiet_edge(edge: str) -> float:
+        """Close the gate, let the requests in flight finish, sample the counters; the edge's run time."""
+        gate.close()
+        if not await gate.drained(QUIESCE_TIMEOUT_S):
+            data.notes.append(
+                f"the window's {edge} was sampled with {gate.in_flight} request(s) still in flight after "
+                f"{QUIESCE_TIMEOUT_S:g} s: the usage and server figures may cover slightly different requests"
+            )
+        raw = await sampler.sample_once()
+        # The sample's own time, so the window starts exactly at the counters it is measured from.
+        return raw.sample.t if raw is not None else clock.now() - run_t0
+
+    def measured() -> int:
+        w0 = run_t0 + data.window_start
+        return sum(1 for r in data.records if r.ok and r.t_sent >= w0)
+
     tasks = [asyncio.ensure_future(start_later(i)) for i in range(len(drivers))]
     try:
-        # Samples exactly at the window's edges, so counter deltas cover the window and nothing else.
         await asyncio.sleep(max(0.0, run_t0 + data.window_start - clock.now()))
-        await sampler.sample_once()
-        await asyncio.sleep(max(0.0, run_t0 + data.end - clock.now()))
-        await sampler.sample_once()
+        data.window_start = await quiet_edge("start")
+        gate.open()
+        cap = run_t0 + data.window_start + window_s
+        await asyncio.sleep(max(0.0, run_t0 + data.window_start + shortest - clock.now()))
+        # Polled once a second rather than woken per record: a count over the records is cheap at this rate.
+        while clock.now() < cap and measured() < wanted:  # noqa: ASYNC110
+            await asyncio.sleep(min(1.0, cap - clock.now()))
+        ctx.stopped = True  # agents finish the turn they are in and start no other
+        data.end = await quiet_edge("end")
+        gate.open()
         _, pending = await asyncio.wait(tasks, timeout=grace_s) if tasks else (set(), set())
         for t in pending:
             t.cancel()

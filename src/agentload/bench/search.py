@@ -1,8 +1,8 @@
 """Which loads to run: a fixed sweep, or a knee search that brackets and bisects (far fewer agent-turns).
 
-A level is *past the knee* when its output throughput falls more than ``tolerance`` below the best level seen
-so far, or when it breaks the SLO. The knee is the largest agent count that is not past it, with the level
-just past it as the evidence for the explanation.
+A level is *past the knee* by the one knee rule (``capacity.knee``: turns/s or tok/s falls, the prefix-hit rate
+collapses, or TTFT jumps, against the smaller levels), or when it breaks the SLO. The knee is the largest agent
+count that is not past it, with the level just past it as the evidence for the explanation.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from agentload.bench.analysis import explain_knee
 from agentload.bench.results import Knee, KneeExplanation, LevelSummary
+from agentload.capacity.knee import LevelSignals, Verdict, judge_all
 from agentload.errors import ConfigError
 
 Measure = Callable[[int], Awaitable[LevelSummary]]
@@ -46,6 +47,19 @@ def parse_slo(text: str) -> Slo:
     return Slo(metric, f"p{pct}", limit)
 
 
+def signals(s: LevelSummary) -> LevelSignals:
+    """What the knee rule reads of a measured level."""
+    hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+    return LevelSignals(
+        agents=s.agents,
+        output_tps=s.output_tps,
+        turns_per_s=s.turns_per_s,
+        output_trusted=not s.output_short,
+        ttft_p50_s=s.ttft_s.p50,
+        hit_rate=hit,
+    )
+
+
 @dataclass
 class Search:
     measure: Measure
@@ -53,37 +67,47 @@ class Search:
     slo: Slo | None = None
     levels: dict[int, LevelSummary] = field(default_factory=dict)
 
-    @property
-    def best_tps(self) -> float:
-        good = [s.output_tps for s in self.levels.values() if self._slo_ok(s)]
-        return max(good, default=0.0)
-
     def _slo_ok(self, s: LevelSummary) -> bool:
         return self.slo is None or self.slo.met(s)
+
+    def verdicts(self) -> dict[int, Verdict]:
+        """Every measured level judged against the smaller ones (a level failing the SLO is not a reference)."""
+        ok = [signals(s) for s in self.levels.values() if self._slo_ok(s)]
+        out = judge_all(ok, self.tolerance)
+        for n, s in self.levels.items():
+            if not self._slo_ok(s):
+                out[n] = Verdict(past=True, signals=("slo",), reasons=(f"misses {self.slo}",))
+        return out
 
     async def probe(self, agents: int) -> bool:
         """Measure ``agents`` (once) and say whether it is at or before the knee."""
         if agents not in self.levels:
             self.levels[agents] = await self.measure(agents)
-        s = self.levels[agents]
-        if not self._slo_ok(s):
-            return False
-        return s.output_tps >= (1.0 - self.tolerance) * self.best_tps
+        return not self.verdicts()[agents].past
 
     def knee(self, lo: int | None, hi: int | None, context: int) -> Knee:
-        criterion = f"throughput within {self.tolerance:.0%} of the best" + (f" and {self.slo}" if self.slo else "")
+        criterion = "the knee rule (turns/s, tok/s, prefix-hit collapse, TTFT jump)" + (
+            f" and {self.slo}" if self.slo else ""
+        )
         turns = sum(s.requests_ok + s.requests_failed for s in self.levels.values())
         if lo is None:
             first = self.levels[min(self.levels)]
             why = KneeExplanation(cause="slo", summary=f"even {first.agents} agent(s) miss {self.slo}")
-            return Knee(agents=0, context=context, criterion=criterion, explanation=why, agent_turns=turns)
+            return Knee(agents=0, context=context, criterion=criterion, explanation=why, agent_turns=turns,
+                        decided_by="slo")  # fmt: skip
         good = self.levels[lo]
         bad = self.levels.get(hi) if hi is not None else None
         why = explain_knee(good, bad)
+        verdict = self.verdicts().get(hi) if hi is not None else None
         if bad is not None and not self._slo_ok(bad) and why.cause == "compute_saturation":
             why = KneeExplanation(cause="slo", summary=f"past {lo} agents the level misses {self.slo}",
                                   evidence=why.evidence)  # fmt: skip
-        return Knee(agents=lo, context=context, criterion=criterion, explanation=why, agent_turns=turns)
+        decided = ""
+        if verdict is not None and verdict.past:
+            decided = verdict.decided_by
+            why = why.model_copy(update={"summary": f"{why.summary.rstrip('.')}; decided by {verdict.reason}"})
+        return Knee(agents=lo, context=context, criterion=criterion, explanation=why, agent_turns=turns,
+                    decided_by=decided)  # fmt: skip
 
 
 async def sweep(search: Search, agents: list[int], context: int) -> Knee:

@@ -19,10 +19,11 @@ class Target:
     description: str
     virtual: bool  # True: run on a VirtualTimeLoop (in-process simulator, no sockets)
     profile: ServingProfile | None = None  # the simulated server's profile, when there is one
+    engine: str | None = None  # as endpoint.probe names it (vllm, sglang, ...), None when unknown
 
 
-def http_target(url: str, model: str) -> Target:
-    return Target(AiohttpTransport(), url, model, url, virtual=False)
+def http_target(url: str, model: str, engine: str | None = None) -> Target:
+    return Target(AiohttpTransport(), url, model, url, virtual=False, engine=engine)
 
 
 def sim_target(profile_name: str, behaviour: Behaviour | None = None) -> Target:
@@ -36,4 +37,5 @@ def sim_target(profile_name: str, behaviour: Behaviour | None = None) -> Target:
         f"sim:{profile.name} (in-process, virtual time)",
         virtual=True,
         profile=profile,
+        engine="agentload-sim",
     )

@@ -6,9 +6,10 @@ GPU + offload capacity when there is an offload tier), with virtual durations si
 Each run accumulates into a ``CurvePoint``; the points are compiled into an immutable ``ThroughputCurve`` at the
 end, so the knee is computed from data, never from live simulator state.
 
-The knee here is the KV cliff: the largest agent count before output tok/s falls by more than ``KNEE_DROP``
-below the best smaller count — past it, sessions' prefixes are evicted while their agents think, and every turn
-re-prefills the whole conversation (domain.md §1). A cliff seen between two grid counts is bisected to one agent.
+The knee is judged by the same rule as bench's (``capacity.knee``: turns/s or tok/s falls, the prefix-hit rate
+collapses, or TTFT jumps, against the smaller counts) — past it, sessions' prefixes are evicted while their agents
+think, and every turn re-prefills the whole conversation (domain.md §1). A cliff seen between two grid counts is
+bisected to one agent.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import itertools
 from collections.abc import Callable
 from typing import Protocol
 
+from agentload.capacity.knee import KNEE_TOLERANCE, RULE_TEXT, LevelSignals, judge_all
 from agentload.capacity.planner import AgentShape, CurvePoint, Plan, ThroughputCurve, planned_profile
 from agentload.capacity.profile import ServingProfile
 from agentload.sim.engine import StepResult
 from agentload.sim.virtual import SessionShape, run_sessions
 
-# The knee is where throughput falls: a point more than this far below the best smaller count is past it.
-KNEE_DROP = 0.10
+KNEE_DROP = KNEE_TOLERANCE  # the rule's throughput tolerance (kept under this name for the plan's JSON readers)
 # Agent counts tried around the estimate, as fractions of it; a cliff between two of them is then bisected.
 CURVE_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5)
 # Simulating more sessions than this takes minutes; the curve stops there and says so.
@@ -77,10 +78,22 @@ def run_durations(profile: ServingProfile, agents: int, context: int, shape: Age
     return warmup + max(8 * turn_s, 30.0), warmup
 
 
-def _past_knee(points: dict[int, CurvePoint], agents: int) -> bool:
-    """True when ``agents`` runs more than KNEE_DROP below the best throughput of any smaller count."""
-    best = max((p.output_tps for n, p in points.items() if n < agents), default=0.0)
-    return points[agents].output_tps < (1.0 - KNEE_DROP) * best
+def _signals(p: CurvePoint, offload: bool) -> LevelSignals:
+    window = max(p.duration_s - p.warmup_s, 1e-9)
+    return LevelSignals(
+        agents=p.agents,
+        output_tps=p.output_tps,
+        turns_per_s=p.turns / window,
+        ttft_p50_s=p.ttft_p50_s,
+        # The point's hit rate counts GPU hits only; with a CPU tier an evicted prefix comes back at link speed
+        # instead of being recomputed, so a falling GPU hit rate does not by itself mean the cliff.
+        hit_rate=None if offload else p.prefix_hit_rate,
+    )
+
+
+def _past_knee(points: dict[int, CurvePoint], agents: int, offload: bool = False) -> bool:
+    """True when the knee rule puts ``agents`` past the knee, judged against the smaller counts."""
+    return judge_all([_signals(p, offload) for p in points.values()], KNEE_DROP)[agents].past
 
 
 def add_throughput_curve(
@@ -104,6 +117,7 @@ def add_throughput_curve(
         growth="hold",
     )
     offload = plan_.offload.extra_sessions if plan_.offload is not None else 0.0
+    has_offload = plan_.offload is not None
     a = plan_.agents
     wanted = counts if counts is not None else curve_counts(a.estimate, a.shared_prefix_sessions, offload)
     capped = max(wanted) > MAX_SIMULATED_AGENTS
@@ -142,31 +156,34 @@ def add_throughput_curve(
     planned = len(todo)
     for n in todo:
         run(n, planned)
-    knee, past = _find_cliff(points)
+    knee, past = _find_cliff(points, has_offload)
     if knee is None and counts is None and max(points) < MAX_SIMULATED_AGENTS:
         # No fall within the grid: one look at twice the largest count before calling the curve knee-less.
         further = min(2 * max(points), MAX_SIMULATED_AGENTS)
         planned += 1
         run(further, planned)
-        knee, past = _find_cliff(points)
-    if refine and knee is not None and past is not None:
-        # Bisect between the last good and the first fallen count, to one agent (2% for large counts).
+        knee, past = _find_cliff(points, has_offload)
+    # Bisect between the last good and the first fallen count, to one agent (2% for large counts). The rule
+    # compares a count with the largest good one below it, so a count added by bisection can change the verdict
+    # on a larger one (a TTFT jump measured from 10 agents may not be one from 11): the cliff is judged again
+    # over every point and bisected again where it moved, a few rounds at most.
+    for _ in range(3 if refine else 0):
+        if knee is None or past is None:
+            break
         lo, hi = knee, past
         while hi - lo > max(1, round(0.02 * lo)):
             mid = (lo + hi) // 2
             refined.add(mid)
             planned += 1
             run(mid, planned)
-            if _past_knee(points, mid):
+            if _past_knee(points, mid, has_offload):
                 hi = mid
             else:
                 lo = mid
-        knee, past = lo, hi
-    rule = (
-        f"the largest agent count before output tok/s falls more than {KNEE_DROP:.0%} below the best smaller "
-        "count (the KV cliff: sessions' prefixes start to be evicted and every turn re-prefills), bisected to "
-        "one agent"
-    )
+        knee, past = _find_cliff(points, has_offload)
+        if (knee, past) == (lo, hi):
+            break
+    rule = f"{RULE_TEXT} (tolerance {KNEE_DROP:.0%}), bisected to one agent"
     return plan_.model_copy(
         update={
             "curve": ThroughputCurve(
@@ -193,10 +210,10 @@ def _throttled(progress: CurveProgress, duration: float) -> Callable[[StepResult
     return tick
 
 
-def _find_cliff(points: dict[int, CurvePoint]) -> tuple[int | None, int | None]:
+def _find_cliff(points: dict[int, CurvePoint], offload: bool = False) -> tuple[int | None, int | None]:
     """(last count before the first fall, first fallen count); (None, None) when throughput never fell."""
     ordered = sorted(points)
     for prev, n in itertools.pairwise(ordered):
-        if _past_knee(points, n):
+        if _past_knee(points, n, offload):
             return prev, n
     return None, None

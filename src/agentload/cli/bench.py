@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from pathlib import Path
 from typing import Annotated
@@ -17,8 +16,8 @@ from agentload.bench.search import parse_slo
 from agentload.bench.target import Target, http_target, sim_target
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import console, err_console, reports_errors
-from agentload.endpoint.scrape import ServerProbe
-from agentload.errors import ConfigError, EndpointError
+from agentload.endpoint.probe import ENGINE_LABELS, probe
+from agentload.errors import ConfigError
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.scenarios import default_book
@@ -50,15 +49,23 @@ def parse_duration(text: str, flag: str) -> float:
     return value
 
 
-async def server_pool(url: str) -> tuple[int, int, str] | None:
-    """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props), if it says."""
-    try:
-        async with ServerProbe(url, api_key=os.environ.get("OPENAI_API_KEY")) as probe:
-            pool = await probe.pool()
-    except EndpointError as exc:
-        err_console.print(f"[yellow]note:[/] no capacity estimate: {exc}")
-        return None
-    return pool.tokens, pool.block_size, pool.source
+async def probe_server(url: str, model: str, contexts: list[int]) -> tuple[tuple[int, int, str] | None, str]:
+    """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props) and its engine.
+
+    Through the same probe as ``agentload probe``; a context the model cannot hold is refused here, before any
+    load is sent.
+    """
+    found = await probe(url, model=model)
+    if found.max_context is not None:
+        for c in contexts:
+            if c > found.max_context:
+                raise ConfigError(
+                    f"--context {c:,} exceeds what {model} at {url} holds (max_model_len {found.max_context:,})"
+                )
+    if found.pool_tokens is None or found.block_size is None:
+        err_console.print(f"[yellow]note:[/] no capacity estimate: {ENGINE_LABELS[found.engine]} reports no KV pool")
+        return None, found.engine
+    return (found.pool_tokens, found.block_size, found.pool_source or "the server"), found.engine
 
 
 @reports_errors
@@ -93,6 +100,19 @@ def bench(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for workload sizes.")] = 0,
+    natural_output: Annotated[
+        bool,
+        typer.Option(
+            "--natural-output",
+            help="Let the model end its replies (default: ask the engine for exactly the workload's lengths).",
+        ),
+    ] = False,
+    min_turns: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Completed turns a level's window wants (default: 8 per agent, at least 60); --window caps it."
+        ),
+    ] = None,
 ) -> None:
     """Measure agents, not tokens: throughput, TTFT, prefix reuse and KV pressure across agent counts, and the knee.
 
@@ -132,6 +152,7 @@ def bench(
     slo_spec = parse_slo(slo) if slo else None
 
     behaviour: Behaviour | None = OracleBehaviour(default_book()) if workload == "suite" else None
+    pool: tuple[int, int, str] | None = None
     if sim:
         profile = load_profile(sim)  # fail early on a bad name
         for c in contexts:
@@ -144,7 +165,8 @@ def bench(
     else:
         assert url is not None
         assert model is not None
-        shared = http_target(url, model)
+        pool, engine = asyncio.run(probe_server(url, model, contexts))
+        shared = http_target(url, model, engine)
 
         def make_target() -> Target:
             return shared
@@ -162,6 +184,8 @@ def bench(
         max_agents=max_agents,
         synthetic=synthetic,
         seed=seed,
+        exact_output=not natural_output,
+        min_turns=min_turns,
         settings={"workload": workload, "contexts": context},
     )
     store = RunStore(out)
@@ -170,11 +194,16 @@ def bench(
     def on_level(s: LevelSummary) -> None:
         hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
         ttft = s.ttft_s.p50
+        ctx = "-" if s.context_mean is None else f"{s.context_mean:,.0f}"
+        out = "-" if s.output_ratio is None else f"{s.output_ratio:.0%}"
         err_console.print(
-            f"[dim]level {s.level}:[/] {s.agents:>4} agents × {s.context:,} tokens → {s.output_tps:8.1f} out tok/s"
-            f"  prefix hit {'-' if hit is None else f'{hit:.0%}'}"
+            f"[dim]level {s.level}:[/] {s.agents:>4} agents × {s.context:,} tokens (server {ctx}) → "
+            f"{s.output_tps:8.1f} out tok/s  {s.turns} turns{' [red](too few)[/]' if s.too_few_turns else ''}"
+            f"  output {out} of asked  prefix hit {'-' if hit is None else f'{hit:.0%}'}"
             f"  TTFT p50 {'-' if ttft is None else f'{ttft:.2f}s'}  preemptions {s.preemptions or 0:.0f}"
         )
+        for w in s.warnings:
+            err_console.print(f"  [yellow]warning:[/] {w}")
 
     err_console.print(
         f"[bold]agentload bench[/] {'sim:' + sim + ' (virtual time)' if sim else url} · workload {workload} · "
@@ -182,7 +211,6 @@ def bench(
     )
 
     async def go() -> tuple[RunResult, list[LevelData]]:
-        pool = None if sim else await server_pool(url or "")
         try:
             return await run_bench(plan, pool=pool, on_level=on_level, sink=writer.record, run_id=writer.run_id)
         finally:

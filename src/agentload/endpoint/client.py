@@ -384,9 +384,11 @@ class ChatClient:
         calls = [
             ToolCallRecord(id=c["id"], name=c["name"], arguments=c["arguments"]) for _, c in sorted(acc.calls.items())
         ]
+        asked = payload.get("max_completion_tokens", payload.get("max_tokens"))
         return RequestRecord(
             ids=ids,
             model=str(payload.get("model") or ""),
+            requested_tokens=asked if isinstance(asked, int) and not isinstance(asked, bool) else None,
             stream=stream,
             t_sent=acc.t_sent,
             t_headers=acc.t_headers,

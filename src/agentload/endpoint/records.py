@@ -81,6 +81,7 @@ class RequestRecord(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int | None = None  # None when the server did not report it (vLLM needs a flag)
+    requested_tokens: int | None = None  # the output cap asked for (max_completion_tokens or max_tokens)
     usage_source: UsageSource = UsageSource.SERVER
     # What came back.
     finish_reason: str | None = None

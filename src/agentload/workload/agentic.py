@@ -31,7 +31,6 @@ ratio are held and the per-turn sizes scale: at 40,960 the reply is ~200 tokens 
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -42,6 +41,10 @@ import numpy as np
 from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
 from agentload.errors import ConfigError
 from agentload.workload.base import AgentDriver, LoadContext
+from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
+from agentload.workload.words import VOCAB, WORDS, stable_int, words
+
+__all__ = ["VOCAB", "WORDS", "stable_int", "words"]  # the text every workload writes, re-exported
 
 # -- the published shape (domain.md §1) ----------------------------------------------------------------------
 PUBLISHED_TURNS = 43  # median turns per session (one essay's figures)
@@ -73,41 +76,6 @@ TURN_OVERHEAD_TOKENS = 3  # the reply's end marker, the next user header, the ne
 
 # A failed turn ends its session; the agent waits this long before a fresh one so a dead server is not hammered.
 FAILURE_PAUSE_S = 1.0
-
-# Common English words, each a single token with its leading space on the usual BPE vocabularies (Llama, Qwen,
-# GPT) and exactly one token on the simulator. With ~256 of them, 16 random words repeat with odds ~256^-16,
-# so two random texts never share a KV block by chance.
-_WORD_LIST = """
-    the of and to in is was for on that with as by at from his it an be this are or which had have not but
-    were one their all they been has more also when who first two new its time would other only after into
-    over most some there can may such than many these then any so made used between three while during well
-    both each years under part where back same through work year state city later system world high known
-    life family school based small group number area government early found game people since four form
-    around began several music until long second film name member large season because against home line
-    public played series general including water team became local end government another last without
-    within main often show record death left house war set right five days along just power still point
-    top court began among local major order great being best like around law however way make early few
-    take field six type end seven eight nine ten data file test code build patch plan step task tool call
-    read write list check run fix error value result output input model agent server request token cache
-    block prefix context session turn reply prompt queue batch step memory speed load level count rate time
-    stage phase table index field column row page note text word line path name key map set graph node edge
-    tree root leaf branch merge split sort search match parse format print open close start stop wait send
-    green blue red black white light dark heavy fast slow
-"""
-WORDS: tuple[str, ...] = tuple(dict.fromkeys(_WORD_LIST.split()))  # the list repeats a few; each counts once
-VOCAB = np.asarray(WORDS, dtype=object)
-
-
-def words(rng: np.random.Generator, n: int) -> str:
-    """``n`` random words: ``n`` tokens on the simulator (no trailing space, so the last word ends the message)."""
-    if n <= 0:
-        return ""
-    return " ".join(VOCAB[rng.integers(0, len(VOCAB), n)])
-
-
-def stable_int(text: str) -> int:
-    """A process-independent integer for seeding from a string (``hash`` of a str is salted per process)."""
-    return zlib.crc32(text.encode("utf-8"))
 
 
 @dataclass(frozen=True)
@@ -295,23 +263,28 @@ def tokens_per_word(record: RequestRecord, words_sent: int) -> float:
 
 @dataclass
 class AgenticDriver:
-    """One agent: sessions back to back until the level ends."""
+    """One agent: sessions back to back until the level ends.
+
+    Every size is in the server's tokens: text is written at ``ctx.sizing``'s tokens per word, and each turn
+    closes the loop on the ``usage.prompt_tokens`` the server counted for the last one (see ``_hold``).
+    """
 
     agent_id: str
     index: int
     shape: AgenticShape
-    system_text: str
     seed: int
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     sessions_started: int = 0
 
     async def run(self, ctx: LoadContext) -> None:
         sizes = SizeStreams(self.shape, self.seed, self.index)
+        # The same words for every agent of the workload (seeded by the seed alone), so the server caches it once.
+        system = system_prompt(self.seed, ctx.sizing.words(self.shape.system_tokens))
         while not ctx.should_stop():
             n = self.sessions_started
             self.sessions_started += 1
             session = self._grow if self.shape.growth == "grow" else self._hold
-            end = await session(ctx, sizes, n)
+            end = await session(ctx, sizes, n, system)
             if end is _End.STOPPED:
                 return
             if end is _End.FAILED:
@@ -335,66 +308,83 @@ class AgenticDriver:
         final = records[-1]
         return final if final.ok else None
 
-    def _opening(self, rng: np.random.Generator) -> list[dict[str, Any]]:
+    def _opening(self, rng: np.random.Generator, system: str, sizing: TokenSizing) -> list[dict[str, Any]]:
         return [
-            {"role": "system", "content": self.system_text},
-            {"role": "user", "content": words(rng, self.shape.prefix_tokens)},
+            {"role": "system", "content": system},
+            {"role": "user", "content": words(rng, sizing.words(self._prefix_tokens(sizing)))},
         ]
 
-    async def _grow(self, ctx: LoadContext, sizes: SizeStreams, session: int) -> _End:
-        shape = self.shape
+    def _prefix_tokens(self, sizing: TokenSizing) -> int:
+        # The shape sized the prefix around the simulator's template; the server's template costs what it costs.
+        sim = SIMULATOR_SIZING
+        extra = (sim.opening_overhead - sizing.opening_overhead) + (sim.turn_overhead - sizing.turn_overhead)
+        return max(1, self.shape.prefix_tokens + (extra if self.shape.growth == "hold" else 0))
+
+    def _planned_opening(self, sizing: TokenSizing) -> int:
+        return self.shape.system_tokens + self._prefix_tokens(sizing) + sizing.opening_overhead
+
+    async def _grow(self, ctx: LoadContext, sizes: SizeStreams, session: int, system: str) -> _End:
+        shape, sizing = self.shape, ctx.sizing
         rng = self._text_rng(ctx, session)
-        messages = self._opening(rng)
-        out = min(sizes.output(), shape.context - shape.opening_tokens)
-        per_word = 1.0
+        messages = self._opening(rng, system, sizing)
+        out = min(sizes.output(), shape.context - self._planned_opening(sizing))
         turn = 0
         while True:
-            final = await self._send(ctx, messages, out, session, turn)
+            final = await self._send(ctx, messages, max(1, out), session, turn)
             if final is None:
                 return _End.FAILED
-            if turn == 0:
-                per_word = tokens_per_word(final, shape.opening_tokens)
             turn += 1
             messages.append({"role": "assistant", "content": final.content})
             tool, nxt = sizes.tool_result(), sizes.output()
             pause = sizes.pause_s()
             # The next prompt is this one as the server counted it, the reply, and the tool result: the session
             # ends rather than pass the target (a real agent would compact or start over).
-            grown = final.prompt_tokens + final.completion_tokens + math.ceil(tool * per_word) + TURN_OVERHEAD_TOKENS
+            grown = final.prompt_tokens + final.completion_tokens + tool + sizing.turn_overhead
             if grown + nxt > shape.context:
                 return _End.DONE
             if not await between_turns(ctx, pause):
                 return _End.STOPPED
-            messages.append({"role": "user", "content": words(rng, tool)})
+            messages.append({"role": "user", "content": words(rng, sizing.words(tool))})
             out = nxt
 
-    async def _hold(self, ctx: LoadContext, sizes: SizeStreams, session: int) -> _End:
-        shape = self.shape
+    async def _hold(self, ctx: LoadContext, sizes: SizeStreams, session: int, system: str) -> _End:
+        """A stable opening plus the last exchange, held at the target in the server's tokens.
+
+        The opening was sized for the target at the measured tokens per word; whatever the server counted for it
+        instead (``base``) is made up in the tool result, and ``bias`` learns what the prediction of each next
+        prompt misses (the model's reply text is re-tokenised when it is sent back, which need not give its
+        completion token count), so the mean prompt + reply sits at the target on any tokenizer.
+        """
+        shape, sizing = self.shape, ctx.sizing
         rng = self._text_rng(ctx, session)
-        opening = self._opening(rng)
-        out = min(sizes.output(), shape.context - shape.opening_tokens)
-        final = await self._send(ctx, opening, out, session, 0)
+        opening = self._opening(rng, system, sizing)
+        planned = self._planned_opening(sizing)
+        out = min(sizes.output(), shape.context - planned)
+        final = await self._send(ctx, opening, max(1, out), session, 0)
         if final is None:
             return _End.FAILED
         base = final.prompt_tokens
-        per_word = tokens_per_word(final, shape.opening_tokens)
+        bias = 0.0
         for turn in range(1, shape.turns):
             tool, nxt = sizes.tool_result(), sizes.output()
             if not await between_turns(ctx, sizes.pause_s()):
                 return _End.STOPPED
             # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
             # target (the prefix was sized for twice the mean reply, so this is rare).
-            room = shape.context - base - final.completion_tokens - TURN_OVERHEAD_TOKENS
+            carried = final.completion_tokens + sizing.turn_overhead + bias
+            room = math.floor(shape.context - base - carried)
             nxt = max(1, min(nxt, room - 1))
-            tool = max(1, min(tool, math.floor((room - nxt) / per_word)))
+            tool = max(1, min(tool + planned - base, room - nxt))
             messages = [
                 *opening,
                 {"role": "assistant", "content": final.content},
-                {"role": "user", "content": words(rng, tool)},
+                {"role": "user", "content": words(rng, sizing.words(tool))},
             ]
+            predicted = base + final.completion_tokens + sizing.turn_overhead + tool
             reply = await self._send(ctx, messages, nxt, session, turn)
             if reply is None:
                 return _End.FAILED
+            bias += 0.5 * ((reply.prompt_tokens - predicted) - bias)
             final = reply
         return _End.DONE
 
@@ -416,9 +406,9 @@ def agent_ids(count: int) -> list[str]:
     return [f"agent-{i:0{width}d}" for i in range(count)]
 
 
-def system_prompt(seed: int, tokens: int) -> str:
+def system_prompt(seed: int, n_words: int) -> str:
     """The system prompt every agent of a workload shares (depends on the seed only, so it is cached once)."""
-    return words(np.random.default_rng([seed, stable_int("system")]), tokens)
+    return words(np.random.default_rng([seed, stable_int("system")]), n_words)
 
 
 # Options the registry accepts for the agentic workloads (keyword arguments of ``AgenticShape.published``).
@@ -458,8 +448,7 @@ class AgenticWorkload:
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         shape = self.shape(context)
-        system = system_prompt(seed, shape.system_tokens)
         return [
-            AgenticDriver(agent_id, i, shape, system, seed, dict(self.extra_body))
+            AgenticDriver(agent_id, i, shape, seed, dict(self.extra_body))
             for i, agent_id in enumerate(agent_ids(count))
         ]

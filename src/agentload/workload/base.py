@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from agentload.agent.loop import ChatBackend
+from agentload.workload.sizing import TokenSizing
 
 
 class Clock(Protocol):
@@ -29,6 +30,11 @@ class LoadContext(Protocol):
 
     @property
     def clock(self) -> Clock: ...
+
+    @property
+    def sizing(self) -> TokenSizing:
+        """What the workload's text costs in the server's tokens (measured once per run)."""
+        ...
 
     @property
     def model(self) -> str: ...

@@ -1,0 +1,39 @@
+"""Asking an engine for exactly the output length a workload wants (issue 9: output length under control).
+
+Real models stop early — a small model asked for hundreds of tokens replied with five — and then output tok/s
+measures the model's verbosity, not the deployment. Engines that can be told to ignore the end-of-sequence
+token (domain.md §12) get the request's ``max_tokens`` as a floor too, so the reply is exactly that long:
+
+* vLLM (and agentload's simulator, which mirrors it): ``ignore_eos`` + ``min_tokens`` (``min_tokens`` also holds
+  back the model's other stop tokens, which ``ignore_eos`` alone does not);
+* SGLang: ``ignore_eos``;
+* llama.cpp's server: ``ignore_eos`` + ``n_predict``.
+
+Ollama and unknown OpenAI-compatible servers have no such switch: the reply is the model's, and the level says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Engine (as ``endpoint.probe`` names it) → fields for a reply of exactly N tokens.
+_EXACT: dict[str, Any] = {
+    "vllm": lambda n: {"ignore_eos": True, "min_tokens": n},
+    "agentload-sim": lambda n: {"ignore_eos": True, "min_tokens": n},
+    "sglang": lambda n: {"ignore_eos": True},
+    "llamacpp": lambda n: {"ignore_eos": True, "n_predict": n},
+}
+
+
+def can_force_length(engine: str | None) -> bool:
+    return engine in _EXACT
+
+
+def exact_output(engine: str | None, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``body`` asking for exactly its output cap, where the engine allows; unchanged otherwise."""
+    make = _EXACT.get(engine or "")
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    if make is None or not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+        return body
+    return {**body, **make(asked)}
