@@ -1,38 +1,103 @@
 """The terminal view of saved runs (rich): a run's levels, knee and capacity; the run history as a table.
 
-It shows the same cells and sentences as the HTML report (``report.text``), so the two never disagree.
+It shows the same cells and sentences as the HTML report (``report.levels``, ``report.text``), so the two never
+disagree. A terminal gets the level table folded into parts that fit its width; a pipe, a file or a CI log gets
+it whole (issue 9): no cell is ever cut to "…".
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from agentload.bench.results import RunResult
-from agentload.report.text import DASH, capacity_sentence, knee_sentence, level_table, num
+from agentload.report.levels import LevelTable, level_table
+from agentload.report.text import DASH, capacity_sentence, knee_sentence, num
 from agentload.store.history import HistoryEntry
 
+UNBOUNDED = 10_000  # columns to measure a table in, wider than any table we print
 
-def levels_table(result: RunResult) -> Table:
-    table = level_table(result, fold_constant=True)
-    title = " · ".join([result.run_id, result.model, result.workload, *table.constants])
-    out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    for i, header in enumerate(table.headers):
-        out.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
-    for row, is_knee in zip(table.rows, table.knee_rows, strict=True):
-        out.add_row(*row, style="bold yellow" if is_knee else None)
+
+def _table(result: RunResult, lt: LevelTable, columns: Sequence[int], *, title: bool) -> Table:
+    heading = " · ".join([result.run_id, result.model, result.workload, *lt.constants]) if title else None
+    out = Table(title=heading, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for i in columns:
+        # "fold", not the default ellipsis: a cell too wide for a tiny terminal breaks onto a second line rather
+        # than losing its digits to "…".
+        out.add_column(lt.headers[i], justify="left" if i == 0 else "right", no_wrap=True, overflow="fold")
+    for row, is_knee in zip(lt.rows, lt.knee_rows, strict=True):
+        out.add_row(*(row[i] for i in columns), style="bold yellow" if is_knee else None)
     return out
+
+
+def levels_table(result: RunResult, lt: LevelTable | None = None) -> Table:
+    """All the columns in one table (the width a pipe or a CI log gets)."""
+    lt = lt or level_table(result, fold_constant=True)
+    return _table(result, lt, range(len(lt.headers)), title=True)
+
+
+def _width(console: Console, table: Table) -> int:
+    return Measurement.get(console, console.options.update_width(UNBOUNDED), table).maximum
+
+
+def folded_tables(result: RunResult, console: Console, lt: LevelTable | None = None) -> list[Table]:
+    """The table in parts that each fit the terminal, ``agents`` first in every part.
+
+    One part when everything fits; else the core columns (``Column.core``: load, throughput, prefix hit, TTFT,
+    KV, preemptions) come first and the rest follow, each group packed greedily, in table order, into parts no
+    wider than the console, measured by rendering. Dropping columns instead would hide the one a reader came for.
+    """
+    lt = lt or level_table(result, fold_constant=True)
+    every = list(range(len(lt.headers)))
+    if _width(console, _table(result, lt, every, title=False)) <= console.width:
+        return [_table(result, lt, every, title=True)]
+    groups = [[i for i in every[1:] if lt.core[i]], [i for i in every[1:] if not lt.core[i]]]
+    parts: list[list[int]] = []
+    for group in groups:
+        part: list[int] = []
+        for i in group:
+            if part and _width(console, _table(result, lt, [0, *part, i], title=False)) > console.width:
+                parts.append(part)
+                part = []
+            part.append(i)
+        if part:
+            parts.append(part)
+    return [_table(result, lt, [0, *part], title=n == 0) for n, part in enumerate(parts)]
+
+
+class NaturalWidth:
+    """A renderable drawn as wide as it wants, whatever the console's width.
+
+    Off a terminal rich assumes 80 columns and squeezes a wide table into "…"; a file or a CI log has no width,
+    so the table keeps all its digits and the reader's viewer scrolls. Print it with ``crop=False``.
+    """
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = Measurement.get(console, options.update_width(UNBOUNDED), self.table).maximum
+        yield from console.render(self.table, options.update_width(width))
+
+
+def _notes(lt: LevelTable) -> Iterator[Text]:
+    for warning in lt.warnings:
+        yield Text(f"warning: {warning}", style="yellow")
+    for line in lt.legend:
+        yield Text(line, style="dim")
 
 
 def result_panel(result: RunResult) -> Panel:
     """The knee(s) explained and the capacity estimate(s), in sentences."""
-    lines: list[Text] = []
+    # The target goes inside, not in the title: a border title too long for a narrow terminal is cut off.
+    lines: list[Text] = [Text(f"target: {result.target}", style="dim")]
     for knee in result.knee:
         lines.append(Text(knee_sentence(knee), style="bold"))
         if knee.explanation.evidence:
@@ -43,13 +108,21 @@ def result_panel(result: RunResult) -> Panel:
     if result.real_over_synthetic is not None:
         lines.append(Text(f"Real agents ÷ matched synthetic load, output throughput: {result.real_over_synthetic:.2f}"))
     lines.extend(Text(note, style="italic dim") for note in result.notes)
-    if not lines:
+    if len(lines) == 1:
         lines.append(Text(f"No knee or capacity estimate in this run (mode {result.mode}).", style="dim"))
-    return Panel(Group(*lines), title=f"{result.run_id}: {result.target}", title_align="left")
+    return Panel(Group(*lines), title=result.run_id, title_align="left")
 
 
 def print_result(result: RunResult, console: Console) -> None:
-    console.print(levels_table(result))
+    """The levels (folded to fit a terminal, whole anywhere else), their warnings and markers, then the panel."""
+    lt = level_table(result, fold_constant=True)
+    if console.is_terminal:
+        for table in folded_tables(result, console, lt):
+            console.print(table)
+    else:
+        console.print(NaturalWidth(levels_table(result, lt)), crop=False)
+    for line in _notes(lt):
+        console.print(line)
     console.print(result_panel(result))
 
 

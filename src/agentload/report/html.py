@@ -34,15 +34,8 @@ from agentload.report.figures import (
     token_split,
     ttft_vs_agents,
 )
-from agentload.report.text import (
-    CAUSES,
-    LevelTable,
-    capacity_sentence,
-    knee_sentence,
-    knee_short,
-    level_table,
-    num,
-)
+from agentload.report.levels import LevelTable, level_table
+from agentload.report.text import CAUSES, capacity_sentence, knee_sentence, knee_short, num
 from agentload.store.history import best_output_tps
 from agentload.store.rundir import RunDir
 
