@@ -9,6 +9,8 @@
 # also ends the engine-core process vLLM forks, and touches nothing else on the machine. `python -m
 # vllm.entrypoints.openai.api_server` rather than the `vllm` console script, which fails for the CPU package.
 # BLOCKS is --num-gpu-blocks-override: the KV pool in blocks (128 tokens each on the CPU backend).
+# AGENTLOAD_VLLM_MODEL_DIR and AGENTLOAD_VLLM_SERVED_NAME pick the model (default $tier/model as agentload-tiny;
+# the realistic one is $tier/model-realistic, served by the tests as agentload-realistic).
 set -euo pipefail
 
 tier="${AGENTLOAD_VLLM_TIER_DIR:-$HOME/.cache/agentload-vllm-tier}"
@@ -25,7 +27,8 @@ start)
         VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
         setsid "$tier/venv/bin/python" -m vllm.entrypoints.openai.api_server \
         --host 127.0.0.1 --port "$port" \
-        --model "$tier/model" --served-model-name agentload-tiny \
+        --model "${AGENTLOAD_VLLM_MODEL_DIR:-$tier/model}" \
+        --served-model-name "${AGENTLOAD_VLLM_SERVED_NAME:-agentload-tiny}" \
         --max-model-len "${AGENTLOAD_VLLM_MAX_MODEL_LEN:-4096}" \
         --enable-prefix-caching --enable-prompt-tokens-details --enforce-eager \
         --num-gpu-blocks-override "$blocks" \

