@@ -53,7 +53,7 @@ class BenchPlan:
     # Ask the engine for exactly each request's max_tokens (``endpoint.output``); False: the model decides
     # (``--natural-output``).
     exact_output: bool = True
-    min_turns: int | None = None  # completed turns a window wants (default: runner.required_turns)
+    min_turns: int | None = None  # completed turns a window wants in all (default 60; 8 per agent apply)
     settings: dict[str, str | int | float | bool | None] = field(default_factory=dict)
 
 

@@ -118,7 +118,7 @@ async def run_level(
     warmup_s: float,
     window_s: float,
     min_window_s: float | None = None,
-    min_turns: int | None = None,
+    min_turns: int | None = None,  # the floor "in all" (default MIN_TURNS_TOTAL); 8 per agent still apply
     grace_s: float = 60.0,
     seed: int = 0,
     sink: RecordSink | None = None,
@@ -132,7 +132,7 @@ async def run_level(
     clock = LoopClock()
     start = clock.now() - run_t0
     shortest = window_s if min_window_s is None else min(min_window_s, window_s)
-    wanted = min_turns if min_turns is not None else required_turns(agents)
+    wanted = required_turns(agents) if min_turns is None else required_turns(agents, total=min_turns)
     data = LevelData(level, agents, context, workload.name, start, start + warmup_s, start + warmup_s + window_s,
                      t0=run_t0, min_turns=wanted, output_controlled=exact_output_engine is not None)  # fmt: skip
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),

@@ -110,7 +110,7 @@ def bench(
     min_turns: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Completed turns a level's window wants (default: 8 per agent, at least 60); --window caps it."
+            min=1, help="Completed turns a level's window wants in all (default 60; and 8 per agent); --window caps it."
         ),
     ] = None,
 ) -> None:
