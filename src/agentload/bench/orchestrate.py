@@ -85,18 +85,30 @@ def capacity_for(
 
 
 def realised_context(levels: list[LevelSummary], context: int, knee: int | None) -> int | None:
-    """The context the server counted at this target: the median of the levels' p95, up to the knee.
+    """The context the server counted at this target: the median of the levels' means, up to the knee.
 
-    The p95 of a turn's prompt + reply is the context a session reaches: for held sessions it sits at the target
-    (their mean does too), for growing ones it is the peak they end at, which is what a session must fit. Levels
-    past the knee are left out where there are others: their turns are fewer and skewed toward the agents the
-    server served first. None when no level measured it (no usage from the server).
+    For held sessions (the only ones this is used for) the mean prompt + reply is what each session keeps in the
+    pool all the time. Levels past the knee are left out where there are others: their turns are fewer and skewed
+    toward the agents the server served first. None when no level measured it (no usage from the server).
     """
-    at = [lv for lv in levels if lv.context == context and lv.context_p95 is not None]
+    at = [lv for lv in levels if lv.context == context and lv.context_mean is not None]
     below = [lv for lv in at if knee is None or lv.agents <= knee] or at
     if not below:
         return None
-    return round(float(np.median([lv.context_p95 or 0.0 for lv in below])))
+    return round(float(np.median([lv.context_mean or 0.0 for lv in below])))
+
+
+def with_shared_prefix(estimate: CapacityEstimate, shared_tokens: int) -> CapacityEstimate:
+    """The estimate with a shared system prompt's full blocks stored once (vLLM hashes only full blocks)."""
+    if estimate.pool_tokens is None or estimate.block_size is None or estimate.sessions is None:
+        return estimate
+    block = estimate.block_size
+    shared = shared_tokens // block
+    per_session = -(-estimate.context // block)
+    if shared <= 0 or shared >= per_session:
+        return estimate
+    sessions = (estimate.pool_tokens // block - shared) / (per_session - shared)
+    return estimate.model_copy(update={"shared_prefix_tokens": shared_tokens, "sessions_shared_prefix": sessions})
 
 
 async def measure_token_sizing(target: Target, seed: int) -> tuple[TokenSizing, str | None]:
@@ -182,8 +194,15 @@ async def run_bench(
     def estimate_at(context: int, knee: int | None) -> CapacityEstimate:
         real = realised_context(levels, context, knee) if holds else None
         if real is None:
-            return capacity_for(probe_target, context, pool)
-        return capacity_for(probe_target, real, pool, target_context=context)
+            estimate = capacity_for(probe_target, context, pool)
+        else:
+            estimate = capacity_for(probe_target, real, pool, target_context=context)
+        if isinstance(plan.workload, AgenticWorkload) and probe_target.profile is None:
+            # The system prompt every agent shares, in server tokens (the workload sizes it so; its template
+            # header is left out, a few tokens that only ever round a block down). The simulator's profile
+            # layouts (hybrid groups) have their own arithmetic, so this refinement is for real servers.
+            estimate = with_shared_prefix(estimate, plan.workload.shape(context).system_tokens)
+        return estimate
 
     for context in plan.contexts:
         scale = plan.probe_scale if plan.mode == "find-knee" else 1.0
@@ -212,8 +231,8 @@ async def run_bench(
             continue
         estimate = estimate_at(context, knee.agents)
         capacity.append(estimate)
-        if estimate.sessions:
-            knee = knee.model_copy(update={"measured_over_predicted": knee.agents / estimate.sessions})
+        if estimate.predicted:
+            knee = knee.model_copy(update={"measured_over_predicted": knee.agents / estimate.predicted})
         knees.append(knee)
     if probe_target.virtual:
         await probe_target.transport.aclose()

@@ -112,6 +112,15 @@ class CapacityEstimate(BaseModel):
     # The context the estimate divides by: the realised one (server tokens) when the run measured it, else the
     # target; ``target_context`` keeps what was asked for.
     target_context: int | None = None
+    # Agents that share a system prompt store its full blocks once (prefix caching): (pool − shared) ÷ (context −
+    # shared) sessions fit. The prediction a measured knee is compared with when the workload shares a prefix.
+    shared_prefix_tokens: int | None = None
+    sessions_shared_prefix: float | None = None
+
+    @property
+    def predicted(self) -> float | None:
+        return self.sessions_shared_prefix if self.sessions_shared_prefix is not None else self.sessions
+
     label: str = "dense-attention estimate; a lower bound for sliding-window / sparse attention"
 
 

@@ -82,9 +82,15 @@ def capacity_sentence(est: CapacityEstimate) -> str:
         realised = f", realised context {est.context:,} (target {est.target_context:,})"
     if est.pool_tokens is None or est.sessions is None:
         return f"KV pool unknown ({est.source}): no capacity estimate at {est.context:,} tokens per session{realised}."
+    shared = ""
+    if est.sessions_shared_prefix is not None and est.shared_prefix_tokens is not None:
+        shared = (
+            f"; with the {est.shared_prefix_tokens:,}-token system prompt every agent shares stored once, "
+            f"≈ {est.sessions_shared_prefix:,.1f} sessions (the prediction the knee is compared with)"
+        )
     return (
         f"KV pool {est.pool_tokens:,} tokens ÷ {est.context:,} tokens per session ≈ {est.sessions:,.1f} sessions"
-        f"{realised} ({est.label}; pool from {est.source})."
+        f"{realised} ({est.label}; pool from {est.source}){shared}."
     )
 
 
