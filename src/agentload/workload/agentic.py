@@ -359,7 +359,8 @@ class AgenticDriver:
         rng = self._text_rng(ctx, session)
         opening = self._opening(rng, system, sizing)
         planned = self._planned_opening(sizing)
-        out = min(sizes.output(), shape.context - planned)
+        margin = hold_margin(shape.context)
+        out = min(sizes.output(), shape.context - planned - margin)
         final = await self._send(ctx, opening, max(1, out), session, 0)
         if final is None:
             return _End.FAILED
@@ -372,7 +373,7 @@ class AgenticDriver:
             # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
             # target (the prefix was sized for twice the mean reply, so this is rare).
             carried = final.completion_tokens + sizing.turn_overhead + bias
-            room = math.floor(shape.context - base - carried)
+            room = math.floor(shape.context - base - carried) - margin
             nxt = max(1, min(nxt, room - 1))
             tool = max(1, min(tool + planned - base, room - nxt))
             messages = [
@@ -387,6 +388,13 @@ class AgenticDriver:
             bias += 0.5 * ((reply.prompt_tokens - predicted) - bias)
             final = reply
         return _End.DONE
+
+
+def hold_margin(context: int) -> int:
+    """Tokens a held turn's clamp keeps below the target: a prediction of the next prompt can miss by a token or
+    two (a re-tokenised reply, a template that counts a turn differently), and at a target equal to the server's
+    max_model_len one token over is a rejected request. Only long draws are clamped, so the mean barely moves."""
+    return 2 + math.ceil(0.002 * context)
 
 
 async def between_turns(ctx: LoadContext, seconds: float) -> bool:
