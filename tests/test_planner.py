@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from agentload.capacity.curve import _find_cliff, add_throughput_curve, curve_counts
 from agentload.capacity.planner import CurvePoint, Plan, PlanSpec, parse_spec, plan
 from agentload.errors import ConfigError, UnknownNameError
+from agentload.sim.curve import _find_cliff, add_throughput_curve, curve_counts
 
 KIB = 1024
 

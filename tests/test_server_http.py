@@ -10,10 +10,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from agentload.cli.common import default_book
 from agentload.errors import ConfigError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultSpec, parse_fault
-from agentload.sim.scenarios import default_book
 from tests.simserver import running_sim
 
 MODEL = "Qwen/Qwen3-235B-A22B"

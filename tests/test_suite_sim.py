@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agentload.cli.common import default_book
 from agentload.clock import RealClock
 from agentload.endpoint.backend import SingleAttemptBackend
 from agentload.endpoint.client import ChatClient, FixedDeadlines
@@ -17,7 +18,6 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.retry import RetryingBackend
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
-from agentload.sim.scenarios import default_book
 from agentload.suite.cases import all_tests, by_id, select
 from agentload.suite.model import SuiteTest, failed
 from agentload.suite.oracle import STOP_EARLY_AFTER, WRONG_KEY_AT, scenarios

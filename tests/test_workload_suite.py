@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from agentload.cli.common import default_book
 from agentload.errors import ConfigError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import parse_fault
-from agentload.sim.scenarios import default_book
 from agentload.workload.suite import SuiteWorkload
 from tests.test_workload_harness import run_level, sim_server
 

@@ -2,7 +2,7 @@
 
 ``plan`` resolves the configuration into a ``ServingProfile`` through ``profile.resolve`` — the same KV layout,
 pool sizing and step-time model the simulator runs, never a second formula — and compiles the figures into an
-immutable ``Plan``. ``capacity.curve.add_throughput_curve`` then runs the simulator on ``planned_profile(plan)``
+immutable ``Plan``. ``sim.curve.add_throughput_curve`` then runs the simulator on ``planned_profile(plan)``
 and returns the plan with the measured curve and its knee. Renderers (the CLI's rich tables, ``--json``) only
 read the ``Plan``; it round-trips through JSON.
 

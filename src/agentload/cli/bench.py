@@ -15,12 +15,11 @@ from agentload.bench.results import LevelSummary, RunResult
 from agentload.bench.search import parse_slo
 from agentload.bench.target import Target, http_target, sim_target
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import console, err_console, reports_errors
+from agentload.cli.common import console, default_book, err_console, reports_errors
 from agentload.endpoint.probe import ENGINE_LABELS, probe
 from agentload.errors import ConfigError
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
-from agentload.sim.scenarios import default_book
 from agentload.store.runstore import RunStore
 from agentload.vtime import run_virtual
 from agentload.workload.registry import get_workload

@@ -1,4 +1,4 @@
-"""What every command shares: the consoles and the one place that turns our errors into exit status 2."""
+"""What every command shares: the consoles, the oracle's scenario book, and turning our errors into exit status 2."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import typer
 from rich.console import Console
 
 from agentload.errors import AgentloadError
+from agentload.sim.behaviour import ScenarioBook
+from agentload.sim.scenarios import builtin_scenarios
+from agentload.suite.oracle import scenarios as suite_scenarios
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -18,6 +21,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 EXIT_USAGE = 2
+
+
+def default_book() -> ScenarioBook:
+    """The simulator's built-in scenarios plus one per behaviour-suite test, for ``OracleBehaviour``.
+
+    Built here, at the composition root, because the suite imports the simulator: were the simulator to load the
+    suite's scenarios itself, the two packages would import each other (issue 10).
+    """
+    return ScenarioBook([*builtin_scenarios(), *suite_scenarios()])
 
 
 @contextmanager

@@ -7,11 +7,11 @@ from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentload.capacity.curve import add_throughput_curve
 from agentload.capacity.models import AttentionKind
 from agentload.capacity.planner import CurvePoint, Plan, parse_spec
 from agentload.capacity.planner import plan as make_plan
 from agentload.cli.common import console, err_console, reports_errors
+from agentload.sim.curve import add_throughput_curve
 
 # PlanSpec field → the flag that sets it, so a bad value's message names the flag the user typed.
 FLAGS = {

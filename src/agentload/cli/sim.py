@@ -13,11 +13,10 @@ import typer
 from aiohttp import web
 
 from agentload.capacity.profile import ServingProfile, load_profile
-from agentload.cli.common import console, err_console, reports_errors
+from agentload.cli.common import console, default_book, err_console, reports_errors
 from agentload.errors import ConfigError
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
-from agentload.sim.scenarios import default_book
 from agentload.sim.server import SimConfig, SimServer
 
 

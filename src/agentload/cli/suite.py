@@ -22,14 +22,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import console, err_console, reports_errors
+from agentload.cli.common import console, default_book, err_console, reports_errors
 from agentload.clock import RealClock
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.retry import RetryingBackend
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError
 from agentload.sim.behaviour import OracleBehaviour
-from agentload.sim.scenarios import default_book
 from agentload.sim.server import SimConfig, SimServer
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS

@@ -1,8 +1,9 @@
 """Scenarios the oracle knows out of the box.
 
-The behaviour suite (``agentload.suite``) registers its own tests through ``ScenarioBook.register``; until it
-is installed the book holds two small scenarios that show the pattern — a correct reply plus named known-bad
-replies that a scorer must fail:
+The behaviour suite's own scenarios (``agentload.suite.oracle``) are not imported here: the suite imports the
+simulator, so the composition root builds the book (``agentload.cli.common.default_book``) and hands it to
+``OracleBehaviour`` (issue 10). These two small scenarios show the pattern — a correct reply plus named
+known-bad replies that a scorer must fail:
 
 * ``echo`` — reply with the last user message verbatim. Bad: ``refuse`` (generic), ``shout`` (upper-cased).
 * ``tool-roundtrip`` — call the one offered tool with ``{"query": <last user text>}``; once its result is in the
@@ -12,10 +13,9 @@ replies that a scorer must fail:
 
 from __future__ import annotations
 
-import importlib
 import json
 
-from agentload.sim.behaviour import PlannedCall, Reply, Scenario, ScenarioBook, Turn
+from agentload.sim.behaviour import PlannedCall, Reply, Scenario, Turn
 
 
 def _echo(turn: Turn) -> Reply:
@@ -47,15 +47,3 @@ def builtin_scenarios() -> list[Scenario]:
         Scenario("echo", _echo, {"shout": _shout}),
         Scenario("tool-roundtrip", _roundtrip, {"no-tool-call": _no_tool_call, "invent-tool": _invent_tool}),
     ]
-
-
-def default_book() -> ScenarioBook:
-    """The built-in scenarios plus the behaviour suite's, when that package is present."""
-    book = ScenarioBook(builtin_scenarios())
-    try:
-        suite = importlib.import_module("agentload.suite.oracle")
-    except ModuleNotFoundError:
-        return book
-    for scenario in suite.scenarios():
-        book.register(scenario)
-    return book

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agentload import __version__
 from agentload.capacity.profile import ServingProfile
 from agentload.errors import BadRequestError, ContextLengthError, ModelNotFoundError, RequestError
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, truncate
@@ -169,8 +170,6 @@ class SimServer:
         return web.Response(status=200)
 
     async def version(self, _request: web.Request) -> web.Response:
-        from agentload import __version__
-
         return web.json_response({"version": f"agentload-sim {__version__}"})
 
     async def models(self, _request: web.Request) -> web.Response:

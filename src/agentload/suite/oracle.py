@@ -1,6 +1,6 @@
 """The suite's tests as the simulator's oracle plays them: a correct reply and named known-bad replies per test.
 
-``agentload.sim.scenarios.default_book`` imports this module and registers ``scenarios()``, so a simulator run
+``agentload.cli.common.default_book`` hands ``scenarios()`` to the simulator's oracle, so a simulator run
 with ``--behaviour oracle`` answers every suite test — correctly, or with ``--known-bad NAME`` the way a weak
 model would, which is how each scorer is shown to fail when it should. Each reply function sees the conversation
 so far (a ``Turn``) and works like a small state machine over it: which tools were called, what they returned.
@@ -522,5 +522,5 @@ _PLAYS: dict[str, tuple[ScenarioFn, Mapping[str, ScenarioFn]]] = {
 
 
 def scenarios() -> list[Scenario]:
-    """One scenario per suite test, registered by the simulator's ``default_book``."""
+    """One scenario per suite test, for the oracle's book (``agentload.cli.common.default_book``)."""
     return [Scenario(test_id, correct, dict(bad)) for test_id, (correct, bad) in _PLAYS.items()]

@@ -10,6 +10,9 @@ The knee is judged by the same rule as bench's (``capacity.knee``: turns/s or to
 collapses, or TTFT jumps, against the smaller counts) — past it, sessions' prefixes are evicted while their agents
 think, and every turn re-prefills the whole conversation (domain.md §1). A cliff seen between two grid counts is
 bisected to one agent.
+
+It lives beside the simulator it drives, not in ``capacity``: the simulator imports capacity's KV and step-time
+model, so a curve in ``capacity`` made the two packages import each other (issue 10).
 """
 
 from __future__ import annotations
