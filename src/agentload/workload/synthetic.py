@@ -8,7 +8,7 @@ a fresh, unique prompt: no conversation, no shared system prompt, nothing for th
 
 Each agent sends its requests back to back (closed loop, like ``vllm bench serve --max-concurrency``); with
 ``pace=True`` it also sleeps the agentic think and tool time between them. Each request is reported as a
-one-turn session. Sizes are simulator tokens (one per word); on real servers the words cost ~1–1.3 tokens.
+one-turn session. Sizes are the server's tokens: text is written at ``ctx.sizing``'s measured tokens per word.
 
 Unique from the first token we write: a chat template's own fixed header (a few tokens) is still common to every
 request, as it is to any chat workload, and stays below one KV block on the usual templates.
@@ -56,7 +56,7 @@ class SyntheticDriver:
         n = 0
         while not ctx.should_stop():
             prompt, out = next(turns)
-            content = words(rng, max(1, prompt - SINGLE_MESSAGE_OVERHEAD_TOKENS))
+            content = words(rng, ctx.sizing.words(max(1, prompt - SINGLE_MESSAGE_OVERHEAD_TOKENS)))
             body = {"model": ctx.model, "messages": [{"role": "user", "content": content}], "max_tokens": out}
             ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/r{n}", turn=0)
             records = await ctx.backend.complete({**body, **self.extra_body}, ids)
