@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agentload.bench.analysis import LevelData, summarise
 from agentload.bench.gate import QuiesceGate
 from agentload.bench.results import LevelSummary, Percentiles
 from agentload.bench.runner import RecordingBackend, required_turns
@@ -251,3 +252,35 @@ def test_the_knee_search_names_the_signal_that_decided() -> None:
     assert "prefix hit rate" in knee.decided_by or "ttft" in knee.decided_by
     assert "decided by" in knee.explanation.summary
     assert signals(search.levels[2]).hit_rate == 0.96
+
+
+def _record(t: float, prompt: int, out: int, asked: int) -> RequestRecord:
+    return RequestRecord(t_sent=t, t_first_token=t + 0.1, t_done=t + 1.0, prompt_tokens=prompt, completion_tokens=out,
+                         requested_tokens=asked, usage_source=UsageSource.SERVER)  # fmt: skip
+
+
+@pytest.mark.parametrize("controlled", [True, False])
+def test_a_level_of_short_replies_is_flagged_and_says_why(controlled: bool) -> None:
+    data = LevelData(0, 2, 4096, "agentic-hold", 0.0, 10.0, 110.0, min_turns=60, output_controlled=controlled)
+    data.records = [_record(10.0 + i, 4000, 5, 100) for i in range(40)]
+    data.records.append(_record(5.0, 4000, 100, 100))  # sent before the window: not the level's
+    s = summarise(data)
+    assert s.turns == 40
+    assert s.output_requested_mean == 100
+    assert s.output_realised_mean == 5
+    assert s.output_short
+    assert s.too_few_turns
+    assert s.context_mean == 4005
+    assert s.turns_per_s == pytest.approx(0.4)
+    said = " ".join(s.warnings)
+    assert ("ignores them" in said) is controlled
+    assert "only 40 completed turns" in said
+
+
+def test_replies_at_their_length_are_not_flagged() -> None:
+    data = LevelData(0, 1, 4096, "agentic-hold", 0.0, 0.0, 100.0, min_turns=10, output_controlled=True)
+    data.records = [_record(float(i), 4000, 90, 100) for i in range(20)]
+    s = summarise(data)
+    assert not s.output_short
+    assert not s.too_few_turns
+    assert s.warnings == []

@@ -103,6 +103,7 @@ async def test_vllm_without_prompt_tokens_details() -> None:
     assert result.max_running is None
     assert any("max_num_seqs" in n for n in result.notes)
     assert result.evidence == ["/metrics uses the vllm: prefix"]
+    assert result.output_length_control == "ignore_eos + min_tokens=max_tokens"
 
 
 async def test_sglang_reads_server_info_and_never_repeats_its_secrets() -> None:
@@ -140,6 +141,7 @@ async def test_llamacpp_slots_context_and_cached_tokens() -> None:
     result = await probe("http://127.0.0.1:8080", transport=transport)
     assert (result.engine, result.parallel_slots, result.max_running, result.max_context) == ("llamacpp", 4, 4, 8192)
     assert result.pool_tokens == 4 * 8192
+    assert result.output_length_control == "ignore_eos + n_predict=max_tokens"
     assert result.block_size is None  # llama.cpp has no paged pool; its "blocks" would be made up
     assert (result.reports_cached_tokens, result.prefix_caching, result.cached_tokens_advice) == (True, True, None)
     assert preflight(result, planned_context=8192, requested_width=None).reason == "llama.cpp has 4 slots"
@@ -161,6 +163,7 @@ async def test_ollama_by_its_own_api() -> None:
     assert result.cached_tokens_advice is not None
     assert "does not report" in result.cached_tokens_advice
     assert result.metrics_url is None
+    assert result.output_length_control is None  # Ollama's OpenAI API has no way to force a length
 
 
 async def test_a_generic_api_and_a_stream_without_usage() -> None:

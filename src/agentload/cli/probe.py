@@ -41,6 +41,10 @@ def render(result: ProbeResult) -> Table:
         ("usage reports cached tokens", cached),
         ("parallel slots", _number(result.parallel_slots)),
         ("max running requests", _number(result.max_running)),
+        (
+            "exact output lengths",
+            result.output_length_control or "no way known: replies are as long as the model makes them",
+        ),
         ("metrics", result.metrics_url or "none"),
         ("metric names", ", ".join(result.metric_names) or "—"),
     ]

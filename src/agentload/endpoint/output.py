@@ -30,6 +30,14 @@ def can_force_length(engine: str | None) -> bool:
     return engine in _EXACT
 
 
+def length_control(engine: str | None) -> str | None:
+    """The request fields that make this engine's replies exactly max_tokens long, in words (None: no way)."""
+    make = _EXACT.get(engine or "")
+    if make is None:
+        return None
+    return " + ".join(k if v is True else f"{k}=max_tokens" for k, v in make(1).items())
+
+
 def exact_output(engine: str | None, body: Mapping[str, Any]) -> Mapping[str, Any]:
     """``body`` asking for exactly its output cap, where the engine allows; unchanged otherwise."""
     make = _EXACT.get(engine or "")

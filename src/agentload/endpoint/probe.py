@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentload.endpoint.client import ChatClient, FixedDeadlines
+from agentload.endpoint.output import length_control
 from agentload.endpoint.records import RequestRecord, UsageSource
 from agentload.endpoint.scrape import (
     EndpointError as ScrapeError,
@@ -108,6 +109,8 @@ class ProbeResult(BaseModel):
     metric_names: list[str] = Field(default_factory=list)
     parallel_slots: int | None = None
     max_running: int | None = None
+    # How agentload asks this engine for exact output lengths (``endpoint.output``); None: it cannot.
+    output_length_control: str | None = None
     notes: list[str] = Field(default_factory=list)
 
 
@@ -427,6 +430,7 @@ async def _read(root: str, answers: Mapping[str, _Answer], model: str | None, cl
         metric_names=_metric_names(snapshot) if snapshot is not None else [],
         parallel_slots=slots,
         max_running=max_running,
+        output_length_control=length_control(engine),
         notes=notes,
     )
 
