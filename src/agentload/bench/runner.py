@@ -178,7 +178,8 @@ async def run_level(
         cap = run_t0 + data.window_start + window_s
         await asyncio.sleep(max(0.0, run_t0 + data.window_start + shortest - clock.now()))
         # Polled once a second rather than woken per record: a count over the records is cheap at this rate.
-        while clock.now() < cap and measured() < wanted:  # noqa: ASYNC110
+        # Agents that are all done (a suite pass each) will not add turns: the window ends with them.
+        while clock.now() < cap and measured() < wanted and not all(t.done() for t in tasks):  # noqa: ASYNC110
             await asyncio.sleep(min(1.0, cap - clock.now()))
         ctx.stopped = True  # agents finish the turn they are in and start no other
         data.end = await quiet_edge("end")
