@@ -33,9 +33,9 @@ def test_json_output_and_saved_results(tmp_path: Path) -> None:
     assert level["tests"] == ["T1", "T16", "H1"]
     assert level["pooled_pass_rate"] == 1.0
     assert level["pooled_tests"] == ["T1", "T16"]
-    assert "agent_results" not in level  # transcripts go to --out, not to stdout
+    assert "agent_results" not in level  # transcripts go to the run directory, not to stdout
     assert data["endpoint"].startswith("embedded simulator (qwen3-235b-gb300")
-    (saved,) = tmp_path.glob("suite-*.json")
+    (saved,) = tmp_path.glob("suite-*/suite.json")
     run = load_run(saved)
     results = [t for a in run.levels[0].agent_results for t in a.tests]
     assert len(results) == 6

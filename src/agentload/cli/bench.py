@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,7 +14,17 @@ from agentload.bench.results import LevelSummary, RunResult
 from agentload.bench.search import parse_slo
 from agentload.bench.target import Target, http_target, sim_target
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import console, default_book, err_console, reports_errors
+from agentload.cli.common import (
+    ApiKeyEnvOption,
+    JsonOption,
+    OutOption,
+    console,
+    default_book,
+    err_console,
+    read_api_key,
+    reports_errors,
+    resolve_key_env,
+)
 from agentload.endpoint.probe import ENGINE_LABELS, probe
 from agentload.errors import ConfigError
 from agentload.report.console import print_result
@@ -48,13 +57,15 @@ def parse_duration(text: str, flag: str) -> float:
     return value
 
 
-async def probe_server(url: str, model: str, contexts: list[int]) -> tuple[tuple[int, int, str] | None, str]:
+async def probe_server(
+    url: str, model: str, contexts: list[int], key_env: str | None = None
+) -> tuple[tuple[int, int, str] | None, str]:
     """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props) and its engine.
 
     Through the same probe as ``agentload probe``; a context the model cannot hold is refused here, before any
     load is sent.
     """
-    found = await probe(url, model=model)
+    found = await probe(url, model=model, api_key_env=resolve_key_env(key_env))
     if found.max_context is not None:
         for c in contexts:
             if c > found.max_context:
@@ -71,6 +82,7 @@ async def probe_server(url: str, model: str, contexts: list[int]) -> tuple[tuple
 def bench(
     url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (real time).")] = None,
     model: Annotated[str | None, typer.Option(help="Model id to request (with --url).")] = None,
+    api_key_env: ApiKeyEnvOption = None,
     sim: Annotated[
         str | None, typer.Option(help="Simulator profile, run in process in virtual time (no sockets).")
     ] = None,
@@ -94,10 +106,8 @@ def bench(
     compare_synthetic: Annotated[
         bool, typer.Option(help="Also run the matched synthetic arm for the real ÷ synthetic ratio.")
     ] = False,
-    out: Annotated[
-        Path | None, typer.Option(help="Root directory of runs (default $AGENTLOAD_RUNS or ./agentload-runs).")
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    out: OutOption = None,
+    json_out: JsonOption = False,
     seed: Annotated[int, typer.Option(help="Seed for workload sizes.")] = 0,
     natural_output: Annotated[
         bool,
@@ -124,6 +134,8 @@ def bench(
         raise ConfigError("--url needs --model (the id the server serves; see `agentload probe URL`)")
     if model and not url:
         raise ConfigError("--model goes with --url; the simulator serves its profile's model")
+    if api_key_env and not url:
+        raise ConfigError("--api-key-env goes with --url; the simulator wants no key")
     modes = [m for m, on in (("sweep", sweep), ("find-knee", find_knee), ("soak", soak)) if on]
     if len(modes) > 1:
         raise ConfigError(f"choose one of --sweep, --find-knee, --soak (got {', '.join(modes)})")
@@ -164,8 +176,8 @@ def bench(
     else:
         assert url is not None
         assert model is not None
-        pool, engine = asyncio.run(probe_server(url, model, contexts))
-        shared = http_target(url, model, engine)
+        pool, engine = asyncio.run(probe_server(url, model, contexts, api_key_env))
+        shared = http_target(url, model, engine, api_key=read_api_key(api_key_env))
 
         def make_target() -> Target:
             return shared

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +13,7 @@ from rich.table import Table
 
 from agentload.capacity import calibrate as calibration
 from agentload.capacity.calibrate import FITTED, CalibrationPlan, CalibrationResult
-from agentload.cli.common import console, err_console, reports_errors
+from agentload.cli.common import ApiKeyEnvOption, JsonOption, console, err_console, read_api_key, reports_errors
 from agentload.endpoint.scrape import ServerProbe
 from agentload.errors import ConfigError
 
@@ -102,10 +101,8 @@ def calibrate(
         Path | None, typer.Option("--output", "-o", help="Write the profile TOML here (default: print it).")
     ] = None,
     name: Annotated[str | None, typer.Option(help="Profile name (default: calibrated-<model>).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
-    api_key_env: Annotated[
-        str, typer.Option(help="Environment variable holding the API key, if the server wants one.")
-    ] = "OPENAI_API_KEY",
+    as_json: JsonOption = False,
+    api_key_env: ApiKeyEnvOption = None,
     repeats: Annotated[int, typer.Option(min=1, help="TTFT measurements per prompt length.")] = 3,
     max_batch: Annotated[int, typer.Option(min=1, help="Largest number of concurrent streams for ITL.")] = 16,
 ) -> None:
@@ -120,7 +117,7 @@ def calibrate(
         raise ConfigError(f"-o {output} is a directory; give a file name such as {output / 'profile.toml'}")
     if output is not None and not output.parent.is_dir():
         raise ConfigError(f"-o {output}: the folder {output.parent} does not exist")
-    result = asyncio.run(_run(url, os.environ.get(api_key_env) or None, model, plan, name, quiet=as_json))
+    result = asyncio.run(_run(url, read_api_key(api_key_env), model, plan, name, quiet=as_json))
     if output is not None:
         try:
             output.write_text(result.profile_toml, encoding="utf-8")

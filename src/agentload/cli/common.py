@@ -1,15 +1,18 @@
-"""What every command shares: the consoles, the oracle's scenario book, and turning our errors into exit status 2."""
+"""What every command shares: the consoles, the options every server-facing command spells the same way, the
+oracle's scenario book, and turning our errors into exit status 2."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from pathlib import Path
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
 
-from agentload.errors import AgentloadError
+from agentload.errors import AgentloadError, ConfigError
 from agentload.sim.behaviour import ScenarioBook
 from agentload.sim.scenarios import builtin_scenarios
 from agentload.suite.oracle import scenarios as suite_scenarios
@@ -21,6 +24,48 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 EXIT_USAGE = 2
+
+# The options every command that talks to a server or writes results shares: one name, one help text, one meaning
+# (issue 10). A command that has no use for one leaves it out rather than accepting it and ignoring it.
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+ApiKeyEnvOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key-env",
+        metavar="VAR",
+        help=f"Environment variable holding the server's API key, sent as a Bearer token and never stored "
+        f"(default {DEFAULT_API_KEY_ENV}, when set).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of tables.")]
+OutOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        help="Root directory of runs, each run in a directory of its own (default $AGENTLOAD_RUNS, else "
+        "./agentload-runs).",
+        show_default=False,
+    ),
+]
+
+
+def resolve_key_env(name: str | None) -> str:
+    """The variable to read the API key from: ``name``, else ``OPENAI_API_KEY``.
+
+    A variable named on purpose must be set — a typo would otherwise send no key and show up only as a 401 per
+    request; the default may be unset (most local servers want no key).
+    """
+    if name is None:
+        return DEFAULT_API_KEY_ENV
+    if not os.environ.get(name):
+        raise ConfigError(f"--api-key-env {name}: that environment variable is not set")
+    return name
+
+
+def read_api_key(name: str | None) -> str | None:
+    """The API key itself (see ``resolve_key_env``), or None when there is none to send."""
+    return os.environ.get(resolve_key_env(name)) or None
 
 
 def default_book() -> ScenarioBook:

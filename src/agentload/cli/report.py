@@ -10,7 +10,7 @@ import typer
 from agentload.cli.common import console, reports_errors
 from agentload.cli.runs import RootOption
 from agentload.report.console import print_result
-from agentload.store import DEFAULT_ROOT, RunStore
+from agentload.store import RunStore
 
 
 @reports_errors
@@ -24,7 +24,7 @@ def report(
         ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     title: Annotated[str | None, typer.Option("--title", help="The report's title. Default: the run id(s).")] = None,
     print_tables: Annotated[
         bool, typer.Option("--print", "-p", help="Also print each run's levels, knee and capacity estimate here.")

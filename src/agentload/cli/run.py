@@ -23,12 +23,21 @@ from rich.console import Console
 from rich.table import Table
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import console, err_console, reports_errors
+from agentload.cli.common import (
+    ApiKeyEnvOption,
+    JsonOption,
+    OutOption,
+    console,
+    err_console,
+    read_api_key,
+    reports_errors,
+    resolve_key_env,
+)
 from agentload.endpoint.client import ChatClient, StallPolicy
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
 from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import Transport
+from agentload.endpoint.transport import AiohttpTransport, BearerTransport, Transport
 from agentload.endpoint.watchdog import Watchdog
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import (
@@ -50,6 +59,7 @@ from agentload.fleet.results import FleetResult, compile_result
 from agentload.fleet.runner import FleetProgress, FleetRunner
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
+from agentload.store.runstore import run_root
 from agentload.vtime import LoopClock, run_virtual
 
 EXIT_AGENTS_FAILED = 1
@@ -64,9 +74,10 @@ class RunOptions:
     width: int | None = None
     max_width: int | None = None
     resume: Path | None = None
-    out: Path = Path("runs")
+    out: Path | None = None  # the root of runs; None: ``store.run_root``'s default
     url: str | None = None
     model: str | None = None
+    api_key_env: str | None = None  # as ``--api-key-env``: None reads OPENAI_API_KEY when it is set
     profile: str = "laptop"
     stop_after_s: float | None = None
     progress: str = "auto"  # auto | live | lines | none
@@ -142,7 +153,7 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
 
 
 def _create_run(opts: RunOptions, manifest: RunManifest) -> tuple[RunManifest, Path]:
-    run_dir = _new_run_dir(opts.out, manifest.fleet.name)
+    run_dir = _new_run_dir(run_root(opts.out), manifest.fleet.name)
     manifest = manifest.model_copy(update={"run_id": run_dir.name})
     write_manifest(run_dir, manifest)
     return manifest, run_dir
@@ -172,13 +183,19 @@ def start_width(
 class _Server:
     url: str
     label: str
-    transport: Transport | None  # None: HTTP over aiohttp; else the in-process simulator's seam
+    transport: Transport | None  # None: HTTP over aiohttp; else a signed HTTP transport or the in-process seam
 
 
 async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExitStack) -> _Server:
     url = opts.url or manifest.url
     if url is not None:
-        return _Server(url, url, None)
+        key = read_api_key(opts.api_key_env)
+        if key is None:
+            return _Server(url, url, None)
+        # One signed transport for the probe, the signal poller and the agents, so each request carries the key.
+        signed = BearerTransport(AiohttpTransport(), key)
+        stack.push_async_callback(signed.aclose)
+        return _Server(url, url, signed)
     profile = manifest.profile or opts.profile
     if manifest.virtual:
         transport = InProcessTransport(SimServer(SimConfig(profile=load_profile(profile))))
@@ -221,7 +238,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         policy: StallPolicy = Watchdog(signals=poller, clock=clock)
         client = ChatClient(url, transport=server.transport, policy=policy)
         if server.transport is None:
-            stack.push_async_callback(client.aclose)  # the in-process transport is closed with its server
+            stack.push_async_callback(client.aclose)  # a given transport is closed by whoever opened it
         backend = RetryingBackend(client)
         max_width = min(opts.max_width or len(plans), len(plans))
         limiter = Limiter(make_policy(opts.mode, width, max_width=max_width))
@@ -316,11 +333,12 @@ def run(
     ] = None,
     max_width: Annotated[int | None, typer.Option(min=1, help="auto: never wider than this.")] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue the run in this run directory.")] = None,
-    out: Annotated[Path, typer.Option(help="Where new run directories are created.")] = Path("runs"),
+    out: OutOption = None,
     url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (default: the embedded simulator).")] = (
         None
     ),
     model: Annotated[str | None, typer.Option(help="Model for tasks that name none (default: the server's).")] = None,
+    api_key_env: ApiKeyEnvOption = None,
     profile: Annotated[str, typer.Option(help="Profile of the embedded simulator (without --url).")] = "laptop",
     stop_after: Annotated[
         float | None, typer.Option(min=0.0, help="Stop after this many seconds, leaving the run resumable.")
@@ -330,13 +348,14 @@ def run(
         typer.Option(help="Without --url: run the simulator in process, in simulated time (no waiting)."),
     ] = False,
     progress: Annotated[str, typer.Option(help="auto, live, lines or none.")] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Run a fleet of agent tasks at the concurrency the server can carry; checkpointed, resumable after a kill."""
     if progress not in ("auto", "live", "lines", "none"):
         raise ConfigError(f"--progress {progress!r}: use auto, live, lines or none")
     if mode is Mode.PARALLEL and width is None:
         raise ConfigError("--mode parallel needs --width N (or use --mode auto to let the limiter choose)")
+    resolve_key_env(api_key_env)  # a variable named but unset fails here, not as a 401 per request
     opts = RunOptions(
         fleet=fleet,
         mode=mode,
@@ -346,6 +365,7 @@ def run(
         out=out,
         url=url,
         model=model,
+        api_key_env=api_key_env,
         profile=profile,
         stop_after_s=stop_after,
         progress="none" if as_json else progress,
@@ -361,7 +381,7 @@ def run(
         where = opts.run_dir or "RUN_DIR"
         err_console.print(f"interrupted; continue with: agentload run --resume {where}", markup=False)
         raise typer.Exit(130) from None
-    run_dir = opts.run_dir or opts.out / result.run_id
+    run_dir = opts.run_dir or run_root(opts.out) / result.run_id
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

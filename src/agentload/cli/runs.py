@@ -10,21 +10,22 @@ import typer
 
 from agentload.cli.common import console, reports_errors
 from agentload.report.console import history_table
-from agentload.store import DEFAULT_ROOT, ROOT_ENV, RunStore
+from agentload.store import RunStore
 
 RootOption = Annotated[
-    Path,
+    Path | None,
     typer.Option(
         "--root",
-        envvar=ROOT_ENV,
-        help="Where runs are saved: each in <root>/<run id>/, indexed in <root>/history.sqlite.",
+        help="Root directory of runs (what bench, suite and run take as --out): each run in <root>/<run id>/, "
+        "indexed in <root>/history.sqlite (default $AGENTLOAD_RUNS, else ./agentload-runs).",
+        show_default=False,
     ),
 ]
 
 
 @reports_errors
 def runs(
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Show only the newest N runs.")] = None,
     rebuild: Annotated[
         bool,
@@ -36,7 +37,7 @@ def runs(
     store = RunStore(root)
     if rebuild:
         indexed, skipped = store.history.rebuild()
-        console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {root}")
+        console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {store.root}")
         for path, why in skipped:
             console.print(f"  skipped {path}: {why}", style="yellow")
     entries = store.runs(limit)
@@ -46,4 +47,4 @@ def runs(
     if not entries:
         console.print(f"no runs in {store.history.path} (run `agentload bench`, or `agentload runs --rebuild`)")
         return
-    console.print(history_table(entries, root))
+    console.print(history_table(entries, store.root))

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,7 +20,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import console, default_book, err_console, reports_errors
+from agentload.cli.common import (
+    ApiKeyEnvOption,
+    JsonOption,
+    OutOption,
+    console,
+    default_book,
+    err_console,
+    reports_errors,
+    resolve_key_env,
+)
 from agentload.clock import RealClock
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome
@@ -30,6 +37,7 @@ from agentload.endpoint.retry import RetryingBackend
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
+from agentload.store.runstore import run_root
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.model import SuiteTest
@@ -114,7 +122,7 @@ class _Bar:
 async def _run(
     url: str | None,
     model: str | None,
-    key_env: str | None,
+    key_env: str,
     profile: str,
     tests: list[SuiteTest],
     counts: list[int],
@@ -221,7 +229,7 @@ def render_level(level: LevelResult) -> None:
 
 
 def summary(run: SuiteRun) -> dict[str, Any]:
-    """The run without transcripts (those go to --out): what --json prints."""
+    """The run without transcripts (those go to the run directory): what --json prints."""
     return run.model_dump(mode="json", exclude={"levels": {"__all__": {"agent_results"}}})
 
 
@@ -239,13 +247,9 @@ def suite(
     ),
     tests: Annotated[str | None, typer.Option("--tests", help="Only these tests, e.g. T1,T5 (default: all).")] = None,
     skip_hop: Annotated[bool, typer.Option("--skip-hop", help="Leave out the 50-hop relay (H1).")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write the full result, transcripts included, here.")] = (
-        None
-    ),
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON instead of tables.")] = False,
-    api_key_env: Annotated[
-        str | None, typer.Option("--api-key-env", help="Environment variable holding the API key (never stored).")
-    ] = None,
+    out: OutOption = None,
+    as_json: JsonOption = False,
+    api_key_env: ApiKeyEnvOption = None,
     profile: Annotated[
         str | None, typer.Option("--profile", "-p", help=f"Embedded simulator's profile (default {EMBEDDED_PROFILE}).")
     ] = None,
@@ -264,16 +268,16 @@ def suite(
             raise ConfigError("--profile sets up the embedded simulator; it does not apply with --url")
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if api_key_env is not None and not os.environ.get(api_key_env):
-        raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
-    if out is not None and out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a directory")
+    key_env = resolve_key_env(api_key_env)
+    root = run_root(out)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"the root of runs {root} is a file; give a directory with --out")
     try:
         run = asyncio.run(
             _run(
                 url,
                 model,
-                api_key_env,
+                key_env,
                 profile or EMBEDDED_PROFILE,
                 selected,
                 counts,
@@ -285,9 +289,8 @@ def suite(
     except KeyboardInterrupt:
         err_console.print("interrupted: no results written")
         raise typer.Exit(130) from None
-    if out is not None:
-        path = save_run(run, out)
-        err_console.print(f"[dim]results with every transcript: {path}[/]")
+    path = save_run(run, root)
+    err_console.print(f"[dim]results with every transcript: {path}[/]")
     if as_json:
         typer.echo(json.dumps(summary(run), indent=2))
     else:

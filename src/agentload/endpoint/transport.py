@@ -3,6 +3,7 @@
 ``AiohttpTransport`` talks HTTP (its connection pool lifted from aiohttp's default of 100, which would otherwise
 silently serialise a 256-agent fleet). ``MockTransport`` answers in process from a handler function, so tests
 script a server — status, headers, chunks and the silences between them — without patching anything.
+``BearerTransport`` wraps either and signs every request with an API key.
 
 A transport raises only ``TransportError`` subclasses; the client turns them into data on the record.
 """
@@ -102,6 +103,28 @@ class AiohttpTransport:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class BearerTransport:
+    """Another transport with ``Authorization: Bearer KEY`` on every request it sends.
+
+    One wrapper rather than a key handed to each caller, so the chat load, token sizing and /metrics scrapes of a
+    run all carry the key named by ``--api-key-env`` (a gateway in front of vLLM may guard every path, not only
+    /v1). The key lives in this object only: never in a record, a log line, a result or this repr.
+    """
+
+    def __init__(self, inner: Transport, key: str) -> None:
+        self._inner = inner
+        self._auth = f"Bearer {key}"
+
+    def __repr__(self) -> str:
+        return f"BearerTransport({self._inner!r}, key=<hidden>)"
+
+    async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        return await self._inner.send(method, url, body, {**headers, "Authorization": self._auth})
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 @dataclass

@@ -7,7 +7,7 @@ from agentload.store.csvexport import export_csv
 from agentload.store.history import HistoryEntry, RunHistory, best_output_tps
 from agentload.store.jsonl import JsonlReader, JsonlWriter
 from agentload.store.rundir import LevelSample, RunDir, RunWriter, new_run_id
-from agentload.store.runstore import DEFAULT_ROOT, ROOT_ENV, RunStore, default_root
+from agentload.store.runstore import DEFAULT_ROOT, ROOT_ENV, RunStore, run_root
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -21,7 +21,7 @@ __all__ = [
     "RunStore",
     "RunWriter",
     "best_output_tps",
-    "default_root",
     "export_csv",
     "new_run_id",
+    "run_root",
 ]

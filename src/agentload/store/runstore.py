@@ -1,4 +1,5 @@
-"""A root directory of runs and its history: where ``bench`` creates runs and ``runs`` / ``report`` find them."""
+"""A root directory of runs and its history: where ``bench``, ``suite`` and ``run`` create runs and ``runs`` /
+``report`` find them."""
 
 from __future__ import annotations
 
@@ -13,15 +14,22 @@ ROOT_ENV = "AGENTLOAD_RUNS"
 DEFAULT_ROOT = Path("agentload-runs")
 
 
-def default_root() -> Path:
-    """``$AGENTLOAD_RUNS``, else ``./agentload-runs``."""
+def run_root(out: Path | None = None) -> Path:
+    """The root of runs, for every command that writes or reads them: ``out`` (``--out`` / ``--root``), else
+    ``$AGENTLOAD_RUNS``, else ``./agentload-runs``.
+
+    The one place this is decided (issue 10): bench, suite and fleet runs used to default to different folders.
+    Read at call time, not import time, so a test (or a shell) that sets the variable is obeyed.
+    """
+    if out is not None:
+        return out
     env = os.environ.get(ROOT_ENV)
     return Path(env) if env else DEFAULT_ROOT
 
 
 class RunStore:
     def __init__(self, root: Path | None = None) -> None:
-        self.root = root if root is not None else default_root()
+        self.root = run_root(root)
         self.history = RunHistory(self.root)
 
     def create(self, run_id: str | None = None) -> RunWriter:
