@@ -216,6 +216,30 @@ async def test_silence_between_tokens_is_waited_out_only_after_a_preemption() ->
     await server.poller.stop()
 
 
+async def test_silence_on_an_overloaded_server_that_makes_progress_is_waited_out_to_the_cap() -> None:
+    def overloaded(t: float) -> Routes:
+        return {"/health": (200, b""), "/metrics": (200, vllm_metrics(running=6, waiting=5, tokens=100 * t))}
+
+    server = VirtualServer(overloaded)
+    dog = Watchdog(signals=server.poller, clock=server.clock, idle_s=10, idle_cap_s=40)
+    given_up = await server.walk(dog, Phase.IDLE, 0, until_s=100)
+    assert given_up == pytest.approx(40, abs=dog.check_s)
+    assert dog.statistics().granted["overloaded"] >= 10
+    await server.poller.stop()
+
+
+async def test_silence_on_a_queueing_server_whose_counters_stand_still_is_given_up_at_idle_s() -> None:
+    def frozen(t: float) -> Routes:
+        return {"/health": (200, b""), "/metrics": (200, vllm_metrics(running=6, waiting=5, tokens=1000))}
+
+    server = VirtualServer(frozen)
+    dog = Watchdog(signals=server.poller, clock=server.clock, idle_s=10, idle_cap_s=40)
+    given_up = await server.walk(dog, Phase.IDLE, 0, until_s=100)
+    assert given_up == pytest.approx(10, abs=dog.check_s)
+    assert dog.statistics().refused == {"idle": 1}
+    await server.poller.stop()
+
+
 async def test_without_signals_the_watchdog_is_a_predicted_deadline() -> None:
     dog = Watchdog(first_token_floor_s=7, check_s=1)
     assert dog.budget(Phase.CONNECT, 0) == dog.connect_s

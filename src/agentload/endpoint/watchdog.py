@@ -216,6 +216,12 @@ class Watchdog:
             )
             if preempted:
                 return self._grant("preempted") if waited < self.idle_cap_s else self._refuse("idle_cap")
+            # An overloaded engine (requests waiting) whose token counters moved during this silence is slow, not
+            # dead: vLLM's CPU build past the KV cliff, re-prefilling 4k-token prompts at a few hundred tokens/s,
+            # left streams silent for 70-210 s (seen in the tier) — cutting them off turns a measured slowdown
+            # into failed turns the server still counted.
+            if (sig.waiting or 0) > 0 and self._progressed_since(phase_start, sig, signals):
+                return self._grant("overloaded") if waited < self.idle_cap_s else self._refuse("idle_cap")
             return self._refuse("idle")
         if sig.busy:
             if waited >= self.queue_cap_s:
@@ -224,6 +230,13 @@ class Watchdog:
                 return self._refuse("stuck")
             return self._grant("queued")
         return self._refuse("not_in_server")
+
+    @staticmethod
+    def _progressed_since(t: float, sig: ServerSignals, signals: SignalSource) -> bool:
+        before = signals.at(t)
+        if before is None or before.progress is None or sig.progress is None:
+            return False
+        return sig.progress > before.progress
 
     def _stuck(self, sig: ServerSignals, now: float, signals: SignalSource) -> bool:
         """The engine says it is busy but its token counters have not moved for ``stuck_s``."""
