@@ -39,6 +39,7 @@ def test_qwen_gb300_knee_is_the_dense_formula_and_is_explained(tmp_path: Path) -
     assert est.target_context == 40960
     assert 0.99 * 40960 <= est.context <= 40960
     # 62,359 blocks ÷ ~2,550 blocks a session: 24.36 at the target itself, a hair more at the realised context.
+    assert est.sessions is not None
     assert 24.36 < est.sessions <= 24.36 * 40960 / est.context + 0.01
 
 
