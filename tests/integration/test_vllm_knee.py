@@ -66,21 +66,27 @@ def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[st
     """Usage's cached tokens and vLLM's prefix-cache counters give the same hit rate over a level's window.
 
     The window's edges are quiet (bench/gate.py), so both figures cover the same requests (vLLM counts a prompt when
-    it is scheduled, usage arrives when it ends). Within 1 % up to the knee; past it within 2 %, since a turn the
-    client gives up on there was counted by the server and never reported by usage (issue 9 asks 1 % there too:
-    the figure is printed).
+    it is admitted, usage arrives when it ends). Within 1 % up to the knee. Past it the two part by design, by at
+    most the share of preempted turns: vLLM's counters keep a request's first admission (a re-admission after a
+    preemption goes to its separate ``preempted_*`` stats), while usage's ``cached_tokens`` comes from the admission
+    that finished the prefill, which after a preemption mid-prefill finds the request's own blocks. So past the
+    knee the bound is 1 % + preemptions ÷ turns, never under 2 % (issue 9 asks 1 %: the figure is printed).
     """
     label, run = model
     gaps = {lv.agents: abs((lv.prefix_hit_rate_server or 0) - (lv.prefix_hit_rate_usage or 0)) for lv in run.levels}
-    FIGURES[f"usage vs server hit rate per level ({label})"] = ", ".join(
-        f"{a}: {g:.4f}" for a, g in sorted(gaps.items())
+    FIGURES[f"usage vs server hit rate per level ({label})"] = (
+        ", ".join(f"{a}: {g:.4f}" for a, g in sorted(gaps.items()))
+        + " (preemptions ÷ turns: "
+        + ", ".join(f"{lv.agents}: {(lv.preemptions or 0):.0f}/{lv.turns}" for lv in run.levels)
+        + ")"
     )
     knee = run.knee[0].agents if run.knee else min(lv.agents for lv in run.levels)
     for level in run.levels:
         assert level.throughput_source == "server"
         assert level.prefix_hit_rate_server is not None
         assert level.prefix_hit_rate_usage is not None
-        limit = 0.01 if level.agents <= knee else 0.02
+        preempted_share = (level.preemptions or 0) / max(level.turns, 1)
+        limit = 0.01 if level.agents <= knee else max(0.02, 0.01 + preempted_share)
         assert abs(level.prefix_hit_rate_server - level.prefix_hit_rate_usage) <= limit, level
 
 
