@@ -2,7 +2,8 @@
 
 A tool returns text (what goes back to the model as the tool message). Failures are text too — an unknown tool,
 arguments that are not JSON, an exception inside the tool — because a real agent harness reports them to the
-model rather than crashing the agent. File tools are confined to one workspace directory per agent.
+model rather than crashing the agent. File tools are confined to one workspace directory per agent
+(``agent.workspace``: walked by directory handle, links never followed, sizes capped).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentload.agent.workspace import MAX_FILE_BYTES, Workspace
 from agentload.errors import ConfigError
 
 ToolFn = Callable[[Mapping[str, Any]], "str | Awaitable[str]"]
@@ -84,39 +86,33 @@ class ToolRegistry:
         return ToolResult(str(out))
 
 
-def _inside(root: Path, relative: str) -> Path:
-    """Resolve ``relative`` under ``root``; refuse anything that escapes it (.., absolute paths, symlinks)."""
-    target = (root / relative).resolve()
-    if target != root and root not in target.parents:
-        raise PermissionError(f"{relative!r} is outside the agent's workspace")
-    return target
-
-
 def workspace_tools(root: Path, latency_s: float = 0.0) -> list[Tool]:
-    """read_file / write_file / list_files confined to ``root`` (created if missing)."""
-    root.mkdir(parents=True, exist_ok=True)
-    root = root.resolve()
+    """read_file / write_file / list_files confined to ``root`` (created if missing) by ``agent.workspace``."""
+    workspace = Workspace(root)
 
     def read_file(args: Mapping[str, Any]) -> str:
-        return _inside(root, str(args.get("path", ""))).read_text(encoding="utf-8")
+        return workspace.read_text(str(args.get("path", "")))
 
     def write_file(args: Mapping[str, Any]) -> str:
-        path = _inside(root, str(args.get("path", "")))
-        path.parent.mkdir(parents=True, exist_ok=True)
         text = str(args.get("content", ""))
-        path.write_text(text, encoding="utf-8")
-        return f"wrote {len(text)} characters to {path.relative_to(root)}"
+        written = workspace.write_text(str(args.get("path", "")), text)
+        return f"wrote {len(text)} characters to {written}"
 
     def list_files(args: Mapping[str, Any]) -> str:
-        base = _inside(root, str(args.get("path", ".")))
-        return "\n".join(sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file())) or "(empty)"
+        return "\n".join(workspace.list_files(str(args.get("path", ".")))) or "(empty)"
 
     path_param = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
     return [
-        Tool("read_file", "Read a text file from the workspace.", path_param, read_file, latency_s),
+        Tool(
+            "read_file",
+            f"Read a text file (at most {MAX_FILE_BYTES} bytes) from the workspace.",
+            path_param,
+            read_file,
+            latency_s,
+        ),
         Tool(
             "write_file",
-            "Write a text file in the workspace.",
+            f"Write a text file (at most {MAX_FILE_BYTES} bytes) in the workspace.",
             {
                 "type": "object",
                 "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
