@@ -39,7 +39,7 @@ from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import AiohttpTransport, BearerTransport, Transport
 from agentload.endpoint.watchdog import Watchdog
-from agentload.errors import ConfigError
+from agentload.errors import ConfigError, EndpointError
 from agentload.fleet.checkpoint import (
     LOG,
     RESULTS,
@@ -288,6 +288,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         limiter=outcome.limiter,
         warnings=warnings,
         stopped_early=outcome.stopped_early,
+        server_failure=outcome.server_failure,
     )
     write_json_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
     return result
@@ -301,7 +302,11 @@ def render_summary(result: FleetResult, run_dir: Path) -> Table:
     table.add_column("", style="bold")
     table.add_column("", overflow="fold")  # a run directory's path must stay whole to be pasted
     rows = [
-        ("agents", f"{t.agents}: {t.done} done, {t.failed} failed, {t.skipped} skipped, {t.unfinished} unfinished"),
+        (
+            "agents",
+            f"{t.agents}: {t.done} done, {t.failed} failed, {t.skipped} skipped, "
+            f"{t.interrupted} interrupted, {t.unstarted} not started",
+        ),
         ("turns", f"{t.turns:,} ({result.turns_per_s:.2f} per second in this run)"),
         ("tokens", f"{t.prompt_tokens:,} prompt ({t.cached_tokens:,} cached), {t.completion_tokens:,} completion"),
         ("wall clock", f"{result.wall_s:.1f} s" + (" (stopped early; resumable)" if result.stopped_early else "")),
@@ -386,5 +391,13 @@ def run(
         typer.echo(result.model_dump_json(indent=2))
     else:
         console.print(render_summary(result, run_dir))
+    if result.server_failure is not None:
+        # Everything is saved and nothing is failed for good: say how to go on, and exit 2 like any other error.
+        t = result.totals
+        raise EndpointError(
+            f"the server failed mid-run ({result.server_failure}); stopped with {t.done} agents done, "
+            f"{t.interrupted} interrupted, {t.unstarted} not started — continue with: "
+            f"agentload run --resume {run_dir}"
+        )
     if result.totals.failed:
         raise typer.Exit(EXIT_AGENTS_FAILED)

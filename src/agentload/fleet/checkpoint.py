@@ -3,7 +3,9 @@
 ``RUN_DIR/run.json``      what was asked: the fleet (whole, so a resume runs the very same agents), server, model
 ``RUN_DIR/turns.jsonl``   one line per event, appended, flushed and fsynced before the run goes on:
                           ``segment`` (a process started or resumed the run), ``turn`` (an agent finished a turn:
-                          the whole ``TurnLog``), ``agent`` (an agent finished), ``limit`` (the width changed)
+                          the whole ``TurnLog``), ``agent`` (an agent finished), ``limit`` (the width changed),
+                          ``interrupt`` (a turn the server failed: its attempts, kept as measurements, but not a
+                          committed turn — the agent is resumable and sends that round again)
 ``RUN_DIR/results.json``  the compiled result (written at the end of each segment)
 ``RUN_DIR/workspaces/``   one directory per agent, for its file tools
 
@@ -26,6 +28,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agentload.agent.loop import TurnLog
+from agentload.endpoint.records import RequestRecord
 from agentload.errors import CheckpointError
 from agentload.fleet.config import FleetConfig
 from agentload.fleet.limiter import LimitChange, Mode
@@ -84,8 +87,20 @@ class LimitLine(BaseModel):
     change: LimitChange
 
 
-Line = Annotated[SegmentLine | TurnLine | AgentLine | LimitLine, Field(discriminator="kind")]
-_LINE: TypeAdapter[SegmentLine | TurnLine | AgentLine | LimitLine] = TypeAdapter(Line)
+class InterruptLine(BaseModel):
+    """A turn that ended in a server-level failure (issue 15, item 2): the run stopped, the agent did not end."""
+
+    kind: Literal["interrupt"] = "interrupt"
+    agent: str
+    round: int
+    segment: int
+    records: list[RequestRecord]  # every attempt, the last one final
+    detail: str = ""
+
+
+AnyLine = SegmentLine | TurnLine | AgentLine | LimitLine | InterruptLine
+Line = Annotated[AnyLine, Field(discriminator="kind")]
+_LINE: TypeAdapter[AnyLine] = TypeAdapter(Line)
 
 
 @dataclass
@@ -96,9 +111,10 @@ class LogState:
     finished: dict[str, AgentLine] = field(default_factory=dict)
     segments: list[SegmentLine] = field(default_factory=list)
     limits: list[LimitLine] = field(default_factory=list)
+    interrupts: dict[str, list[InterruptLine]] = field(default_factory=dict)
     torn_bytes: int = 0  # length of a torn last line that was dropped
 
-    def add(self, line: SegmentLine | TurnLine | AgentLine | LimitLine, where: str) -> None:
+    def add(self, line: AnyLine, where: str) -> None:
         if isinstance(line, TurnLine):
             have = self.turns.setdefault(line.agent, [])
             if line.agent in self.finished:
@@ -115,6 +131,10 @@ class LogState:
             self.finished[line.agent] = line
         elif isinstance(line, SegmentLine):
             self.segments.append(line)
+        elif isinstance(line, InterruptLine):
+            if line.agent in self.finished:
+                raise CheckpointError(f"{where}: agent {line.agent!r} was interrupted after it finished")
+            self.interrupts.setdefault(line.agent, []).append(line)
         else:
             self.limits.append(line)
 
@@ -182,7 +202,7 @@ class CheckpointLog:
             raise CheckpointError(f"cannot open {path} for appending: {exc.strerror or exc}") from exc
         self.lines_written = 0
 
-    async def append(self, line: SegmentLine | TurnLine | AgentLine | LimitLine) -> None:
+    async def append(self, line: AnyLine) -> None:
         fd = self._fd
         if fd is None:
             raise CheckpointError(f"{self.path} is closed")

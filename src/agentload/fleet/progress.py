@@ -23,6 +23,7 @@ _STYLE = {
     AgentState.WAITING: "dim",
     AgentState.RUNNING: "cyan",
     AgentState.PARKED: "yellow",
+    AgentState.INTERRUPTED: "bright_red",
     AgentState.DONE: "green",
     AgentState.FAILED: "red",
     AgentState.SKIPPED: "magenta",
@@ -74,8 +75,8 @@ class _Board:
 
     def summary(self) -> str:
         counts = Counter(r.state for r in self.rows.values())
-        order = (AgentState.RUNNING, AgentState.PARKED, AgentState.WAITING, AgentState.DONE, AgentState.FAILED,
-                 AgentState.SKIPPED)  # fmt: skip
+        order = (AgentState.RUNNING, AgentState.PARKED, AgentState.WAITING, AgentState.INTERRUPTED, AgentState.DONE,
+                 AgentState.FAILED, AgentState.SKIPPED)  # fmt: skip
         parts = [f"{counts[s]} {s.value}" for s in order if counts.get(s)]
         width = ""
         if self.stats is not None:
@@ -139,7 +140,8 @@ class LineProgress:
         before = self.board.rows.get(agent)
         was = before.state if before is not None else None
         self.board.agent(agent, state, rounds=rounds, detail=detail)
-        if state in (AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED) and was != state:
+        ended = (AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED)
+        if state in ended and was != state:
             row = self.board.rows[agent]
             self.console.print(
                 f"{state.value:>7} {agent}: {row.rounds} rounds, context {row.prompt_tokens:,} tokens"

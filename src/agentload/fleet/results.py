@@ -16,7 +16,9 @@ from agentload.fleet.checkpoint import LogState, RunManifest
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.limiter import LimitChange, LimiterStatistics, Mode, time_weighted_limit
 
-AgentOutcome = Literal["done", "failed", "skipped", "unfinished"]
+# An agent without an ``agent`` line has not ended: "interrupted" if it had begun (committed turns, or a turn the
+# server failed), else "unstarted". Both are resumable; only done / failed / skipped are final.
+AgentOutcome = Literal["done", "failed", "skipped", "interrupted", "unstarted"]
 
 
 class AgentResult(BaseModel):
@@ -30,6 +32,7 @@ class AgentResult(BaseModel):
     detail: str = ""
     turns: int
     attempts: int  # requests sent for the committed turns, retries included
+    interrupted_attempts: int = 0  # requests of turns the server failed (logged, not committed; sent again)
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -58,7 +61,9 @@ class FleetTotals(BaseModel):
     done: int
     failed: int
     skipped: int
-    unfinished: int
+    unfinished: int  # interrupted + unstarted: what a resume would run
+    interrupted: int = 0
+    unstarted: int = 0
     turns: int
     prompt_tokens: int
     completion_tokens: int
@@ -81,6 +86,9 @@ class FleetResult(BaseModel):
     turns_per_s: float = Field(description="turns committed in this segment per second of it")
     settled_width: float = Field(description="time-weighted mean width over the second half of this segment")
     stopped_early: bool = False
+    server_failure: str | None = Field(
+        default=None, description="the server-level failure that stopped this segment; the result is incomplete"
+    )
     totals: FleetTotals
     limiter: LimiterStatistics
     segments: list[SegmentResult]
@@ -93,6 +101,9 @@ def _agent_result(plan: AgentPlan, state: LogState) -> AgentResult:
     finals = [line.turn.final for line in lines]
     ttfts = [t for r in finals[1:] if (t := r.ttft) is not None]  # later turns: the first is a cold prefill
     done = state.finished.get(plan.agent_id)
+    interrupts = state.interrupts.get(plan.agent_id, [])
+    begun: AgentOutcome = "interrupted" if lines or interrupts else "unstarted"
+    outcome: AgentOutcome = done.outcome if done is not None else begun
     last = next((r.content for r in reversed(finals) if r.content), "")
     if done is not None and done.final_content:
         last = done.final_content
@@ -100,11 +111,12 @@ def _agent_result(plan: AgentPlan, state: LogState) -> AgentResult:
         agent_id=plan.agent_id,
         task_id=plan.task_id,
         wave=plan.wave,
-        outcome=done.outcome if done is not None else "unfinished",
+        outcome=outcome,
         stop_reason=done.stop_reason if done is not None else "",
         detail=done.detail if done is not None else "",
         turns=len(lines),
         attempts=len(records),
+        interrupted_attempts=sum(len(x.records) for x in interrupts),
         prompt_tokens=sum(r.prompt_tokens for r in finals),
         completion_tokens=sum(r.completion_tokens for r in finals),
         cached_tokens=sum(r.cached_tokens or 0 for r in finals),
@@ -127,6 +139,7 @@ def compile_result(
     limiter: LimiterStatistics,
     warnings: list[str],
     stopped_early: bool,
+    server_failure: str | None = None,
 ) -> FleetResult:
     agents = [_agent_result(p, state) for p in plans]
     seg_results: list[SegmentResult] = []
@@ -160,12 +173,15 @@ def compile_result(
         turns_per_s=this.turns / wall_s if wall_s > 0 else 0.0,
         settled_width=settled,
         stopped_early=stopped_early,
+        server_failure=server_failure,
         totals=FleetTotals(
             agents=len(agents),
             done=outcomes.count("done"),
             failed=outcomes.count("failed"),
             skipped=outcomes.count("skipped"),
-            unfinished=outcomes.count("unfinished"),
+            unfinished=outcomes.count("interrupted") + outcomes.count("unstarted"),
+            interrupted=outcomes.count("interrupted"),
+            unstarted=outcomes.count("unstarted"),
             turns=sum(a.turns for a in agents),
             prompt_tokens=sum(a.prompt_tokens for a in agents),
             completion_tokens=sum(a.completion_tokens for a in agents),

@@ -8,8 +8,17 @@ Each agent gets its own conversation (``AgentSpec``), tool registry, workspace d
 nothing but the server and the limiter is shared. An agent starts once every task it depends on is done (a
 failed or skipped dependency skips it), asks the gate for a slot, and runs ``run_agent`` with the turns already
 committed in the log (``resume=``); each finished turn is appended to the log before the agent goes on. Per-agent
-failures end that agent as ``failed`` and are data; anything else (a full disk, a bug) stops the whole run,
-after every agent task has been cancelled and awaited.
+failures (the server refused the request: a bad model, a prompt too long, an error in the stream) end that agent
+as ``failed`` and are data; anything else (a full disk, a bug) stops the whole run, after every agent task has
+been cancelled and awaited.
+
+A turn that fails for the server's sake — the retry layer gave up on a failure it counts as transient: refused
+or reset connections, stalls the watchdog cut (a dead or frozen server), 429/5xx, a malformed stream — is not
+the agent's fault and must not end it (issue 15, item 2: a server killed 15 s in used to mark all 24 agents
+failed for good, the unstarted ones too). Its attempts are logged as an ``interrupt`` line, not as a committed
+turn, and the whole run stops: every other agent is cancelled at once (their uncommitted turns are sent again on
+resume) rather than each burning its own retries on the same dead server. ``SegmentOutcome.server_failure``
+says why; ``--resume`` then runs the interrupted and unstarted agents and keeps the finished ones.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from typing import Any, Protocol
 
 from agentload.agent.loop import ChatBackend, TurnLog, run_agent
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
-from agentload.fleet.checkpoint import AgentLine, CheckpointLog, LimitLine, LogState, TurnLine
+from agentload.fleet.checkpoint import AgentLine, CheckpointLog, InterruptLine, LimitLine, LogState, TurnLine
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges, TurnSample
 from agentload.fleet.toolbox import ToolSettings, build_registry
@@ -52,6 +61,7 @@ class AgentState(StrEnum):
     WAITING = "waiting"  # dependencies pending or no slot yet
     RUNNING = "running"
     PARKED = "parked"  # narrowed out at a turn boundary; resumes when there is room
+    INTERRUPTED = "interrupted"  # the server failed its turn; resumable
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -83,6 +93,20 @@ class SegmentOutcome:
     wall_s: float
     stopped_early: bool
     limiter: LimiterStatistics
+    server_failure: str | None = None  # why a server-level failure stopped the run (None: it did not)
+
+
+def is_server_failure(record: RequestRecord) -> bool:
+    """A final attempt that failed for the server's sake (the retry layer's transient kinds), not the agent's."""
+    return not record.ok and record.transient
+
+
+class _ServerLost(Exception):
+    """Raised out of one agent to stop the run; never leaves ``FleetRunner.run``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
 
 
 def _is_overload(record: RequestRecord) -> bool:
@@ -208,26 +232,33 @@ class FleetRunner:
             else None
         )
         stopped = False
+        server_failure: str | None = None
         try:
             pending: set[asyncio.Task[Any]] = set(agents)
-            while pending:
+            while pending and server_failure is None:
                 waiters: set[asyncio.Task[Any]] = pending | ({timer} if timer else set())
                 done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task is timer:
                         continue
-                    task.result()  # a run-level failure: re-raised after cleanup below
+                    try:
+                        task.result()  # a run-level failure: re-raised after cleanup below
+                    except _ServerLost as lost:
+                        server_failure = server_failure or lost.detail
                 pending -= done
-                if timer is not None and timer in done:
+                if server_failure is not None:
+                    stopped = bool(pending)
+                elif timer is not None and timer in done:
                     stopped = bool(pending)
                     break
         finally:
             for task in [*agents, control, *([timer] if timer else [])]:
                 task.cancel()
             for task in [*agents, control, *([timer] if timer else [])]:
-                with contextlib.suppress(asyncio.CancelledError):
+                # Agents that met the dead server too have said so already: one reason stops the run.
+                with contextlib.suppress(asyncio.CancelledError, _ServerLost):
                     await task
-        return SegmentOutcome(self.clock.now() - self.t0, stopped, self.limiter.statistics())
+        return SegmentOutcome(self.clock.now() - self.t0, stopped, self.limiter.statistics(), server_failure)
 
     async def _control(self) -> None:
         while True:
@@ -285,6 +316,15 @@ class FleetRunner:
             backend = _AgentBackend(self.backend, self, plan, previous)
 
             async def on_turn(turn: TurnLog) -> None:
+                if turn.assistant is None and is_server_failure(turn.final):
+                    detail = f"{aid} round {turn.round}: {turn.final.outcome.value}: {turn.final.error_message}"
+                    await self.log.append(
+                        InterruptLine(
+                            agent=aid, round=turn.round, segment=self.segment, records=turn.records, detail=detail[:300]
+                        )
+                    )
+                    self.progress.agent(aid, AgentState.INTERRUPTED, rounds=turn.round, detail=detail)
+                    raise _ServerLost(detail)  # before the turn is committed: the round is sent again on resume
                 elapsed = prior + self.clock.now() - started
                 await self.log.append(
                     TurnLine(agent=aid, round=turn.round, segment=self.segment, elapsed_s=elapsed, turn=turn)

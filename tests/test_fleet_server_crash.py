@@ -1,0 +1,186 @@
+"""A server that dies mid-run leaves the fleet resumable, and a resume on a healthy server finishes it (issue 15.2).
+
+The simulator is a real process on 127.0.0.1 (``agentload sim``), killed with SIGKILL once some turns are
+committed — the way the issue's campaign killed a server. The fleet runs in this process through ``run_fleet``,
+so the test reads what it returned and what it wrote. Nothing waits on a duration: the kill is triggered by a
+count of committed turns, and every wait has a generous deadline only to fail instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from agentload.cli.run import RunOptions, run, run_fleet
+from agentload.fleet.checkpoint import LOG, RESULTS, load_log
+from agentload.fleet.limiter import Mode
+from agentload.fleet.results import FleetResult
+
+AGENTS = 12
+ROUNDS = 4
+WIDTH = 4
+KILL_AFTER_TURNS = 18  # the first WIDTH agents have finished (16 turns) and the next ones have begun
+# think_time_s keeps each agent alive for seconds, so the kill lands while most of the fleet is still to run.
+FLEET = f"""
+name = "crash"
+
+[defaults]
+tools = ["search"]
+tool_choice = "required"
+max_rounds = {ROUNDS}
+max_tokens = 8
+think_time_s = 0.5
+context_tokens = 200
+tool_result_tokens = 20
+
+[[tasks]]
+id = "c"
+prompt = "Crash test agent {{replica}}."
+count = {AGENTS}
+"""
+
+
+def _start_sim(tmp_path: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
+    log = tmp_path / f"{name}.log"
+    with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server mid-test
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentload", "sim", "--port", "0", "--profile", "llama-8b-h100"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+    for _ in range(600):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("Serving "):
+                return proc, "http://" + line.split("http://", 1)[1].split()[0]
+        if proc.poll() is not None:
+            break
+        subprocess.run(["sleep", "0.1"], check=True)  # a pause between reads of the log, not a measurement
+    proc.kill()
+    raise AssertionError(f"the simulator did not start: {log.read_text(errors='replace')}")
+
+
+def _committed(run_dir: Path | None) -> int:
+    if run_dir is None or not (run_dir / LOG).exists():
+        return 0
+    return sum(len(lines) for lines in load_log(run_dir / LOG, repair=False).turns.values())
+
+
+async def _crash_run(tmp_path: Path) -> tuple[FleetResult, Path, bytes]:
+    fleet = tmp_path / "crash.toml"
+    fleet.write_text(FLEET)
+    proc, url = _start_sim(tmp_path, "first")
+    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", url=url, mode=Mode.PARALLEL, width=WIDTH)
+    try:
+        task = asyncio.create_task(run_fleet(opts))
+        for _ in range(6000):
+            if _committed(opts.run_dir) >= KILL_AFTER_TURNS or task.done():
+                break
+            await asyncio.sleep(0.02)
+        assert not task.done(), "the run ended before the server could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        result = await asyncio.wait_for(task, timeout=300)
+        print(f"from the kill to the end of the run: {time.monotonic() - killed:.1f} s")  # a figure, not asserted
+    finally:
+        proc.kill()
+        proc.wait()
+    assert opts.run_dir is not None
+    return result, opts.run_dir, (opts.run_dir / LOG).read_bytes()
+
+
+async def test_a_killed_server_leaves_agents_resumable_and_a_resume_completes_them(tmp_path: Path) -> None:
+    crashed, run_dir, log_at_crash = await _crash_run(tmp_path)
+    state = load_log(run_dir / LOG, repair=False)
+    t = crashed.totals
+    print(
+        f"after the crash: {t.done} done, {t.interrupted} interrupted, {t.unstarted} unstarted, {t.failed} failed; "
+        f"{t.turns} turns committed; {crashed.server_failure}"
+    )
+    assert crashed.server_failure is not None
+    assert t.failed == 0  # the server's failure is nobody's fault: no agent ends failed
+    assert not state.finished.keys() - {a.agent_id for a in crashed.agents if a.outcome == "done"}
+    assert 0 < t.done < AGENTS
+    assert t.interrupted + t.unstarted == AGENTS - t.done
+    assert t.unstarted > 0  # agents that never got a slot are still to run
+    assert state.interrupts, "the turn the server failed is logged with its attempts"
+    for agent, interrupts in state.interrupts.items():
+        assert agent not in state.finished
+        assert all(not r.ok for x in interrupts for r in x.records)
+        assert all(x.round == len(state.turns.get(agent, [])) for x in interrupts)  # the round still to send
+    assert crashed.model_dump() == FleetResult.model_validate_json((run_dir / RESULTS).read_text()).model_dump()
+
+    proc, url = _start_sim(tmp_path, "second")
+    try:
+        resumed = await asyncio.wait_for(
+            run_fleet(RunOptions(resume=run_dir, url=url, progress="none", mode=Mode.PARALLEL, width=WIDTH)),
+            timeout=300,
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    r = resumed.totals
+    print(f"after the resume: {r.done} done, {r.interrupted} interrupted, {r.unstarted} unstarted, {r.failed} failed")
+    assert resumed.server_failure is None
+    assert (r.done, r.failed, r.unfinished) == (AGENTS, 0, 0)
+    assert r.turns == AGENTS * ROUNDS
+    # Every turn committed before the crash is still there, byte for byte, ahead of what the resume wrote.
+    assert (run_dir / LOG).read_bytes().startswith(log_at_crash)
+    after = load_log(run_dir / LOG, repair=False)
+    before = {a: [x.turn for x in lines] for a, lines in state.turns.items()}
+    for agent, lines in after.turns.items():
+        assert [x.round for x in lines] == list(range(ROUNDS))
+        assert [x.turn for x in lines[: len(before.get(agent, []))]] == before.get(agent, [])
+        # Each turn's conversation is the previous one's plus its reply and tool result: nothing lost or doubled.
+        sizes = [x.turn.final.prompt_tokens for x in lines]
+        assert all(a < b for a, b in itertools.pairwise(sizes))
+        assert all(len(x.turn.tool_results) == 1 for x in lines)
+    assert all(a.stop_reason == "round_cap" for a in resumed.agents)
+    done_before = {a.agent_id for a in crashed.agents if a.outcome == "done"}
+    assert all(a.segments == [0] for a in resumed.agents if a.agent_id in done_before)
+
+
+app = typer.Typer()
+app.command()(run)
+
+
+def test_the_cli_says_how_to_resume_and_exits_2(tmp_path: Path) -> None:
+    fleet = tmp_path / "crash.toml"
+    fleet.write_text(FLEET)
+    proc, url = _start_sim(tmp_path, "cli")
+    runner_args = [str(fleet), "--url", url, "--out", str(tmp_path / "runs"), "--mode", "parallel", "--width", "2"]
+    runner_args += ["--progress", "none"]
+    killer = subprocess.Popen(  # kills the server once the first turn is committed
+        [
+            sys.executable,
+            "-c",
+            "import os, pathlib, signal, sys, time\n"
+            "out = pathlib.Path(sys.argv[1])\n"
+            "while not any('\"kind\":\"turn\"' in p.read_text() for p in out.glob('*/turns.jsonl')):\n"
+            "    time.sleep(0.02)\n"
+            "os.kill(int(sys.argv[2]), signal.SIGKILL)\n",
+            str(tmp_path / "runs"),
+            str(proc.pid),
+        ]
+    )
+    try:
+        result = CliRunner().invoke(app, runner_args)
+    finally:
+        killer.kill()
+        proc.kill()
+        proc.wait()
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1
+    assert "the server failed mid-run" in errors[0]
+    assert "continue with: agentload run --resume " in errors[0]
+    assert "Traceback" not in result.output
