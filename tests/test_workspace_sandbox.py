@@ -13,12 +13,16 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentload.agent.tools import ToolRegistry, ToolResult, workspace_tools
 from agentload.agent.workspace import MAX_FILE_BYTES
+from tests.fuzzing import fuzz_examples
 
 RACING_WRITES = 3000
 
@@ -211,3 +215,37 @@ def test_sizes_are_capped(sandbox: tuple[Path, Path, ToolRegistry]) -> None:
     assert len(_call(reg, "read_file", path="max.txt").text) == MAX_FILE_BYTES
     (root / "big.txt").write_bytes(b"b" * (MAX_FILE_BYTES + 1))  # made by something other than the tool
     assert _call(reg, "read_file", path="big.txt").error
+
+
+_PARTS = ["a", "b", "..", ".", "", "to-dir", "to-file", "pipe", "sub", "new.txt", "é", "x\x00", "/"]
+
+
+@settings(max_examples=fuzz_examples(300))
+@given(
+    op=st.sampled_from(["read_file", "write_file", "list_files"]),
+    absolute=st.booleans(),
+    parts=st.lists(st.sampled_from(_PARTS), max_size=8),
+)
+def test_fuzz_no_path_leaves_the_workspace(op: str, absolute: bool, parts: list[str]) -> None:
+    """Any path over links, FIFOs, ``..`` and odd names: a result, never a file touched outside, never a hang."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        outside = base / "outside"
+        outside.mkdir()
+        (outside / "secret.txt").write_text("secret")
+        root = base / "ws"
+        reg = _registry(root)
+        (root / "sub").mkdir()
+        (root / "to-dir").symlink_to(outside)
+        (root / "sub" / "to-dir").symlink_to(outside)
+        (root / "to-file").symlink_to(outside / "secret.txt")
+        os.mkfifo(root / "pipe")
+        path = ("/" if absolute else "") + "/".join(parts)
+        result = _call(reg, op, path=path, content="pwned")
+        assert isinstance(result.text, str)
+        assert sorted(os.listdir(outside)) == ["secret.txt"]
+        assert (outside / "secret.txt").read_text() == "secret"
+        if op == "write_file" and not result.error:
+            written = result.text.rsplit(" to ", 1)[1]
+            assert (root / written).read_text() == "pwned"
+            assert not (root / written).is_symlink()
