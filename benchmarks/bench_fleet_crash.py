@@ -1,10 +1,10 @@
 """A fleet whose server dies or freezes mid-run: time to exit, what is left resumable, and the resume (issue 15.2).
 
 The issue's experiment, as a user runs it: ``agentload sim`` (profile laptop) in one process, ``agentload run
-examples/laptop-knee.toml --url …`` in another; at ``--at`` seconds the server is SIGKILLed (``--fault kill``) or
-SIGSTOPped (``--fault freeze``, the process then killed once the run has ended). Printed: seconds from the fault
-to the run's exit, its exit code and last error line, agents done / interrupted / unstarted / failed from its
-results.json; then a fresh server and ``agentload run --resume RUN_DIR``, and the same counts after it.
+examples/laptop-knee.toml --url …`` in another; ``--at`` seconds after the first committed turn the server is
+SIGKILLed (``--fault kill``) or SIGSTOPped (``--fault freeze``; killed once the run has ended). Printed: seconds
+from the fault to the run's exit, its exit code and error line, agents done / interrupted / unstarted / failed
+from its results.json; then a fresh server, ``agentload run --resume RUN_DIR``, and the same counts after it.
 
     .venv/bin/python benchmarks/bench_fleet_crash.py [--fault kill|freeze] [--at 15] [--fleet examples/laptop-knee.toml]
 """
@@ -69,6 +69,11 @@ def main() -> None:
         runs = workdir / "runs"
         sim, url = start_sim(workdir, "first")
         run, out = run_cli([args.fleet, "--url", url, "--out", str(runs)], workdir, "first")
+        # ``--at`` counts from the first committed turn: on a busy machine the probe alone can take seconds.
+        while not any(runs.glob("*/turns.jsonl")) or "turn" not in next(runs.glob("*/turns.jsonl")).read_text():
+            if run.poll() is not None:
+                raise SystemExit(f"the run ended before its first turn: {out.read_text()}")
+            time.sleep(0.1)
         time.sleep(args.at)
         if run.poll() is not None:
             raise SystemExit(f"the run ended before the fault: {out.read_text()}")
@@ -78,8 +83,11 @@ def main() -> None:
         to_exit = time.monotonic() - faulted
         sim.kill()
         sim.wait()
+        if not runs.exists():
+            raise SystemExit(f"no run directory; the run said:\n{out.read_text(errors='replace')}")
         (run_dir,) = list(runs.iterdir())
-        print(f"{args.fault} at {args.at:.0f} s: the run exited {code} after {to_exit:.1f} s; {last_error(out)}")
+        when = f"{args.fault} {args.at:.0f} s after the first turn"
+        print(f"{when}: the run exited {code} after {to_exit:.1f} s; {last_error(out)}")
         print(f"  saved in results.json: {counts(run_dir)}")
         sim, url = start_sim(workdir, "second")
         started = time.monotonic()
