@@ -113,7 +113,7 @@ def _agent_result(plan: AgentPlan, state: LogState) -> AgentResult:
         wave=plan.wave,
         outcome=outcome,
         stop_reason=done.stop_reason if done is not None else "",
-        detail=done.detail if done is not None else "",
+        detail=done.detail if done is not None else (interrupts[-1].detail if interrupts else ""),
         turns=len(lines),
         attempts=len(records),
         interrupted_attempts=sum(len(x.records) for x in interrupts),
