@@ -28,7 +28,7 @@ from agentload.fleet.results import FleetResult
 AGENTS = 12
 ROUNDS = 4
 WIDTH = 4
-KILL_AFTER_TURNS = 18  # the first WIDTH agents have finished (16 turns) and the next ones have begun
+KILL_AFTER_TURNS = 18  # and one agent finished: past the first WIDTH agents' 16 turns, the next ones have begun
 # think_time_s keeps each agent alive for seconds, so the kill lands while most of the fleet is still to run.
 FLEET = f"""
 name = "crash"
@@ -69,10 +69,12 @@ def _start_sim(tmp_path: Path, name: str) -> tuple[subprocess.Popen[bytes], str]
     raise AssertionError(f"the simulator did not start: {log.read_text(errors='replace')}")
 
 
-def _committed(run_dir: Path | None) -> int:
+def _progress(run_dir: Path | None) -> tuple[int, int]:
+    """(turns committed, agents finished) so far."""
     if run_dir is None or not (run_dir / LOG).exists():
-        return 0
-    return sum(len(lines) for lines in load_log(run_dir / LOG, repair=False).turns.values())
+        return 0, 0
+    state = load_log(run_dir / LOG, repair=False)
+    return sum(len(lines) for lines in state.turns.values()), len(state.finished)
 
 
 async def _crash_run(tmp_path: Path) -> tuple[FleetResult, Path, bytes]:
@@ -83,7 +85,8 @@ async def _crash_run(tmp_path: Path) -> tuple[FleetResult, Path, bytes]:
     try:
         task = asyncio.create_task(run_fleet(opts))
         for _ in range(6000):
-            if _committed(opts.run_dir) >= KILL_AFTER_TURNS or task.done():
+            turns, finished = _progress(opts.run_dir)
+            if (turns >= KILL_AFTER_TURNS and finished >= 1) or task.done():
                 break
             await asyncio.sleep(0.02)
         assert not task.done(), "the run ended before the server could be killed"
