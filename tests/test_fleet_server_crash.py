@@ -15,15 +15,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 from typer.testing import CliRunner
 
 from agentload.cli.run import RunOptions, run, run_fleet
-from agentload.fleet.checkpoint import LOG, RESULTS, load_log
-from agentload.fleet.limiter import Mode
+from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
+from agentload.fleet.checkpoint import LOG, RESULTS, CheckpointLog, LogState, load_log
+from agentload.fleet.config import expand, parse_fleet
+from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.results import FleetResult
+from agentload.fleet.runner import FleetRunner, SegmentOutcome
+from agentload.vtime import LoopClock
 
 AGENTS = 12
 ROUNDS = 4
@@ -187,3 +193,69 @@ def test_the_cli_says_how_to_resume_and_exits_2(tmp_path: Path) -> None:
     assert "the server failed mid-run" in errors[0]
     assert "continue with: agentload run --resume " in errors[0]
     assert "Traceback" not in result.output
+
+
+class _ScriptedBackend:
+    """Answers every turn at once; the requests whose numbers are in ``fail`` get that record instead."""
+
+    def __init__(self, fail: dict[int, RequestRecord]) -> None:
+        self.fail = fail
+        self.sent = 0
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        self.sent += 1
+        number = self.sent
+        await asyncio.sleep(0)  # let the other agents' turns interleave, as a real server's would
+        failed = self.fail.get(number)
+        if failed is not None:
+            return [failed.model_copy(update={"ids": ids})]
+        return [RequestRecord(ids=ids, t_sent=0.0, t_done=0.0, content=f"answer {number}")]
+
+
+def _run_scripted(tmp_path: Path, fail: dict[int, RequestRecord]) -> tuple[SegmentOutcome, LogState]:
+    fleet = parse_fleet('[defaults]\nmax_rounds = 1\n[[tasks]]\nid = "s"\nprompt = "p {replica}"\ncount = 6\n')
+    plans = expand(fleet)
+    tmp_path.mkdir()
+    log = CheckpointLog(tmp_path / LOG, sync=False)
+
+    async def go() -> SegmentOutcome:
+        runner = FleetRunner(
+            plans,
+            backend=_ScriptedBackend(fail),
+            limiter=Limiter(make_policy(Mode.PARALLEL, 2, max_width=6)),
+            log=log,
+            state=LogState(),
+            clock=LoopClock(),
+            workspaces=tmp_path / "ws",
+            model="m",
+        )
+        return await runner.run()
+
+    try:
+        outcome = asyncio.run(go())
+    finally:
+        log.close()
+    return outcome, load_log(tmp_path / LOG)
+
+
+def test_a_transient_failure_interrupts_and_a_request_refusal_fails(tmp_path: Path) -> None:
+    refused = RequestRecord(
+        t_sent=0.0, t_done=0.0, outcome=Outcome.CONNECT_ERROR, error=ErrorKind.CONNECT, error_message="refused"
+    )
+    outcome, state = _run_scripted(tmp_path / "server", {3: refused})
+    assert outcome.server_failure is not None
+    assert "connect_error: refused" in outcome.server_failure
+    assert all(line.outcome == "done" for line in state.finished.values())  # none failed
+    (interrupted,) = state.interrupts
+    assert interrupted not in state.finished
+    assert interrupted not in state.turns  # its failed turn is not committed: round 0 is sent again on resume
+    assert len(state.finished) < 6
+
+    # The server answered, and said no (a 400): that is this agent's failure, and the others go on.
+    bad = RequestRecord(
+        t_sent=0.0, t_done=0.0, outcome=Outcome.HTTP_ERROR, error=ErrorKind.HTTP_STATUS, http_status=400
+    )
+    outcome, state = _run_scripted(tmp_path / "agent", {3: bad})
+    assert outcome.server_failure is None
+    assert sorted(line.outcome for line in state.finished.values()) == ["done"] * 5 + ["failed"]
+    assert not state.interrupts
