@@ -23,7 +23,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit, urlunsplit
 
 from agentload.errors import ConfigError
 
@@ -129,10 +129,16 @@ def split_url(url: str) -> ServerUrl:
         user, password, host, port = parts.username, parts.password, parts.hostname, parts.port
     except ValueError as exc:
         raise ConfigError(f"--url {redact_url_text(url)!r} is not a URL ({exc})") from exc
+    # The userinfo is percent-encoded in the URL and sent decoded; both spellings are secrets.
+    raw_user, raw_password = user, password
+    user = unquote(user) if user is not None else None
+    password = unquote(password) if password is not None else None
     if password is not None:
         SECRETS.add_basic(user or "", password)
+        SECRETS.add(raw_password)
     elif user:
         SECRETS.add(user)  # a bare userinfo (``https://TOKEN@host``) is a token
+        SECRETS.add(raw_user)
     query = tuple(parse_qsl(parts.query, keep_blank_values=True))
     for name, value in query:
         if is_credential_param(name):
