@@ -22,6 +22,7 @@ from agentload.capacity.profile import load_profile
 from agentload.sim.server import SimConfig, SimServer
 
 CHAT = "/v1/chat/completions"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -63,7 +64,7 @@ async def hostile_server(
     chats = 0
 
     @web.middleware
-    async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:  # fmt: skip
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         nonlocal chats
         path = request.path
         ok = expected_auth is None or request.headers.get("Authorization") == expected_auth
