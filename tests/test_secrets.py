@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import MASK, MIN_SECRET_CHARS, SECRETS, redact, redact_url, split_url
+from agentload.endpoint.scrape import ServerProbe
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport, SignedTransport, signed_transport
 from agentload.errors import ConfigError
 from tests.fuzzing import fuzz_examples
@@ -317,3 +318,37 @@ async def test_run_with_a_key_and_url_credentials_leaks_nothing_and_resumes_only
     assert json.loads((run_dir / "run.json").read_text())["url"] == f"{server.url}/v1?key={MASK}"
     found = _occurrences(out, [stdout, stderr, rout, rerr], _forms([key, qkey]), "run (key + ?key)", server)
     assert found == 0
+
+
+@pytest.mark.slow
+async def test_probe_signs_every_path_and_prints_no_credential(tmp_path: Path) -> None:
+    key, qkey = _planted("sk"), _planted("qk")
+    async with hostile_server(bearer=key, query={"api_key": qkey}, echo_every=1) as server:
+        code, stdout, stderr = await _cli(
+            "probe", "--url", f"{server.url}/v1?api_key={qkey}", "--api-key-env", KEY_ENV, "--json",
+            env={KEY_ENV: key},
+        )  # fmt: skip
+    assert code == 0, stderr
+    result = json.loads(stdout)
+    assert result["engine"] == "agentload-sim"
+    assert result["metrics_url"] == f"{server.url}/metrics"
+    assert sum(server.stats.denied.values()) == 0
+    assert server.stats.authorised["/metrics"] == 1
+    assert server.stats.authorised["/health"] == 1
+    assert server.stats.echoed >= 1  # the cached-token test requests were answered with echoing errors
+    found = _occurrences(tmp_path, [stdout, stderr], _forms([key, qkey]), "probe (key + ?api_key)", server)
+    assert found == 0
+
+
+async def test_the_calibration_probe_signs_metrics_with_the_url_userinfo_and_query() -> None:
+    password, qkey = _planted("pw"), _planted("qk")
+    async with hostile_server(basic=("carol", password), query={"sig": qkey}) as server:
+        url = server.url.replace("http://", f"http://carol:{password}@") + f"/v1?sig={qkey}"
+        async with ServerProbe(url) as probe:
+            snapshot = await probe.metrics()
+            models = await probe.models()
+    assert snapshot.named("vllm:num_requests_running")
+    assert models[0].id == MODEL
+    assert str(probe.url) == server.url
+    assert server.stats.authorised["/metrics"] == 1
+    assert sum(server.stats.denied.values()) == 0

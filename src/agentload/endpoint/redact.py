@@ -29,9 +29,9 @@ from agentload.errors import ConfigError
 
 MASK = "***"
 
-# Free-text search is only for secrets at least this long: a shorter value ("pass", "abc") would also match
-# ordinary words and field names and could corrupt a JSON document it is replaced in. A short URL password is
-# still hidden — structurally, by ``redact_url`` — and API keys are far longer than this.
+# Free-text search is only for secrets at least this long: a shorter value ("pass", "test") would also match
+# ordinary words in the error lines it is searched in. A short URL password is still hidden — structurally, by
+# ``redact_url`` and by never leaving the transport — and API keys are far longer than this.
 MIN_SECRET_CHARS = 8
 
 # Query parameter names that carry credentials (case-insensitive, matched anywhere in the name so ``x-api-key``,
