@@ -352,3 +352,42 @@ async def test_the_calibration_probe_signs_metrics_with_the_url_userinfo_and_que
     assert str(probe.url) == server.url
     assert server.stats.authorised["/metrics"] == 1
     assert sum(server.stats.denied.values()) == 0
+
+
+@settings(max_examples=fuzz_examples(200))
+@given(
+    status=st.integers(400, 599),
+    shape=st.sampled_from(["error.message", "message", "error", "text", "sse-error"]),
+    # Padding that puts the secret across the client's cuts (200 characters of a text body, 500 of a message).
+    pad=st.integers(170, 215) | st.integers(470, 515) | st.integers(0, 600),
+    before=st.text(st.characters(codec="utf-8", exclude_characters="*"), max_size=20),
+    after=st.text(st.characters(codec="utf-8", exclude_characters="*"), max_size=60),
+    via=st.sampled_from(["key", "query"]),
+)
+async def test_fuzz_an_error_body_that_echoes_a_secret_leaves_no_part_of_it_in_the_record(
+    status: int, shape: str, pad: int, before: str, after: str, via: str
+) -> None:
+    """Wherever the body puts the secret — cut by the client's truncation or not — no 8 characters of it stay."""
+    SECRETS.clear()
+    secret = "sk-" + "0123456789abcdef" * 2
+    echoed = ("." * pad + before)[:pad] + secret + after
+    bodies = {
+        "error.message": json.dumps({"error": {"message": echoed, "type": "auth"}}),
+        "message": json.dumps({"message": echoed}),
+        "error": json.dumps({"error": echoed}),
+        "text": echoed,
+    }
+
+    async def handler(request: MockRequest) -> MockResponse:
+        if shape == "sse-error":
+            event = b"data: " + json.dumps({"error": {"message": echoed}}).encode() + b"\n\n"
+            return MockResponse(status=200, chunks_script=[(0.0, event)])
+        return MockResponse(status=status, chunks_script=[(0.0, bodies[shape].encode())])
+
+    url = "http://h:1/v1" + (f"?api_key={secret}" if via == "query" else "")
+    server, transport = signed_transport(url, secret if via == "key" else None, MockTransport(handler))
+    record = await ChatClient(server.base, transport=transport, api_key_env=None).chat({"messages": []})
+    assert not record.ok
+    saved = record.model_dump_json()
+    assert secret[:MIN_SECRET_CHARS] not in saved
+    assert json.dumps(secret)[1 : MIN_SECRET_CHARS + 1] not in saved

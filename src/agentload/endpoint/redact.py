@@ -71,14 +71,27 @@ class Secrets:
         return len(self._values)
 
     def redact(self, text: str) -> str:
-        """``text`` with every known secret replaced by ``***`` (longest first, so no fragment of one survives)."""
+        """``text`` with every known secret replaced by ``***`` (longest first, so no fragment of one survives).
+
+        A leading part of a secret (``MIN_SECRET_CHARS`` or more) is masked too: the client keeps the first few
+        hundred characters of an error body, and a key that straddles the cut must not leave its first half.
+        """
         if not text or not self._values:
             return text
         with self._lock:
             values = sorted(self._values, key=len, reverse=True)
-        for value in values:
+        for value in values:  # whole secrets first: a leading part of one may be the whole of another's form
             if value in text:
                 text = text.replace(value, MASK)
+        for value in values:
+            head = value[:MIN_SECRET_CHARS]
+            start = text.find(head)
+            while start != -1:
+                end = start + MIN_SECRET_CHARS
+                while end < len(text) and end - start < len(value) and text[end] == value[end - start]:
+                    end += 1
+                text = text[:start] + MASK + text[end:]
+                start = text.find(head, start + len(MASK))
         return text
 
 
