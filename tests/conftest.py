@@ -29,3 +29,13 @@ def closed_port() -> Iterator[int]:
         yield sock.getsockname()[1]
     finally:
         sock.close()
+
+
+@pytest.fixture(autouse=True)
+def _forget_secrets() -> Iterator[None]:
+    """Each test starts with no registered secrets (``endpoint.redact.SECRETS`` is process-wide by design)."""
+    from agentload.endpoint.redact import SECRETS
+
+    SECRETS.clear()
+    yield
+    SECRETS.clear()

@@ -126,5 +126,5 @@ def test_credentials_in_the_url_are_never_shown() -> None:
     assert code == 2
     assert "hunter2" not in out + err
     assert "sk-abc" not in out + err
-    assert json.loads(out)["endpoint"] == f"http://127.0.0.1:{port}/v1"
+    assert json.loads(out)["endpoint"] == f"http://user:***@127.0.0.1:{port}/v1?api_key=***"
     assert redact("https://[::1]:8443/v1") == "https://[::1]:8443/v1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentload.capacity.profile import ServingProfile, load_profile
-from agentload.endpoint.transport import AiohttpTransport, BearerTransport, Transport
+from agentload.endpoint.transport import Transport, signed_transport
 from agentload.sim.behaviour import Behaviour, FillerBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
@@ -23,11 +23,10 @@ class Target:
 
 
 def http_target(url: str, model: str, engine: str | None = None, api_key: str | None = None) -> Target:
-    # The key signs the transport, so the load, the token sizing and the /metrics scrapes all carry it.
-    transport: Transport = AiohttpTransport()
-    if api_key:
-        transport = BearerTransport(transport, api_key)
-    return Target(transport, url, model, url, virtual=False, engine=engine)
+    # The key and the URL's credentials sign the transport, so the load, the token sizing and the /metrics scrapes
+    # all carry them; the target keeps only the base to build requests on and the masked URL to record.
+    server, transport = signed_transport(url, api_key)
+    return Target(transport, server.base, model, server.shown, virtual=False, engine=engine)
 
 
 def sim_target(profile_name: str, behaviour: Behaviour | None = None) -> Target:

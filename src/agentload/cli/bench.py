@@ -26,6 +26,7 @@ from agentload.cli.common import (
     resolve_key_env,
 )
 from agentload.endpoint.probe import ENGINE_LABELS, probe
+from agentload.endpoint.redact import redact_url
 from agentload.errors import ConfigError
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
@@ -70,7 +71,8 @@ async def probe_server(
         for c in contexts:
             if c > found.max_context:
                 raise ConfigError(
-                    f"--context {c:,} exceeds what {model} at {url} holds (max_model_len {found.max_context:,})"
+                    f"--context {c:,} exceeds what {model} at {redact_url(url)} holds "
+                    f"(max_model_len {found.max_context:,})"
                 )
     if found.pool_tokens is None or found.block_size is None:
         err_console.print(f"[yellow]note:[/] no capacity estimate: {ENGINE_LABELS[found.engine]} reports no KV pool")
@@ -216,8 +218,9 @@ def bench(
         for w in s.warnings:
             err_console.print(f"  [yellow]warning:[/] {w}")
 
+    where = f"sim:{sim} (virtual time)" if sim else redact_url(url or "")
     err_console.print(
-        f"[bold]agentload bench[/] {'sim:' + sim + ' (virtual time)' if sim else url} · workload {workload} · "
+        f"[bold]agentload bench[/] {where} · workload {workload} · "
         f"{mode} · contexts {', '.join(f'{c:,}' for c in contexts)} · run {writer.run_id}"
     )
 

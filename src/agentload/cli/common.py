@@ -12,6 +12,7 @@ from typing import Annotated, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 
+from agentload.endpoint.redact import SECRETS, redact
 from agentload.errors import AgentloadError, ConfigError
 from agentload.sim.behaviour import ScenarioBook
 from agentload.sim.scenarios import builtin_scenarios
@@ -64,8 +65,11 @@ def resolve_key_env(name: str | None) -> str:
 
 
 def read_api_key(name: str | None) -> str | None:
-    """The API key itself (see ``resolve_key_env``), or None when there is none to send."""
-    return os.environ.get(resolve_key_env(name)) or None
+    """The API key itself (see ``resolve_key_env``), or None when there is none to send; registered as a secret
+    so nothing this process writes or prints can show it (``endpoint.redact``)."""
+    key = os.environ.get(resolve_key_env(name)) or None
+    SECRETS.add(key)
+    return key
 
 
 def default_book() -> ScenarioBook:
@@ -83,7 +87,8 @@ def clean_errors() -> Iterator[None]:
     try:
         yield
     except AgentloadError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+        # Redacted: an error may quote what a server said, and a server may echo the key (issue 15).
+        err_console.print(f"[bold red]error:[/] {redact(str(exc))}", markup=True, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from exc
 
 

@@ -35,9 +35,10 @@ from agentload.cli.common import (
 )
 from agentload.endpoint.client import ChatClient, StallPolicy
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
+from agentload.endpoint.redact import MASK, redact_url
 from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import AiohttpTransport, BearerTransport, Transport
+from agentload.endpoint.transport import Transport, signed_transport
 from agentload.endpoint.watchdog import Watchdog
 from agentload.errors import ConfigError, EndpointError
 from agentload.fleet.checkpoint import (
@@ -132,8 +133,8 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
         manifest = read_manifest(opts.resume)
         if opts.fleet is not None and load_fleet(opts.fleet) != manifest.fleet:
             raise ConfigError(f"{opts.fleet} is not the fleet {opts.resume} was started with (resume without it)")
-        if opts.url is not None and manifest.url is not None and opts.url != manifest.url:
-            opts.notes.append(f"resuming against {opts.url} (the run started against {manifest.url})")
+        if opts.url is not None and manifest.url is not None and redact_url(opts.url) != manifest.url:
+            opts.notes.append(f"resuming against {redact_url(opts.url)} (the run started against {manifest.url})")
         return manifest, opts.resume
     if opts.virtual and opts.url is not None:
         raise ConfigError("--virtual runs the embedded simulator in simulated time; it cannot drive --url")
@@ -144,7 +145,7 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
         run_id="",
         fleet=fleet,
         fleet_source=str(opts.fleet),
-        url=opts.url,
+        url=redact_url(opts.url) if opts.url is not None else None,  # run.json holds no credential (issue 15)
         profile=opts.profile if opts.url is None else None,
         model=opts.model,
         virtual=opts.virtual,
@@ -189,13 +190,15 @@ class _Server:
 async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExitStack) -> _Server:
     url = opts.url or manifest.url
     if url is not None:
-        key = read_api_key(opts.api_key_env)
-        if key is None:
-            return _Server(url, url, None)
-        # One signed transport for the probe, the signal poller and the agents, so each request carries the key.
-        signed = BearerTransport(AiohttpTransport(), key)
+        if opts.url is None and MASK in url:
+            raise ConfigError(
+                f"the run was started against {url}, whose credentials were not stored; give --url again to resume"
+            )
+        # One signed transport for the probe, the signal poller and the agents, so each request carries the key
+        # and the URL's credentials, and every component sees (and records) only the URL without them.
+        server, signed = signed_transport(url, read_api_key(opts.api_key_env))
         stack.push_async_callback(signed.aclose)
-        return _Server(url, url, signed)
+        return _Server(server.base, server.shown, signed)
     profile = manifest.profile or opts.profile
     if manifest.virtual:
         transport = InProcessTransport(SimServer(SimConfig(profile=load_profile(profile))))

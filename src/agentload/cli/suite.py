@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from aiohttp import web
@@ -33,7 +33,9 @@ from agentload.cli.common import (
 from agentload.clock import RealClock
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome
+from agentload.endpoint.redact import redact_url
 from agentload.endpoint.retry import RetryingBackend
+from agentload.endpoint.transport import Transport, signed_transport
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
@@ -130,8 +132,8 @@ async def _run(
     max_tokens: int | None,
     show_progress: bool,
 ) -> SuiteRun:
-    async with _endpoint(url, model, profile) as (base, served, label):
-        client = ChatClient(base, api_key_env=key_env)
+    async with _endpoint(url, model, profile, os.environ.get(key_env) or None) as (base, served, label, transport):
+        client = ChatClient(base, transport=transport, api_key_env=key_env)
         bar = _Bar()
         try:
             with bar.progress if show_progress else contextlib.nullcontext():
@@ -151,23 +153,25 @@ async def _run(
 
 
 @asynccontextmanager
-async def _endpoint(url: str | None, model: str | None, profile: str) -> AsyncIterator[tuple[str, str, str]]:
-    """(base URL, model, how results name the endpoint): the given server, or the embedded simulator."""
+async def _endpoint(
+    url: str | None, model: str | None, profile: str, key: str | None
+) -> AsyncIterator[tuple[str, str, str, Transport | None]]:
+    """(base URL, model, how results name the endpoint, transport): the given server, or the embedded simulator.
+
+    A given server's credentials (the key, and any in the URL) go to the transport only; results name the URL
+    with them masked (``endpoint.redact``).
+    """
     if url is not None:
-        yield url, model or "", redact(url)
+        server, transport = signed_transport(url, key)
+        yield server.base, model or "", server.shown, transport
         return
     async with embedded_simulator(profile) as (base, served):
-        yield base, model or served, f"embedded simulator ({profile}, oracle)"
+        yield base, model or served, f"embedded simulator ({profile}, oracle)", None
 
 
 def redact(url: str) -> str:
-    """The URL as results and messages may show it: no user, password or query (where API keys hide)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 literal keeps its brackets
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    """The URL as results and messages may show it (``endpoint.redact.redact_url``: credentials masked)."""
+    return redact_url(url)
 
 
 def _agents(n: int) -> str:

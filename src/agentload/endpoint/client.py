@@ -32,6 +32,7 @@ from agentload.endpoint.records import (
     ToolCallRecord,
     UsageSource,
 )
+from agentload.endpoint.redact import SECRETS, redact_optional
 from agentload.endpoint.sse import SSEParser
 from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Response, StreamBroken, Transport
 from agentload.vtime import LoopClock
@@ -216,6 +217,7 @@ class ChatClient:
         if key:
             # Kept only in the headers sent to the server: never in a record, a log line or a result file.
             self._headers["Authorization"] = f"Bearer {key}"
+            SECRETS.add(key)
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -406,7 +408,7 @@ class ChatClient:
             tool_calls=calls,
             outcome=acc.outcome,
             error=acc.error,
-            error_message=acc.error_message,
+            error_message=redact_optional(acc.error_message),  # a server's error body may echo the key
             http_status=acc.http_status,
             retry_after_s=acc.retry_after,
         )

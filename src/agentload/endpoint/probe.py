@@ -47,7 +47,7 @@ from agentload.endpoint.scrape import (
     parse_metrics,
 )
 from agentload.endpoint.scrape import base_url as server_root
-from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Transport, TransportError
+from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Transport, TransportError, signed_transport
 from agentload.errors import ConfigError, EndpointTimeoutError, EndpointUnreachableError
 
 Engine = Literal["vllm", "sglang", "llamacpp", "ollama", "agentload-sim", "openai-compatible"]
@@ -331,14 +331,21 @@ async def probe(
     transport: Transport | None = None,
     timeout_s: float = 10.0,
 ) -> ProbeResult:
-    """Identify the server at ``url`` and read its capacity figures (see the module docstring)."""
-    root = str(server_root(url)).rstrip("/")
+    """Identify the server at ``url`` and read its capacity figures (see the module docstring).
+
+    With no ``transport``, the probe signs its own with the key and ``url``'s credentials (userinfo, ``?api_key=``)
+    and works on the URL without them, so every path it asks — /metrics and /health too — carries the same
+    credentials and none reaches the result.
+    """
     own = transport is None
-    transport = transport or AiohttpTransport(connect_timeout_s=timeout_s)
     headers = {"Accept": "application/json"}
     key = os.environ.get(api_key_env) if api_key_env else None
-    if key:
+    if transport is None:
+        server, transport = signed_transport(url, key, AiohttpTransport(connect_timeout_s=timeout_s))
+        url = server.base
+    elif key:
         headers["Authorization"] = f"Bearer {key}"  # headers only: never in the result, an error or a note
+    root = str(server_root(url)).rstrip("/")
     client = ChatClient(
         root,
         transport=transport,

@@ -20,6 +20,7 @@ them and no body is ever quoted in an error.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -33,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
+from agentload.endpoint.redact import SECRETS, redact_url, split_url
 from agentload.errors import (
     ConfigError,
     EndpointError,
@@ -198,9 +200,9 @@ def base_url(url: str) -> URL:
     try:
         parsed = URL(url.strip())
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"--url {url!r} is not a URL: {exc}") from exc
+        raise ConfigError(f"--url {redact_url(url)!r} is not a URL: {exc}") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(f"--url {url!r}: give the server as http://HOST:PORT")
+        raise ConfigError(f"--url {redact_url(url)!r}: give the server as http://HOST:PORT")
     path = parsed.path.rstrip("/")
     path = path.removesuffix("/v1")
     return parsed.with_user(None).with_path(path).with_query(None).with_fragment(None)
@@ -311,7 +313,12 @@ class ServerProbe:
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 900.0,
     ) -> None:
-        self.url = base_url(url)
+        # The URL's credentials are taken out of it (endpoint.redact): the probe names the bare URL in results and
+        # errors, and signs every request — /metrics included — with the key or the userinfo and the query.
+        server = split_url(url)
+        self.url = base_url(server.base)
+        self._credentials = server.credentials
+        SECRETS.add(api_key)
         self._api_key = api_key
         self._connections = connections
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
@@ -324,7 +331,13 @@ class ServerProbe:
         # aiohttp's default pool of 100 connections would queue concurrent streams inside the client and
         # corrupt inter-token timings at high batch sizes, so the pool is sized for the largest batch.
         connector = aiohttp.TCPConnector(limit=self._connections, limit_per_host=self._connections)
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        headers: dict[str, str] = {}
+        creds = self._credentials
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        elif creds.user is not None:
+            token = base64.b64encode(f"{creds.user}:{creds.password or ''}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=headers)
         return self
 
@@ -342,7 +355,8 @@ class ServerProbe:
         return self._session
 
     def _url(self, path: str) -> URL:
-        return self.url.with_path(self.url.path.rstrip("/") + path)
+        url = self.url.with_path(self.url.path.rstrip("/") + path)
+        return url.with_query(self._credentials.params) if self._credentials.params else url
 
     @contextmanager
     def _translate(self, what: str) -> Iterator[None]:

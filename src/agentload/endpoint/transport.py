@@ -3,7 +3,8 @@
 ``AiohttpTransport`` talks HTTP (its connection pool lifted from aiohttp's default of 100, which would otherwise
 silently serialise a 256-agent fleet). ``MockTransport`` answers in process from a handler function, so tests
 script a server — status, headers, chunks and the silences between them — without patching anything.
-``BearerTransport`` wraps either and signs every request with an API key.
+``BearerTransport`` wraps either and signs every request with an API key; ``SignedTransport`` also carries the
+credentials of ``--url`` (userinfo, ``?api_key=``), so nothing else needs to hold them.
 
 A transport raises only ``TransportError`` subclasses; the client turns them into data on the record.
 """
@@ -11,11 +12,15 @@ A transport raises only ``TransportError`` subclasses; the client turns them int
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aiohttp
+
+from agentload.endpoint.redact import SECRETS, ServerUrl, UrlCredentials, split_url
 
 
 class TransportError(Exception):
@@ -116,6 +121,7 @@ class BearerTransport:
     def __init__(self, inner: Transport, key: str) -> None:
         self._inner = inner
         self._auth = f"Bearer {key}"
+        SECRETS.add(key)  # so a server that echoes it back cannot get it recorded (endpoint.redact)
 
     def __repr__(self) -> str:
         return f"BearerTransport({self._inner!r}, key=<hidden>)"
@@ -173,3 +179,56 @@ class MockTransport:
 
     async def aclose(self) -> None:
         return None
+
+
+class SignedTransport:
+    """Another transport with the run's credentials on every request: the API key as ``Authorization: Bearer``,
+    ``--url``'s userinfo as Basic auth, and ``--url``'s query parameters (``?api_key=``) on every URL.
+
+    The credentials come from ``endpoint.redact.split_url``, which also gives every other component a base URL
+    without them; so the chat load, the probe, the /metrics and /health polls all carry the same credentials and
+    none of them can record one. A key and a userinfo cannot both be sent (each is an Authorization header):
+    the key wins, as the more specific of the two.
+    """
+
+    def __init__(self, inner: Transport, *, key: str | None = None, credentials: UrlCredentials | None = None) -> None:
+        self._inner = inner
+        creds = credentials or UrlCredentials()
+        self._auth: str | None = None
+        if key:
+            self._auth = f"Bearer {key}"
+        elif creds.user is not None:
+            token = base64.b64encode(f"{creds.user}:{creds.password or ''}".encode()).decode("ascii")
+            self._auth = f"Basic {token}"
+        self._params = creds.params
+
+    def __repr__(self) -> str:
+        return f"SignedTransport({self._inner!r}, credentials=<hidden>)"
+
+    def _url(self, url: str) -> str:
+        if not self._params:
+            return url
+        parts = urlsplit(url)
+        have = {k for k, _ in parse_qsl(parts.query, keep_blank_values=True)}
+        extra = urlencode([(k, v) for k, v in self._params if k not in have])
+        query = f"{parts.query}&{extra}" if parts.query and extra else parts.query or extra
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+    async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        signed = dict(headers)
+        if self._auth is not None:
+            signed["Authorization"] = self._auth
+        return await self._inner.send(method, self._url(url), body, signed)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def signed_transport(url: str, key: str | None, inner: Transport | None = None) -> tuple[ServerUrl, Transport]:
+    """``--url`` taken apart (``redact.split_url``) and a transport that sends its credentials and ``key``."""
+    server = split_url(url)
+    SECRETS.add(key)
+    transport: Transport = inner or AiohttpTransport()
+    if key or server.credentials:
+        transport = SignedTransport(transport, key=key, credentials=server.credentials)
+    return server, transport
