@@ -24,12 +24,16 @@ from pathlib import Path
 
 import pytest
 
+from agentload.bench.analysis import LevelData, summarise
+from agentload.bench.runner import run_level
 from agentload.bench.sampler import MetricsSampler
+from agentload.bench.target import Target
 from agentload.endpoint.liveness import ServerLiveness, wait_until_up
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import AiohttpTransport, MockRequest, MockResponse, MockTransport
 from agentload.errors import EndpointTimeoutError
-from agentload.vtime import LoopClock
+from agentload.vtime import LoopClock, run_virtual
+from agentload.workload.registry import get_workload
 
 AGENTLOAD = [sys.executable, "-m", "agentload"]
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # the laptop profile's model
@@ -154,9 +158,9 @@ async def test_a_server_that_never_comes_up_is_a_timeout_naming_its_state() -> N
 
 # -- end to end: the commands against a simulator process that dies or freezes ----------------------------------
 @contextmanager
-def simulator() -> Iterator[tuple[subprocess.Popen[str], str]]:
+def simulator(*extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     sim = subprocess.Popen(
-        [*AGENTLOAD, "sim", "--port", "0", "--profile", "laptop"],
+        [*AGENTLOAD, "sim", "--port", "0", "--profile", "laptop", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -271,3 +275,50 @@ def test_suite_stops_on_a_lost_server_and_saves_the_finished_tests(tmp_path: Pat
     sessions = run["levels"][0]["agent_results"]
     assert len(sessions) == 2
     assert sum(len(s["tests"]) for s in sessions) >= 1  # what was finished before the fault is kept
+
+
+# -- item 5: a server still warming up ---------------------------------------------------------------------------
+def test_a_level_measured_on_a_warming_server_says_so() -> None:
+    """/health says "loading" the whole level and every turn gets a 503: a 0 tok/s level, with the reason beside it."""
+
+    async def handler(req: MockRequest) -> MockResponse:
+        return MockResponse(status=503)  # /health, /metrics and every chat request alike
+
+    target = Target(MockTransport(handler), "http://mock.invalid", "m", "mock", virtual=True)
+
+    async def level() -> LevelData:
+        return await run_level(target, get_workload("synthetic"), agents=1, context=1024, level=0, run_id="r",
+                               run_t0=LoopClock().now(), warmup_s=2.0, window_s=10.0, grace_s=5.0)  # fmt: skip
+
+    data: LevelData = run_virtual(level())
+    summary = summarise(data)
+    assert data.lost is None  # a server that answers, even "not ready", is not lost
+    assert summary.output_tps == 0
+    assert any("warming up" in w for w in summary.warnings)
+
+
+def test_bench_on_a_port_nothing_listens_on_waits_its_bound_then_exits_2(tmp_path: Path) -> None:
+    port = _closed_port()
+    args = ["bench", "--url", f"http://127.0.0.1:{port}", "--model", "m", "--agents", "1", "--wait-ready", "2s",
+            "--out", str(tmp_path / "runs")]  # fmt: skip
+    done = subprocess.run([*AGENTLOAD, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: http://127.0.0.1:{port} is still not answering after 2 s of waiting for it to come up"
+    ]
+    assert not (tmp_path / "runs").exists()  # no run, no history row
+
+
+@pytest.mark.slow
+def test_bench_waits_for_a_cold_starting_server_then_measures(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    with simulator("--cold-start", "6") as (_, url):
+        args = ["bench", "--url", url, "--model", MODEL, "--workload", "agentic", "--context", "2000", "--agents",
+                "1", "--warmup", "1s", "--window", "4s", "--out", str(root)]  # fmt: skip
+        done = subprocess.run([*AGENTLOAD, *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "COLUMNS": "400"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "waiting for" in done.stderr
+    assert "not ready yet" in done.stderr
+    (result,) = root.glob("*/result.json")
+    assert json.loads(result.read_text())["levels"][0]["output_tps"] > 0
