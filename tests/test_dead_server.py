@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -322,3 +323,51 @@ def test_bench_waits_for_a_cold_starting_server_then_measures(tmp_path: Path) ->
     assert "not ready yet" in done.stderr
     (result,) = root.glob("*/result.json")
     assert json.loads(result.read_text())["levels"][0]["output_tps"] > 0
+
+
+@contextmanager
+def model_less_server() -> Iterator[str]:
+    """A server that lists no models (so nothing can be checked up front) and answers every chat with a 404."""
+    from aiohttp import web
+
+    async def chat(_: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "The model does not exist.", "code": 404}}, status=404)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", health)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+
+
+def test_a_bench_in_which_no_request_succeeds_exits_2_and_adds_nothing_to_the_history(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    with model_less_server() as url:
+        args = ["bench", "--url", url, "--model", "no-such-model", "--workload", "agentic", "--context", "2000",
+                "--agents", "1", "--warmup", "1s", "--window", "3s", "--out", str(root)]  # fmt: skip
+        done = subprocess.run([*AGENTLOAD, *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "COLUMNS": "400"})  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "succeeded" in error
+    assert "The model does not exist" in error
+    (run_dir,) = root.iterdir()
+    assert _lines(run_dir / "records.jsonl") >= 1  # what failed stays on disk
+    assert not (run_dir / "result.json").exists()
+    assert not (root / "history.sqlite").exists()
