@@ -26,13 +26,14 @@ from pathlib import Path
 import pytest
 
 from agentload.bench.analysis import LevelData, summarise
+from agentload.bench.orchestrate import measure_token_sizing
 from agentload.bench.runner import run_level
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.endpoint.liveness import ServerLiveness, wait_until_up
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import AiohttpTransport, MockRequest, MockResponse, MockTransport
-from agentload.errors import EndpointTimeoutError
+from agentload.errors import EndpointTimeoutError, ServerLostError
 from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.registry import get_workload
 
@@ -371,3 +372,22 @@ def test_a_bench_in_which_no_request_succeeds_exits_2_and_adds_nothing_to_the_hi
     assert _lines(run_dir / "records.jsonl") >= 1  # what failed stays on disk
     assert not (run_dir / "result.json").exists()
     assert not (root / "history.sqlite").exists()
+
+
+def test_a_server_frozen_before_the_first_level_is_a_lost_server_not_a_sizing_note() -> None:
+    """Token sizing is the first load bench sends; on a server that froze after the probe it must not wait 300 s."""
+
+    async def never(_: MockRequest) -> MockResponse:
+        await asyncio.sleep(10**6)  # accepts, answers nothing: every request and poll hangs
+        raise AssertionError("unreachable")
+
+    target = Target(MockTransport(never), "http://mock.invalid", "m", "mock", virtual=True)
+
+    async def size() -> float:
+        started = LoopClock().now()
+        with pytest.raises(ServerLostError, match=r"before the first level: .* has not answered for"):
+            await measure_token_sizing(target, seed=0)
+        return LoopClock().now() - started
+
+    took = run_virtual(size())
+    assert took < 60  # simulated seconds: the dead-server rule's 20 s, not the 300 s first-token deadline

@@ -201,6 +201,7 @@ async def run_level(
         else:
             data.lost = watch.result()
             data.end = clock.now() - run_t0
+            data.window_start = min(data.window_start, data.end)  # lost in the warm-up: an empty window, not < 0
             data.notes.append(f"stopped early: {data.lost}")
     finally:
         for t in (body, watch, *tasks):
