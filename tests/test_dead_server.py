@@ -147,8 +147,16 @@ async def test_a_warming_server_is_waited_for_and_the_wait_is_reported() -> None
     lines: list[str] = []
     await wait_until_up(poller, 60.0, report=lines.append, every_s=0.03)
     assert polls[0] == 5  # returned at the first ready answer
-    assert lines
-    assert all("not ready yet" in line for line in lines)
+    assert lines[0] == "waiting up to 60 s for http://127.0.0.1:9 to come up: not ready"
+    assert all("not ready" in line for line in lines)
+
+
+async def test_a_server_that_is_up_is_not_waited_for() -> None:
+    transport, polls = _warming_transport(ready_after=0)
+    poller = SignalPoller("http://127.0.0.1:9", transport=transport, interval_s=0.02, engine="vllm")
+    lines: list[str] = []
+    await wait_until_up(poller, 60.0, report=lines.append)
+    assert (polls[0], lines) == (1, [])
 
 
 async def test_a_server_that_never_comes_up_is_a_timeout_naming_its_state() -> None:
@@ -312,16 +320,25 @@ def test_bench_on_a_port_nothing_listens_on_waits_its_bound_then_exits_2(tmp_pat
 
 
 @pytest.mark.slow
-def test_bench_waits_for_a_cold_starting_server_then_measures(tmp_path: Path) -> None:
+def test_bench_waits_for_a_server_that_comes_up_late_then_measures(tmp_path: Path) -> None:
+    """Refused at first (nothing listens yet), then a 3 s cold start, then up: bench waits, says so, measures."""
     root = tmp_path / "runs"
-    with simulator("--cold-start", "6") as (_, url):
-        args = ["bench", "--url", url, "--model", MODEL, "--workload", "agentic", "--context", "2000", "--agents",
-                "1", "--warmup", "1s", "--window", "4s", "--out", str(root)]  # fmt: skip
-        done = subprocess.run([*AGENTLOAD, *args], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "COLUMNS": "400"})  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "waiting for" in done.stderr
-    assert "not ready yet" in done.stderr
+    port = _closed_port()
+    args = ["bench", "--url", f"http://127.0.0.1:{port}", "--model", MODEL, "--workload", "agentic", "--context",
+            "2000", "--agents", "1", "--warmup", "1s", "--window", "4s", "--out", str(root)]  # fmt: skip
+    proc = subprocess.Popen([*AGENTLOAD, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "400"})  # fmt: skip
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the server starts only once bench has said it is waiting
+    sim = subprocess.Popen([*AGENTLOAD, "sim", "--port", str(port), "--profile", "laptop", "--cold-start", "3"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _, rest = proc.communicate(timeout=300)
+    finally:
+        sim.kill()
+        sim.communicate(timeout=30)
+    assert proc.returncode == 0, first + rest
+    assert first.startswith(f"waiting up to 120 s for http://127.0.0.1:{port} to come up: not answering")
     (result,) = root.glob("*/result.json")
     assert json.loads(result.read_text())["levels"][0]["output_tps"] > 0
 

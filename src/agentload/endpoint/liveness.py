@@ -80,6 +80,12 @@ async def wait_until_up(
 
     Raises ``EndpointTimeoutError`` (which names the state it was left in) when the bound passes.
     """
+    try:
+        await poller.wait_until_ready(0.0)  # one poll: a server that is up is not kept waiting for a message
+        return
+    except EndpointTimeoutError:
+        pass
+    report(f"waiting up to {timeout_s:g} s for {poller.url} to come up: {_state(poller)}")
     waited = 0.0
     while True:
         step = min(every_s, timeout_s - waited)
@@ -88,10 +94,13 @@ async def wait_until_up(
             return
         except EndpointTimeoutError as exc:
             waited += step
-            sig = poller.latest
-            state = "not ready" if sig is not None and sig.responding else "not answering"
             if waited >= timeout_s:
                 raise EndpointTimeoutError(
-                    f"{poller.url} is still {state} after {timeout_s:g} s of waiting for it to come up"
+                    f"{poller.url} is still {_state(poller)} after {timeout_s:g} s of waiting for it to come up"
                 ) from exc
-        report(f"waiting for {poller.url} to come up: {state} yet ({waited:.0f} s of at most {timeout_s:g} s)")
+        report(f"still waiting for {poller.url}: {_state(poller)} ({waited:.0f} s of at most {timeout_s:g} s)")
+
+
+def _state(poller: SignalPoller) -> str:
+    sig = poller.latest
+    return "not ready" if sig is not None and sig.responding else "not answering"
