@@ -277,3 +277,20 @@ def test_report_command_unwritable_output_is_one_line_and_exit_2(two_runs: list[
     line = _one_error_line(*_report(str(two_runs[0].path), "-o", str(tmp_path)))
     assert "cannot write the report to" in line
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_incomplete_run_says_so_in_the_report_and_the_console_and_is_not_in_the_history(tmp_path: Path) -> None:
+    why = "http://127.0.0.1:9 has not answered for 20 s: it refuses connections (the server is down)"
+    store = RunStore(tmp_path)
+    partial = dense().result.model_copy(update={"incomplete": why})
+    with store.create("qwen3-dense") as writer:
+        saved = writer.finish(partial)
+    html = render_report(load_runs([saved]))
+    assert f"the run stopped early: {why}" in " ".join(html.split())
+    console = Console(record=True, width=250)
+    print_result(saved.result(), console)
+    assert f"INCOMPLETE: the run stopped early: {why}" in console.export_text()
+    assert store.runs() == []  # kept on disk for `report PATH`, never indexed among finished runs
+    indexed, skipped = store.history.rebuild()
+    assert indexed == 0
+    assert skipped == [(saved.path, f"incomplete: {why}")]

@@ -14,6 +14,7 @@ Catch ``AgentloadError`` to catch everything the package raises on purpose::
     │   ├── EndpointUnreachableError   nothing answers at the URL
     │   ├── EndpointTimeoutError       it answered too slowly for the command to go on
     │   ├── EndpointResponseError      it answered with an error status or an unusable body
+    │   ├── ServerLostError            it stopped answering in the middle of a run (what was collected is saved)
     │   └── ServerCapabilityError      it works but lacks what the command needs (no pool figure, no metrics)
     ├── CheckpointError        a run directory, checkpoint file or run history is unusable
     ├── CalibrationError       the measurements cannot determine the step-time coefficients
@@ -92,6 +93,10 @@ class EndpointResponseError(EndpointError):
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ServerLostError(EndpointError):
+    """The server died or froze in the middle of a run; the run stopped and saved what it had collected."""
 
 
 class ServerCapabilityError(EndpointError):

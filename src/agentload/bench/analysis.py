@@ -39,6 +39,7 @@ class LevelData:
     min_turns: int | None = None  # completed turns the window wanted (None: no such goal)
     output_controlled: bool = False  # exact output lengths were asked for (``endpoint.output``)
     notes: list[str] = field(default_factory=list)  # what the runner saw that the summary should say
+    lost: str | None = None  # set: the server was lost during this level (why), which stopped it early
 
 
 def _pct(values: Sequence[float]) -> Percentiles:

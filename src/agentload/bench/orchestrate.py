@@ -20,9 +20,12 @@ from agentload.bench.search import Search, Slo, find_knee, sweep
 from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
 from agentload.endpoint.backend import SingleAttemptBackend
-from agentload.endpoint.client import ChatClient, FixedDeadlines
+from agentload.endpoint.client import ChatClient
+from agentload.endpoint.liveness import ServerLiveness
 from agentload.endpoint.output import can_force_length
-from agentload.errors import EndpointError
+from agentload.endpoint.signals import SignalPoller
+from agentload.endpoint.watchdog import Watchdog
+from agentload.errors import EndpointError, ServerLostError
 from agentload.vtime import LoopClock
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
@@ -111,14 +114,30 @@ def with_shared_prefix(estimate: CapacityEstimate, shared_tokens: int) -> Capaci
     return estimate.model_copy(update={"shared_prefix_tokens": shared_tokens, "sessions_shared_prefix": sessions})
 
 
+class _ServerLost(Exception):
+    """A level stopped because the server was lost; ends the search (caught in ``run_bench``)."""
+
+
 async def measure_token_sizing(target: Target, seed: int) -> tuple[TokenSizing, str | None]:
-    """The server's tokens per word of our text (``workload.sizing``); the simulator's figures and a note if not."""
-    deadlines = FixedDeadlines(connect_s=30.0, first_token_s=300.0, idle_s=60.0, total_s=600.0)
-    client = ChatClient(target.base_url, transport=target.transport, policy=deadlines)
+    """The server's tokens per word of our text (``workload.sizing``); the simulator's figures and a note if not.
+
+    Its requests go through the stall watchdog, so a server that froze since the probe is given up within ~25 s
+    rather than the 300 s a plain first-token deadline would wait, and that is a lost server, not a note.
+    """
+    clock = LoopClock()
+    poller = SignalPoller(target.base_url, transport=target.transport, clock=clock)
+    await poller.start()
+    policy = Watchdog(signals=poller, clock=clock, first_token_floor_s=300.0)
+    client = ChatClient(target.base_url, transport=target.transport, policy=policy)
     try:
         return await measure_sizing(SingleAttemptBackend(client), target.model, seed=seed), None
     except EndpointError as exc:
+        if policy.server_dead():
+            lost = await ServerLiveness(policy, poller, clock).describe()
+            raise ServerLostError(f"before the first level: {lost}") from exc
         return SIMULATOR_SIZING, f"text sized at one token per word: {exc}"
+    finally:
+        await poller.stop()
 
 
 async def run_bench(
@@ -184,6 +203,8 @@ async def run_bench(
         levels.append(summary)
         if on_level is not None:
             on_level(summary)
+        if data.lost is not None:
+            raise _ServerLost(data.lost)
         return summary
 
     # Held sessions sit at their context all the time, so pool ÷ the context the server counted is their capacity
@@ -204,45 +225,58 @@ async def run_bench(
             estimate = with_shared_prefix(estimate, plan.workload.shape(context).system_tokens)
         return estimate
 
-    for context in plan.contexts:
-        scale = plan.probe_scale if plan.mode == "find-knee" else 1.0
+    # A lost server ends the run where it is: the levels measured so far, the lost one (marked in its warnings)
+    # and the result marked incomplete; no knee or capacity is claimed for the context it was lost in.
+    incomplete: str | None = None
+    try:
+        for context in plan.contexts:
+            scale = plan.probe_scale if plan.mode == "find-knee" else 1.0
 
-        async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
-            return await measure_with(plan.workload, agents, context, scale)
+            async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
+                return await measure_with(plan.workload, agents, context, scale)
 
-        search = Search(measure, tolerance=plan.tolerance, slo=plan.slo)
-        if plan.mode == "find-knee":
-            knee = await find_knee(search, context, max_agents=plan.max_agents)
-        elif plan.mode in ("sweep", "grid"):
-            knee = await sweep(search, plan.agents, context)
-        elif plan.mode == "soak":
-            gpus = GpuMonitor()
-            gpus.start()
-            for n in plan.agents:
-                await measure(n)
-                notes.extend(drift_notes(all_data[-1]))
-            notes.extend(await gpus.stop())
-            capacity.append(estimate_at(context, None))
-            continue
-        else:  # single: the levels are measured, no knee is claimed
-            for n in plan.agents:
-                await measure(n)
-            capacity.append(estimate_at(context, None))
-            continue
-        estimate = estimate_at(context, knee.agents)
-        capacity.append(estimate)
-        if estimate.predicted:
-            knee = knee.model_copy(update={"measured_over_predicted": knee.agents / estimate.predicted})
-        knees.append(knee)
+            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo)
+            if plan.mode == "find-knee":
+                knee = await find_knee(search, context, max_agents=plan.max_agents)
+            elif plan.mode in ("sweep", "grid"):
+                knee = await sweep(search, plan.agents, context)
+            elif plan.mode == "soak":
+                gpus = GpuMonitor()
+                gpus.start()
+                try:
+                    for n in plan.agents:
+                        await measure(n)
+                        notes.extend(drift_notes(all_data[-1]))
+                finally:
+                    gpu_notes = await gpus.stop()  # also when the server was lost: no sampler left running
+                notes.extend(gpu_notes)
+                capacity.append(estimate_at(context, None))
+                continue
+            else:  # single: the levels are measured, no knee is claimed
+                for n in plan.agents:
+                    await measure(n)
+                capacity.append(estimate_at(context, None))
+                continue
+            estimate = estimate_at(context, knee.agents)
+            capacity.append(estimate)
+            if estimate.predicted:
+                knee = knee.model_copy(update={"measured_over_predicted": knee.agents / estimate.predicted})
+            knees.append(knee)
+    except _ServerLost as exc:
+        incomplete = str(exc)
     if probe_target.virtual:
         await probe_target.transport.aclose()
 
     ratio = None
-    if plan.synthetic is not None and levels:
+    if plan.synthetic is not None and levels and incomplete is None:
         at = knees[0].agents if knees and knees[0].agents > 0 else levels[-1].agents
         real = next((s for s in levels if s.agents == at and s.context == plan.contexts[0]), levels[-1])
-        synth = await measure_with(plan.synthetic, real.agents, real.context)
-        ratio = real.output_tps / synth.output_tps if synth.output_tps > 0 else None
+        try:
+            synth = await measure_with(plan.synthetic, real.agents, real.context)
+        except _ServerLost as exc:
+            incomplete = str(exc)
+        else:
+            ratio = real.output_tps / synth.output_tps if synth.output_tps > 0 else None
     result = RunResult(
         run_id=run_id,
         created=created,
@@ -266,5 +300,6 @@ async def run_bench(
         knee=knees,
         real_over_synthetic=ratio,
         notes=notes,
+        incomplete=incomplete,
     )
     return result, all_data

@@ -161,3 +161,6 @@ class RunResult(BaseModel):
     knee: list[Knee] = Field(default_factory=list)
     real_over_synthetic: float | None = None
     notes: list[str] = Field(default_factory=list)
+    # Set (to why) when the run stopped before its plan was done — the server was lost mid-run (issue 15): the
+    # levels are those measured until then, and no knee or capacity is claimed for the context it stopped in.
+    incomplete: str | None = None

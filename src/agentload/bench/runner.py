@@ -21,6 +21,7 @@ from agentload.bench.gate import QuiesceGate
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.endpoint.client import ChatClient
+from agentload.endpoint.liveness import ServerLiveness
 from agentload.endpoint.output import exact_output
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.retry import RetryingBackend
@@ -170,8 +171,7 @@ async def run_level(
         w0 = run_t0 + data.window_start
         return sum(1 for r in data.records if r.ok and r.t_sent >= w0)
 
-    tasks = [asyncio.ensure_future(start_later(i)) for i in range(len(drivers))]
-    try:
+    async def measure_level() -> None:
         await asyncio.sleep(max(0.0, run_t0 + data.window_start - clock.now()))
         data.window_start = await quiet_edge("start")
         gate.open()
@@ -188,14 +188,39 @@ async def run_level(
         for t in pending:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    tasks = [asyncio.ensure_future(start_later(i)) for i in range(len(drivers))]
+    # The level races the watchdog's dead-server rule (``endpoint.liveness``): a killed or frozen server stops it
+    # within ~25 s, wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the window.
+    body = asyncio.ensure_future(measure_level())
+    watch = asyncio.ensure_future(ServerLiveness(policy, poller, clock).wait_lost())
+    try:
+        await asyncio.wait({body, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if body.done():
+            body.result()  # a bug in the level's own code surfaces here, after the finally's cleanup
+        else:
+            data.lost = watch.result()
+            data.end = clock.now() - run_t0
+            data.window_start = min(data.window_start, data.end)  # lost in the warm-up: an empty window, not < 0
+            data.notes.append(f"stopped early: {data.lost}")
     finally:
-        for t in tasks:
+        for t in (body, watch, *tasks):
             t.cancel()
+        await asyncio.gather(body, watch, *tasks, return_exceptions=True)
         await sampler.stop()
         await poller.stop()
+    if data.lost is None and not any(r.ok for r in data.records) and _warming_seen(poller, run_t0 + data.start):
+        data.notes.append(
+            "the server said it was still warming up (/health not ready) during this level and no turn completed: "
+            "its 0 tok/s measures the warm-up, not the load"
+        )
     data.samples = sampler.samples
     for t in tasks:
         if t.done() and not t.cancelled() and t.exception() is not None:
             # A driver bug is a run-level failure, raised after cleanup (per-request failures are data).
             raise t.exception()  # type: ignore[misc]  # checked not None just above
     return data
+
+
+def _warming_seen(poller: SignalPoller, since: float) -> bool:
+    return any(s.warming for s in poller.history if s.t >= since)

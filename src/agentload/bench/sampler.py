@@ -50,12 +50,21 @@ def to_sample(snapshot: MetricsSnapshot, t: float) -> RawSample:
 
 
 class MetricsSampler:
-    """Background scraper; ``samples`` grows as the run goes. A server without /metrics yields no samples."""
+    """Background scraper; ``samples`` grows as the run goes. A server without /metrics yields no samples.
 
-    def __init__(self, transport: Transport, server_url: str, *, interval_s: float = 1.0, t0: float = 0.0) -> None:
+    Every scrape has a deadline (``timeout_s``): a frozen server accepts the connection and never answers, and a
+    scrape without one hung the whole bench — the window's edges wait for their sample (issue 15, item 1).
+    """
+
+    def __init__(
+        self, transport: Transport, server_url: str, *, interval_s: float = 1.0, t0: float = 0.0, timeout_s: float = 5.0
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
         self._transport = transport
         self._url = server_url.rstrip("/").removesuffix("/v1") + "/metrics"
         self.interval_s = interval_s
+        self.timeout_s = timeout_s
         self.t0 = t0
         self.samples: list[RawSample] = []
         self.failures = 0
@@ -64,16 +73,17 @@ class MetricsSampler:
 
     async def sample_once(self) -> RawSample | None:
         try:
-            resp = await self._transport.send("GET", self._url, None, {})
-            try:
-                body = await resp.read()
-            finally:
-                resp.close()
+            async with asyncio.timeout(self.timeout_s):
+                resp = await self._transport.send("GET", self._url, None, {})
+                try:
+                    body = await resp.read()
+                finally:
+                    resp.close()
             if resp.status != 200:
                 self.failures += 1
                 return None
             raw = to_sample(parse_metrics(body.decode("utf-8", "replace"), self._url), self._clock.now() - self.t0)
-        except (TransportError, EndpointError):
+        except (TransportError, EndpointError, TimeoutError):
             self.failures += 1
             return None
         self.samples.append(raw)

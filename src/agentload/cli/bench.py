@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,9 +26,19 @@ from agentload.cli.common import (
     reports_errors,
     resolve_key_env,
 )
+from agentload.endpoint.liveness import wait_until_up
 from agentload.endpoint.probe import ENGINE_LABELS, probe
+from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
-from agentload.errors import ConfigError
+from agentload.endpoint.signals import SignalPoller
+from agentload.endpoint.transport import signed_transport
+from agentload.errors import (
+    ConfigError,
+    EndpointError,
+    EndpointResponseError,
+    EndpointUnreachableError,
+    ServerLostError,
+)
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.store.runstore import RunStore
@@ -124,6 +135,10 @@ def bench(
             min=1, help="Completed turns a level's window wants in all (default 60; and 8 per agent); --window caps it."
         ),
     ] = None,
+    wait_ready: Annotated[
+        str,
+        typer.Option(help="With --url: how long to wait for a server still starting (refusing, or /health 503)."),
+    ] = "120s",
 ) -> None:
     """Measure agents, not tokens: throughput, TTFT, prefix reuse and KV pressure across agent counts, and the knee.
 
@@ -145,6 +160,7 @@ def bench(
         sim, find_knee, modes = DEFAULT_SIM, True, ["find-knee"]
     contexts = parse_counts(context, "--context")
     warmup_s, window_s = parse_duration(warmup, "--warmup"), parse_duration(window, "--window")
+    wait_ready_s = parse_duration(wait_ready, "--wait-ready")
     mode: Mode
     counts: list[int] = []
     if sweep:
@@ -178,8 +194,10 @@ def bench(
     else:
         assert url is not None
         assert model is not None
+        key = read_api_key(api_key_env)
+        asyncio.run(wait_for_server(url, key, wait_ready_s))
         pool, engine = asyncio.run(probe_server(url, model, contexts, api_key_env))
-        shared = http_target(url, model, engine, api_key=read_api_key(api_key_env))
+        shared = http_target(url, model, engine, api_key=key)
 
         def make_target() -> Target:
             return shared
@@ -239,9 +257,42 @@ def bench(
     for level in data:
         for raw in level.samples:
             writer.sample(level.level, raw.sample)
+    if result.incomplete is None and not any(r.ok for level in data for r in level.records):
+        # Not one turn succeeded: the run measured nothing about the server, so it gets no result and no history
+        # row (the records stay on disk to say what failed).
+        writer.close()
+        raise no_turn_succeeded(data, url or "the simulator", writer.path)
     run_dir = writer.finish(result)
     if json_out:
         console.print_json(result.model_dump_json())
     else:
         print_result(result, console)
-        console.print(f"[dim]saved {run_dir.path} · `agentload report {result.run_id}` renders it[/]")
+        console.print(f"[dim]saved {run_dir.path} · `agentload report {run_dir.path}` renders it[/]")
+    if result.incomplete is not None:
+        saved = f"{writer.records_written} records and {writer.samples_written} metric samples"
+        raise ServerLostError(
+            f"{result.incomplete}; the run stopped. Saved {saved} and a result marked incomplete in {run_dir.path}"
+        )
+
+
+async def wait_for_server(url: str, key: str | None, timeout_s: float) -> None:
+    """Wait for a server that is still coming up (item 5 of issue 15), saying so on stderr every 10 s."""
+    server, transport = signed_transport(url, key)  # the poll carries the run's credentials, its URL none
+    poller = SignalPoller(server.base, transport=transport)
+    try:
+        await wait_until_up(poller, timeout_s, report=lambda line: err_console.print(line, markup=False))
+    finally:
+        await poller.stop()
+        await transport.aclose()
+
+
+def no_turn_succeeded(data: list[LevelData], where: str, path: Path) -> EndpointError:
+    records = [r for level in data for r in level.records]
+    if not records:
+        return EndpointResponseError(f"no request was completed against {where}; records (none) in {path}")
+    first = records[0]
+    why = f" ({first.error_message})" if first.error_message else ""
+    message = f"not one of {len(records)} requests to {where} succeeded{why}; the records are in {path}"
+    if first.outcome is Outcome.CONNECT_ERROR:
+        return EndpointUnreachableError(message)
+    return EndpointResponseError(message, status=first.http_status)

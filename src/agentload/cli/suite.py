@@ -32,11 +32,14 @@ from agentload.cli.common import (
 )
 from agentload.clock import RealClock
 from agentload.endpoint.client import ChatClient
+from agentload.endpoint.liveness import ServerLiveness
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.retry import RetryingBackend
-from agentload.endpoint.transport import Transport, signed_transport
-from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError
+from agentload.endpoint.signals import SignalPoller
+from agentload.endpoint.transport import AiohttpTransport, Transport, signed_transport
+from agentload.endpoint.watchdog import Watchdog
+from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError, ServerLostError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.runstore import run_root
@@ -46,6 +49,7 @@ from agentload.suite.model import SuiteTest
 from agentload.suite.results import LevelResult, SuiteRun, TestResult, save_run
 from agentload.suite.runner import SuiteConfig, check_agent_counts, run_suite
 from agentload.suite.scoring import Status
+from agentload.vtime import LoopClock
 
 EMBEDDED_PROFILE = "qwen3-235b-gb300"  # the source benchmark's deployment, and short simulated steps
 
@@ -132,14 +136,23 @@ async def _run(
     max_tokens: int | None,
     show_progress: bool,
 ) -> SuiteRun:
-    async with _endpoint(url, model, profile, os.environ.get(key_env) or None) as (base, served, label, transport):
-        client = ChatClient(base, transport=transport, api_key_env=key_env)
+    key = os.environ.get(key_env) or None
+    async with _endpoint(url, model, profile, key) as (base, served, label, transport):
+        # The same stall watchdog and dead-server rule as `agentload run`: a request on a frozen server is given
+        # up within ~22 s, and the liveness watch stops the whole run when the server is gone (issue 15). The
+        # polls carry the same credentials as the requests, so a server that guards /metrics is still read.
+        clock = LoopClock()
+        poll_transport = signed_transport(url, key)[1] if url is not None else AiohttpTransport()
+        poller = SignalPoller(base, transport=poll_transport, clock=clock)
+        await poller.start()
+        policy = Watchdog(signals=poller, clock=clock)
+        client = ChatClient(base, transport=transport, api_key_env=key_env, policy=policy)
         bar = _Bar()
         try:
             with bar.progress if show_progress else contextlib.nullcontext():
                 return await run_suite(
                     # A passing 503 or reset is resent (same turn, same body) rather than costing the agent a test.
-                    RetryingBackend(client),
+                    RetryingBackend(client, policy=policy),
                     tests,
                     SuiteConfig(model=served, max_tokens=max_tokens, payload_tokens=payload_tokens),
                     counts,
@@ -147,8 +160,11 @@ async def _run(
                     endpoint=label,
                     on_level=bar.level,
                     on_test=bar.test_done,
+                    liveness=ServerLiveness(policy, poller, clock),
                 )
         finally:
+            await poller.stop()
+            await poll_transport.aclose()
             await client.aclose()
 
 
@@ -301,6 +317,11 @@ def suite(
         console.print(f"[bold]agentload suite {run.suite_version}[/] — {run.model} at {run.endpoint}")
         for level in run.levels:
             render_level(level)
+    if run.incomplete is not None:
+        done = sum(len(a.tests) for lv in run.levels for a in lv.agent_results)
+        raise ServerLostError(
+            f"{run.incomplete}; the run stopped. Saved the {done} tests finished so far, marked incomplete, in {path}"
+        )
     _raise_if_unreachable(run)
 
 

@@ -98,6 +98,8 @@ def result_panel(result: RunResult) -> Panel:
     """The knee(s) explained and the capacity estimate(s), in sentences."""
     # The target goes inside, not in the title: a border title too long for a narrow terminal is cut off.
     lines: list[Text] = [Text(f"target: {result.target}", style="dim")]
+    if result.incomplete is not None:
+        lines.append(Text(f"INCOMPLETE: the run stopped early: {result.incomplete}", style="bold red"))
     for knee in result.knee:
         lines.append(Text(knee_sentence(knee), style="bold"))
         if knee.explanation.evidence:

@@ -194,6 +194,9 @@ class RunHistory:
                 except CheckpointError as exc:
                     skipped.append((child, str(exc)))
                     continue
+                if result.incomplete is not None:
+                    skipped.append((child, f"incomplete: {result.incomplete}"))
+                    continue
                 if result.run_id != child.name:
                     # The history is keyed on the id, and `report ID` must find this directory: a copied run
                     # directory renamed on disk is indexed under its directory name's id only if they agree.

@@ -224,7 +224,9 @@ class RunWriter:
         write_text_atomic(self.path / RESULT, result.model_dump_json(indent=2))
         run = RunDir(self.path)
         export_csv(run, result)
-        if self._on_finish is not None:
+        # A run stopped early (its server was lost) keeps its files for `report PATH`, but the history indexes
+        # finished measurements: its half-searched knee and best tok/s would stand beside complete runs unmarked.
+        if self._on_finish is not None and result.incomplete is None:
             self._on_finish(result, self.path)
         return run
 

@@ -112,6 +112,9 @@ class SuiteRun(BaseModel):
     started_at: datetime
     payload_tokens: int
     levels: list[LevelResult]
+    # Set (to why) when the run stopped early because the server was lost (issue 15): the levels are those run
+    # until then, the last one cut short, its stopped sessions failed with the tests they had finished.
+    incomplete: str | None = None
 
 
 @dataclass(frozen=True)

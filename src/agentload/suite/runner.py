@@ -128,6 +128,18 @@ async def run_session(
                 on_test(acc.agents, result)
     except Exception as exc:  # one agent's crash is data about that agent, not a reason to stop the others
         error = f"{type(exc).__name__}: {exc}"
+    except asyncio.CancelledError:
+        # The level was stopped (the server was lost): the tests this agent finished are kept, as a failed session.
+        acc.session_done(
+            AgentResult(
+                agent_id=agent_id,
+                status=AgentStatus.FAILED,
+                error="stopped: the server was lost",
+                session_s=clock.now() - start,
+                tests=results,
+            )
+        )
+        raise
     if error:
         status = AgentStatus.FAILED
     elif any(r.status is Status.UNSCORED for r in results):
@@ -139,6 +151,14 @@ async def run_session(
     return session
 
 
+class Liveness(Protocol):
+    """What stops a level whose server is gone (``endpoint.liveness.ServerLiveness``)."""
+
+    async def wait_lost(self) -> str:
+        """Return (why) once the server is lost; never while it answers."""
+        ...
+
+
 async def run_level(
     backend: ChatBackend,
     tests: Sequence[SuiteTest],
@@ -148,18 +168,36 @@ async def run_level(
     *,
     run_id: str = "",
     on_test: TestDone | None = None,
-) -> LevelResult:
-    """``agents`` sessions started together; the level ends when the last one does."""
+    liveness: Liveness | None = None,
+) -> tuple[LevelResult, str | None]:
+    """``agents`` sessions started together; the level ends when the last one does, or when the server is lost.
+
+    Returns the level and, when ``liveness`` said the server was lost, why (the sessions were stopped then).
+    """
     check_agent_counts([agents])
     acc = LevelAccumulator(agents, tests, clock.now())
     width = len(str(agents - 1))
-    await asyncio.gather(
+    sessions = asyncio.gather(
         *(
             run_session(f"agent-{i:0{width}d}", tests, backend, config, clock, acc, run_id=run_id, on_test=on_test)
             for i in range(agents)
         )
     )
-    return acc.compile(clock.now())
+    if liveness is None:
+        await sessions
+        return acc.compile(clock.now()), None
+    watch = asyncio.ensure_future(liveness.wait_lost())
+    racing: set[asyncio.Future[object]] = {sessions, watch}  # type: ignore[arg-type]  # two result types
+    try:
+        done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (sessions, watch):
+            t.cancel()
+        await asyncio.gather(sessions, watch, return_exceptions=True)
+    if sessions in done:
+        sessions.result()  # an error escaping a session (a bug: they catch their own) surfaces here
+        return acc.compile(clock.now()), None
+    return acc.compile(clock.now()), watch.result()
 
 
 async def run_suite(
@@ -172,18 +210,24 @@ async def run_suite(
     endpoint: str = "",
     on_level: LevelStart | None = None,
     on_test: TestDone | None = None,
+    liveness: Liveness | None = None,
 ) -> SuiteRun:
-    """One level per agent count, in the order given."""
+    """One level per agent count, in the order given; a lost server ends the run, marked incomplete."""
     counts = check_agent_counts(agent_counts)
     if not tests:
         raise ConfigError("no tests to run")
     started_at = datetime.now(UTC)
     run_id = f"suite-{started_at:%Y%m%d-%H%M%S}"
     levels: list[LevelResult] = []
+    lost: str | None = None
     for n in counts:
         if on_level is not None:
             on_level(n, len(tests))
-        levels.append(await run_level(backend, tests, n, config, clock, run_id=run_id, on_test=on_test))
+        level, lost = await run_level(backend, tests, n, config, clock, run_id=run_id, on_test=on_test,
+                                      liveness=liveness)  # fmt: skip
+        levels.append(level)
+        if lost is not None:
+            break
     return SuiteRun(
         suite_version=SUITE_VERSION,
         model=config.model,
@@ -191,4 +235,5 @@ async def run_suite(
         started_at=started_at,
         payload_tokens=config.payload_tokens,
         levels=levels,
+        incomplete=lost,
     )
