@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-import orjson
-
+from agentload.endpoint import fields
+from agentload.endpoint.fields import MalformedField, Usage
 from agentload.endpoint.records import (
     ErrorKind,
     Outcome,
@@ -32,9 +33,12 @@ from agentload.endpoint.records import (
     ToolCallRecord,
     UsageSource,
 )
-from agentload.endpoint.sse import SSEParser
+from agentload.endpoint.sse import SSEParser, SSETooLong
 from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Response, StreamBroken, Transport
 from agentload.vtime import LoopClock
+
+# More parallel tool calls than any model emits; an index beyond it is a broken stream, not a call to keep.
+_MAX_TOOL_CALLS = 1024
 
 
 class Phase(StrEnum):
@@ -155,7 +159,7 @@ class _Acc:
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, str]] = {}
         self.finish_reason: str | None = None
-        self.usage: Mapping[str, Any] | None = None
+        self.usage: Usage | None = None
         self.outcome = Outcome.OK
         self.error: ErrorKind | None = None
         self.error_message = ""
@@ -173,15 +177,17 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None  # an HTTP date: rare for LLM servers; the caller's backoff applies
+    # "nan" and "inf" parse as floats; a NaN wait would reach asyncio.sleep, so they count as no header.
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _error_message(body: bytes) -> str:
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = fields.loads(body)
+    except MalformedField:
         return body[:200].decode("utf-8", "replace")
     if isinstance(data, dict):
         err = data.get("error", data)
@@ -250,7 +256,8 @@ class ChatClient:
             guard.arm(Phase.FIRST_TOKEN, policy.budget(Phase.FIRST_TOKEN, prompt_tokens_hint))
             if resp.status != 200:
                 acc.retry_after = _retry_after(resp.headers)
-                acc.fail(Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, _error_message(await resp.read()))
+                message = _error_message(await resp.read()) or f"HTTP {resp.status} with an empty body"
+                acc.fail(Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, message)
             elif stream:
                 await self._consume_stream(resp, acc, guard, policy, prompt_tokens_hint)
             else:
@@ -280,101 +287,139 @@ class ChatClient:
         parser = SSEParser()
         clock = self.clock
         idle = policy.budget(Phase.IDLE, prompt_hint)
-        loads = orjson.loads
-        async for data in resp.chunks():
-            t = clock.now()
-            if acc.t_first_byte is None:
-                acc.t_first_byte = t
-            for event in parser.feed(data):
-                if event == b"[DONE]":
-                    acc.done = True
-                    continue
-                try:
-                    obj = loads(event)
-                except ValueError:
-                    acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed SSE data: {event[:80]!r}")
-                    return
-                if not isinstance(obj, dict):
-                    acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, "SSE data is not a JSON object")
-                    return
-                if "error" in obj:
-                    err = obj["error"]
-                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                    acc.fail(Outcome.SERVER_ERROR, ErrorKind.SERVER, str(msg)[:500])
-                    return
-                if obj.get("usage"):
-                    acc.usage = obj["usage"]
-                if self._apply_choices(obj.get("choices"), acc):
-                    acc.chunk_times.append(t)
-                    if acc.t_first_token is None:
-                        acc.t_first_token = t
-                        guard.arm(Phase.IDLE, idle)
-                    else:
-                        guard.last = guard.loop.time()
+        try:
+            async for data in resp.chunks():
+                t = clock.now()
+                if acc.t_first_byte is None:
+                    acc.t_first_byte = t
+                for event in parser.feed(data):
+                    if event == b"[DONE]":
+                        acc.done = True
+                        continue
+                    if self._apply_event(event, acc):
+                        acc.chunk_times.append(t)
+                        if acc.t_first_token is None:
+                            acc.t_first_token = t
+                            guard.arm(Phase.IDLE, idle)
+                        else:
+                            guard.last = guard.loop.time()
+                    if acc.outcome is not Outcome.OK:
+                        return
+        except (MalformedField, SSETooLong) as exc:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed SSE data: {exc}")
+            return
         if not acc.done and acc.outcome is Outcome.OK:
             acc.fail(Outcome.STREAM_ERROR, ErrorKind.RESET, "the stream ended before [DONE]")
 
+    @classmethod
+    def _apply_event(cls, event: bytes, acc: _Acc) -> bool:
+        """Fold one ``data:`` payload into ``acc``; True when it carried a token. MalformedField for bad fields."""
+        try:
+            obj = fields.loads(event)
+        except MalformedField as exc:
+            raise MalformedField(f"{event[:80]!r} is {exc}") from exc
+        if not isinstance(obj, dict):
+            raise MalformedField(f"an event is a JSON {type(obj).__name__}, not an object")
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            acc.fail(Outcome.SERVER_ERROR, ErrorKind.SERVER, str(msg)[:500])
+            return False
+        usage = obj.get("usage")
+        if usage:
+            acc.usage = Usage.read(usage)
+        return cls._apply_choices(obj.get("choices"), acc)
+
     @staticmethod
     def _apply_choices(choices: Any, acc: _Acc) -> bool:
-        """Fold one chunk's choices into ``acc``; True when it carried a token (text, reasoning or tool call)."""
-        if not choices:
+        """Fold one chunk's choices into ``acc``; True when it carried a token (text, reasoning or tool call).
+
+        Every field is type-checked as it is read (isinstance is ~50 ns; a pydantic model per chunk would cost
+        more than the rest of the client at 1,000 streams), so a hostile chunk becomes MalformedField here and
+        never a TypeError later, when the record is compiled.
+        """
+        if not fields.sequence(choices, "choices"):
             return False
         token = False
-        choice = choices[0]
-        delta = choice.get("delta") or {}
-        text = delta.get("content")
+        choice = fields.mapping(choices[0], "choices[0]") or {}
+        delta = fields.mapping(choice.get("delta"), "delta") or {}
+        text = fields.text(delta.get("content"), "delta.content")
         if text:
             acc.content.append(text)
             token = True
-        think = delta.get("reasoning_content") or delta.get("reasoning")
+        think = fields.text(delta.get("reasoning_content"), "delta.reasoning_content") or fields.text(
+            delta.get("reasoning"), "delta.reasoning"
+        )
         if think:
             acc.reasoning.append(think)
             token = True
-        for tc in delta.get("tool_calls") or ():
-            index = int(tc.get("index", 0))
+        for tc in fields.sequence(delta.get("tool_calls"), "delta.tool_calls") or ():
+            tc = fields.mapping(tc, "a tool call") or {}
+            index = fields.index(tc.get("index", 0), "a tool call's index", _MAX_TOOL_CALLS)
             call = acc.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-            if tc.get("id"):
-                call["id"] = tc["id"]
-            fn = tc.get("function") or {}
-            if fn.get("name"):
-                call["name"] += fn["name"]
-            if fn.get("arguments"):
-                call["arguments"] += fn["arguments"]
+            call_id = fields.text(tc.get("id"), "a tool call's id")
+            if call_id:
+                call["id"] = call_id
+            fn = fields.mapping(tc.get("function"), "a tool call's function") or {}
+            name = fields.text(fn.get("name"), "a tool call's name")
+            if name:
+                call["name"] += name
+            arguments = fields.text(fn.get("arguments"), "a tool call's arguments")
+            if arguments:
+                call["arguments"] += arguments
             token = True
-        if choice.get("finish_reason"):
-            acc.finish_reason = choice["finish_reason"]
+        finish = fields.text(choice.get("finish_reason"), "finish_reason")
+        if finish:
+            acc.finish_reason = finish
         return token
 
     def _consume_body(self, body: bytes, acc: _Acc) -> None:
         t = self.clock.now()
         acc.t_first_byte = t
         try:
-            obj = json.loads(body)
-            choice = obj["choices"][0]
-            message = choice.get("message") or {}
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed response body: {body[:80]!r}")
+            obj = fields.mapping(fields.loads(body), "the body")
+            choices = fields.sequence((obj or {}).get("choices"), "choices")
+            if not obj or not choices:
+                raise MalformedField("no choices")
+            choice = fields.mapping(choices[0], "choices[0]") or {}
+            message = fields.mapping(choice.get("message"), "message") or {}
+            content = fields.text(message.get("content"), "message.content") or ""
+            reasoning = fields.text(message.get("reasoning_content"), "message.reasoning_content") or fields.text(
+                message.get("reasoning"), "message.reasoning"
+            )
+            calls: dict[int, dict[str, str]] = {}
+            tool_calls = fields.sequence(message.get("tool_calls"), "message.tool_calls") or ()
+            if len(tool_calls) > _MAX_TOOL_CALLS:
+                raise MalformedField(f"{len(tool_calls)} tool calls")
+            for i, tc in enumerate(tool_calls):
+                tc = fields.mapping(tc, "a tool call") or {}
+                fn = fields.mapping(tc.get("function"), "a tool call's function") or {}
+                calls[i] = {
+                    "id": fields.text(tc.get("id"), "a tool call's id") or "",
+                    "name": fields.text(fn.get("name"), "a tool call's name") or "",
+                    "arguments": fields.text(fn.get("arguments"), "a tool call's arguments") or "",
+                }
+            finish = fields.text(choice.get("finish_reason"), "finish_reason")
+            usage = Usage.read(obj["usage"]) if obj.get("usage") else None
+        except MalformedField as exc:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed response body: {exc}")
             return
         acc.t_first_token = t
         acc.done = True
-        acc.content.append(message.get("content") or "")
-        acc.reasoning.append(message.get("reasoning_content") or message.get("reasoning") or "")
-        for i, tc in enumerate(message.get("tool_calls") or ()):
-            fn = tc.get("function") or {}
-            acc.calls[i] = {"id": tc.get("id", ""), "name": fn.get("name", ""), "arguments": fn.get("arguments", "")}
-        acc.finish_reason = choice.get("finish_reason")
-        acc.usage = obj.get("usage")
+        acc.content.append(content)
+        acc.reasoning.append(reasoning or "")
+        acc.calls = calls
+        acc.finish_reason = finish
+        acc.usage = usage
 
     def _compile(self, acc: _Acc, payload: Mapping[str, Any], ids: RequestIds, stream: bool) -> RequestRecord:
         usage = acc.usage
         cached: int | None = None
-        if usage:
+        if usage is not None:
             source = UsageSource.SERVER
-            prompt = int(usage.get("prompt_tokens") or 0)
-            completion = int(usage.get("completion_tokens") or 0)
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                cached = int(details["cached_tokens"])
+            prompt = usage.prompt_tokens or 0
+            completion = usage.completion_tokens or 0
+            cached = usage.cached_tokens
         else:
             # No usage object: count what we can and say so. Output: one token per token-bearing chunk (exact
             # for vLLM-style servers that stream one token per chunk); prompt: characters / 4, a rough guess.
