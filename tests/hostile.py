@@ -7,9 +7,11 @@ The strategies mix shapes a real server sends with the same shapes whose fields 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from hypothesis import strategies as st
@@ -152,6 +154,24 @@ def split(data: bytes, cuts: Sequence[int]) -> list[bytes]:
     """``data`` cut at the given offsets, as a socket may deliver it."""
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
     return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
+
+
+@asynccontextmanager
+async def raw_http(response: bytes) -> AsyncIterator[str]:
+    """A loopback server that reads the request and answers with exactly these bytes, valid HTTP or not."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(response)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def serving(status: int, pieces: Sequence[bytes], *, break_after: int | None = None) -> MockTransport:

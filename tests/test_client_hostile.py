@@ -15,7 +15,7 @@ from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import ErrorKind, Outcome, RequestRecord
 from agentload.endpoint.sse import SSEParser, SSETooLong
 from tests.fuzzing import fuzz_examples
-from tests.hostile import payloads, serving, split, sse, valid_chunks, valid_usage
+from tests.hostile import payloads, raw_http, serving, split, sse, valid_chunks, valid_usage
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
@@ -164,6 +164,36 @@ async def test_an_endless_event_is_a_malformed_record() -> None:
     record = await ask(b"data: " + b"x" * (17 * 1024 * 1024))
     assert (record.outcome, record.error) == (Outcome.STREAM_ERROR, ErrorKind.MALFORMED)
     assert "longer than" in record.error_message
+
+
+@pytest.mark.parametrize(
+    ("response", "says"),
+    [
+        pytest.param(b"HELLO\r\n\r\n", "Bad status line", id="garbage-status-line"),
+        pytest.param(b"HTTP/1.1 abc OK\r\n\r\n", "Invalid status code", id="bad-status-code"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", "8190 bytes", id="huge-header"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nX-\x00: y\r\n\r\n", "Invalid header token", id="nul-in-header"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n", "chunk size", id="bad-chunk"
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcdef",
+            "Duplicate Content-Length",
+            id="two-lengths",
+        ),
+    ],
+)
+async def test_bytes_that_are_not_http_are_a_malformed_record(response: bytes, says: str) -> None:
+    """Over a real socket: aiohttp's parser errors (ClientResponseError) used to escape the client."""
+    async with raw_http(response) as url:
+        client = ChatClient(url, api_key_env=None)
+        try:
+            record = await client.chat(BODY)
+        finally:
+            await client.aclose()
+    assert (record.outcome, record.error) == (Outcome.STREAM_ERROR, ErrorKind.MALFORMED)
+    assert says in record.error_message
+    assert "\n" not in record.error_message
 
 
 # -- fuzzers ------------------------------------------------------------------------------------------------------

@@ -34,7 +34,14 @@ from agentload.endpoint.records import (
     UsageSource,
 )
 from agentload.endpoint.sse import SSEParser, SSETooLong
-from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Response, StreamBroken, Transport
+from agentload.endpoint.transport import (
+    AiohttpTransport,
+    ConnectFailed,
+    MalformedResponse,
+    Response,
+    StreamBroken,
+    Transport,
+)
 from agentload.vtime import LoopClock
 
 # More parallel tool calls than any model emits; an index beyond it is a broken stream, not a call to keep.
@@ -273,6 +280,8 @@ class ChatClient:
             acc.fail(Outcome.CONNECT_ERROR, ErrorKind.CONNECT, str(exc))
         except StreamBroken as exc:
             acc.fail(Outcome.STREAM_ERROR, ErrorKind.RESET, str(exc))
+        except MalformedResponse as exc:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed HTTP from the server: {exc}")
         finally:
             guard.disarm()
             if resp is not None:
