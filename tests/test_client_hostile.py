@@ -128,6 +128,14 @@ async def test_a_hostile_body_is_a_malformed_record(body: Any, says: str) -> Non
     assert says in record.error_message
 
 
+@pytest.mark.parametrize("error", [{"message": ""}, "", None])
+async def test_an_error_event_without_a_message_still_says_what_happened(error: Any) -> None:
+    """Found by the fuzzer: an empty message left a failed record with no error_message."""
+    record = await ask(events(role(), {"error": error}))
+    assert (record.outcome, record.error) == (Outcome.SERVER_ERROR, ErrorKind.SERVER)
+    assert record.error_message
+
+
 async def test_a_well_formed_body_is_recorded() -> None:
     body = {**message_body(content="ok"), "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
     record = await ask(json.dumps(body).encode(), stream=False)

@@ -89,6 +89,7 @@ def test_an_sglang_page_larger_than_the_pool_is_one_sentence() -> None:
         ({"total_slots": 10**6, "n_ctx": 4096}, "total_slots = 1000000"),
         ({"total_slots": 4, "n_ctx": -1}, "n_ctx = -1"),
         ({"total_slots": 65536, "n_ctx": 10**6}, "total_slots × n_ctx"),
+        ({"total_slots": 1, "n_ctx": 8}, "less than one block"),  # found by the fuzzer: a pool of 0 blocks
     ],
 )
 def test_impossible_llamacpp_props_are_one_sentence(props: dict[str, Any], says: str) -> None:

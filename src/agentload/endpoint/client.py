@@ -332,7 +332,7 @@ class ChatClient:
         if "error" in obj:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
-            acc.fail(Outcome.SERVER_ERROR, ErrorKind.SERVER, str(msg)[:500])
+            acc.fail(Outcome.SERVER_ERROR, ErrorKind.SERVER, str(msg)[:500] or "an error event with no message")
             return False
         usage = obj.get("usage")
         if usage:

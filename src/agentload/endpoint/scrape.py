@@ -334,9 +334,11 @@ def _llamacpp_pool(props: Mapping[str, Any]) -> ServerPool | None:
     if not slots or not n_ctx:
         return None
     _figure(slots * n_ctx, "total_slots × n_ctx", "/props")
+    block = 16
+    if slots * n_ctx < block:
+        raise ServerCapabilityError(f"/props gives total_slots × n_ctx = {slots * n_ctx} tokens, less than one block")
     # llama.cpp gives each slot a fixed share of the context instead of a shared paged pool; the simulator's
     # equivalent is a pool of slots × n_ctx tokens in 16-token blocks with at most `slots` running requests.
-    block = 16
     return ServerPool(
         engine="llamacpp",
         num_blocks=slots * n_ctx // block,
