@@ -36,25 +36,30 @@ def loads(body: bytes | str) -> Any:
         raise MalformedField(f"not JSON ({exc})") from exc
 
 
+def wrong(what: str, value: Any, expected: str) -> MalformedField:
+    """The error for a field of the wrong type (returned for the caller to raise)."""
+    return MalformedField(f"{what} is a {type(value).__name__}, not {expected}")
+
+
 def text(value: Any, what: str) -> str | None:
     """A string field that may be absent (None); anything else is malformed."""
     if value is None or isinstance(value, str):
         return value
-    raise MalformedField(f"{what} is a {type(value).__name__}, not a string")
+    raise wrong(what, value, "a string")
 
 
 def mapping(value: Any, what: str) -> dict[str, Any] | None:
     """An object field that may be absent (None); anything else is malformed."""
     if value is None or isinstance(value, dict):
         return value
-    raise MalformedField(f"{what} is a {type(value).__name__}, not an object")
+    raise wrong(what, value, "an object")
 
 
 def sequence(value: Any, what: str) -> list[Any] | None:
     """An array field that may be absent (None); anything else is malformed."""
     if value is None or isinstance(value, list):
         return value
-    raise MalformedField(f"{what} is a {type(value).__name__}, not an array")
+    raise wrong(what, value, "an array")
 
 
 def index(value: Any, what: str, limit: int) -> int:
