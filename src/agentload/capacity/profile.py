@@ -9,6 +9,7 @@ pair; any of them can be pinned in ``[step]`` (calibration pins all of them).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -226,7 +227,14 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         unknown = set(st.pinned) - set(StepCoefficients.model_fields)
         if unknown:
             raise ConfigError(f"{source} [step.pinned]: unknown coefficients {', '.join(sorted(unknown))}")
-        coefficients = coefficients.model_copy(update=st.pinned)
+        bad = sorted(k for k, v in st.pinned.items() if not math.isfinite(v))
+        if bad:
+            raise ConfigError(f"{source} [step.pinned]: {', '.join(bad)} must be finite numbers")
+        # model_copy(update=...) skips validation, which let negative step times through: validate the result.
+        try:
+            coefficients = StepCoefficients.model_validate({**coefficients.model_dump(), **st.pinned})
+        except ValidationError as exc:
+            raise ConfigError(f"{source} [step.pinned]: {catalog.validation_message(exc)}") from exc
     load_gbps = spec.offload.load_gbps or gpu.host_link_gbps
     return ServingProfile(
         name=spec.name,

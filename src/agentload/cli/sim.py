@@ -44,7 +44,7 @@ def make_behaviour(kind: str, error_rate: float, known_bad: str | None) -> Behav
 
 
 async def serve(server: SimServer, host: str, port: int, ready_line: bool = True) -> None:
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    runner = server.app_runner()
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=2048)
     try:

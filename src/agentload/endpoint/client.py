@@ -2,7 +2,9 @@
 
 SSE is parsed by us (``sse.py``) on top of a ``Transport``; every token-bearing chunk's arrival is timed; tool
 calls are assembled from their streamed deltas; usage comes from the server's final chunk
-(``stream_options.include_usage``) or is counted and marked as counted.
+(``stream_options.include_usage``) or is counted and marked as counted. Every field read from a chunk or body is
+type- and range-checked as it is read (``fields``, issue 15): a hostile chunk, a body that is not HTTP or an event
+that never ends is a failed record of kind ``malformed``, never an exception out of ``chat``.
 
 Deadlines are phase-aware (domain.md §8) and owned by a ``StallPolicy``: CONNECT (until the status line),
 FIRST_TOKEN (until the first content or tool-call token — a role-only chunk is not progress, since vLLM sends
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +27,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from agentload.endpoint import fields
+from agentload.endpoint.fields import MalformedField, Usage
 from agentload.endpoint.records import (
     ErrorKind,
     Outcome,
@@ -33,9 +38,19 @@ from agentload.endpoint.records import (
     UsageSource,
 )
 from agentload.endpoint.redact import SECRETS, redact_optional
-from agentload.endpoint.sse import SSEParser
-from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Response, StreamBroken, Transport
+from agentload.endpoint.sse import SSEParser, SSETooLong
+from agentload.endpoint.transport import (
+    AiohttpTransport,
+    ConnectFailed,
+    MalformedResponse,
+    Response,
+    StreamBroken,
+    Transport,
+)
 from agentload.vtime import LoopClock
+
+# More parallel tool calls than any model emits; an index beyond it is a broken stream, not a call to keep.
+_MAX_TOOL_CALLS = 1024
 
 
 class Phase(StrEnum):
@@ -156,7 +171,7 @@ class _Acc:
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, str]] = {}
         self.finish_reason: str | None = None
-        self.usage: Mapping[str, Any] | None = None
+        self.usage: Usage | None = None
         self.outcome = Outcome.OK
         self.error: ErrorKind | None = None
         self.error_message = ""
@@ -174,15 +189,17 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None  # an HTTP date: rare for LLM servers; the caller's backoff applies
+    # "nan" and "inf" parse as floats; a NaN wait would reach asyncio.sleep, so they count as no header.
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _error_message(body: bytes) -> str:
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = fields.loads(body)
+    except MalformedField:
         return body[:200].decode("utf-8", "replace")
     if isinstance(data, dict):
         err = data.get("error", data)
@@ -252,7 +269,8 @@ class ChatClient:
             guard.arm(Phase.FIRST_TOKEN, policy.budget(Phase.FIRST_TOKEN, prompt_tokens_hint))
             if resp.status != 200:
                 acc.retry_after = _retry_after(resp.headers)
-                acc.fail(Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, _error_message(await resp.read()))
+                message = _error_message(await resp.read()) or f"HTTP {resp.status} with an empty body"
+                acc.fail(Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, message)
             elif stream:
                 await self._consume_stream(resp, acc, guard, policy, prompt_tokens_hint)
             else:
@@ -268,6 +286,8 @@ class ChatClient:
             acc.fail(Outcome.CONNECT_ERROR, ErrorKind.CONNECT, str(exc))
         except StreamBroken as exc:
             acc.fail(Outcome.STREAM_ERROR, ErrorKind.RESET, str(exc))
+        except MalformedResponse as exc:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed HTTP from the server: {exc}")
         finally:
             guard.disarm()
             if resp is not None:
@@ -282,101 +302,163 @@ class ChatClient:
         parser = SSEParser()
         clock = self.clock
         idle = policy.budget(Phase.IDLE, prompt_hint)
-        loads = orjson.loads
-        async for data in resp.chunks():
-            t = clock.now()
-            if acc.t_first_byte is None:
-                acc.t_first_byte = t
-            for event in parser.feed(data):
-                if event == b"[DONE]":
-                    acc.done = True
-                    continue
-                try:
-                    obj = loads(event)
-                except ValueError:
-                    acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed SSE data: {event[:80]!r}")
-                    return
-                if not isinstance(obj, dict):
-                    acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, "SSE data is not a JSON object")
-                    return
-                if "error" in obj:
-                    err = obj["error"]
-                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                    acc.fail(Outcome.SERVER_ERROR, ErrorKind.SERVER, str(msg)[:500])
-                    return
-                if obj.get("usage"):
-                    acc.usage = obj["usage"]
-                if self._apply_choices(obj.get("choices"), acc):
-                    acc.chunk_times.append(t)
-                    if acc.t_first_token is None:
-                        acc.t_first_token = t
-                        guard.arm(Phase.IDLE, idle)
-                    else:
-                        guard.last = guard.loop.time()
+        try:
+            async for data in resp.chunks():
+                t = clock.now()
+                if acc.t_first_byte is None:
+                    acc.t_first_byte = t
+                for event in parser.feed(data):
+                    if event == b"[DONE]":
+                        acc.done = True
+                        continue
+                    if self._apply_event(event, acc):
+                        acc.chunk_times.append(t)
+                        if acc.t_first_token is None:
+                            acc.t_first_token = t
+                            guard.arm(Phase.IDLE, idle)
+                        else:
+                            guard.last = guard.loop.time()
+                    if acc.outcome is not Outcome.OK:
+                        return
+        except (MalformedField, SSETooLong) as exc:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed SSE data: {exc}")
+            return
         if not acc.done and acc.outcome is Outcome.OK:
             acc.fail(Outcome.STREAM_ERROR, ErrorKind.RESET, "the stream ended before [DONE]")
 
+    @classmethod
+    def _apply_event(cls, event: bytes, acc: _Acc) -> bool:
+        """Fold one ``data:`` payload into ``acc``; True when it carried a token. MalformedField for bad fields."""
+        try:
+            obj = orjson.loads(event)  # fields.loads without its wrapper: this runs once per chunk
+        except orjson.JSONDecodeError as exc:
+            raise MalformedField(f"{event[:80]!r} is not JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise MalformedField(f"an event is a JSON {type(obj).__name__}, not an object")
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            acc.fail(Outcome.SERVER_ERROR, ErrorKind.SERVER, str(msg)[:500] or "an error event with no message")
+            return False
+        usage = obj.get("usage")
+        if usage:
+            acc.usage = Usage.read(usage)
+        return cls._apply_choices(obj.get("choices"), acc)
+
     @staticmethod
     def _apply_choices(choices: Any, acc: _Acc) -> bool:
-        """Fold one chunk's choices into ``acc``; True when it carried a token (text, reasoning or tool call)."""
+        """Fold one chunk's choices into ``acc``; True when it carried a token (text, reasoning or tool call).
+
+        Every field is type-checked as it is read, so a hostile chunk becomes MalformedField here and never a
+        TypeError later, when the record is compiled. The per-chunk fields are checked inline (a helper call per
+        field cost ~1 µs a chunk, a pydantic model far more); the rarer tool-call deltas use ``fields``.
+        """
+        if choices is None:
+            return False
+        if not isinstance(choices, list):
+            raise fields.wrong("choices", choices, "an array")
         if not choices:
             return False
         token = False
         choice = choices[0]
-        delta = choice.get("delta") or {}
+        if not isinstance(choice, dict):
+            raise fields.wrong("choices[0]", choice, "an object")
+        delta = choice.get("delta")
+        if delta is None:
+            delta = {}
+        elif not isinstance(delta, dict):
+            raise fields.wrong("delta", delta, "an object")
         text = delta.get("content")
-        if text:
-            acc.content.append(text)
-            token = True
-        think = delta.get("reasoning_content") or delta.get("reasoning")
-        if think:
-            acc.reasoning.append(think)
-            token = True
-        for tc in delta.get("tool_calls") or ():
-            index = int(tc.get("index", 0))
+        if text is not None:
+            if not isinstance(text, str):
+                raise fields.wrong("delta.content", text, "a string")
+            if text:
+                acc.content.append(text)
+                token = True
+        if "reasoning_content" in delta or "reasoning" in delta:
+            think = fields.text(delta.get("reasoning_content"), "delta.reasoning_content") or fields.text(
+                delta.get("reasoning"), "delta.reasoning"
+            )
+            if think:
+                acc.reasoning.append(think)
+                token = True
+        if "tool_calls" in delta:
+            token = ChatClient._apply_tool_calls(delta["tool_calls"], acc) or token
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            if not isinstance(finish, str):
+                raise fields.wrong("finish_reason", finish, "a string")
+            if finish:
+                acc.finish_reason = finish
+        return token
+
+    @staticmethod
+    def _apply_tool_calls(deltas: Any, acc: _Acc) -> bool:
+        token = False
+        for tc in fields.sequence(deltas, "delta.tool_calls") or ():
+            tc = fields.mapping(tc, "a tool call") or {}
+            index = fields.index(tc.get("index", 0), "a tool call's index", _MAX_TOOL_CALLS)
             call = acc.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-            if tc.get("id"):
-                call["id"] = tc["id"]
-            fn = tc.get("function") or {}
-            if fn.get("name"):
-                call["name"] += fn["name"]
-            if fn.get("arguments"):
-                call["arguments"] += fn["arguments"]
+            call_id = fields.text(tc.get("id"), "a tool call's id")
+            if call_id:
+                call["id"] = call_id
+            fn = fields.mapping(tc.get("function"), "a tool call's function") or {}
+            name = fields.text(fn.get("name"), "a tool call's name")
+            if name:
+                call["name"] += name
+            arguments = fields.text(fn.get("arguments"), "a tool call's arguments")
+            if arguments:
+                call["arguments"] += arguments
             token = True
-        if choice.get("finish_reason"):
-            acc.finish_reason = choice["finish_reason"]
         return token
 
     def _consume_body(self, body: bytes, acc: _Acc) -> None:
         t = self.clock.now()
         acc.t_first_byte = t
         try:
-            obj = json.loads(body)
-            choice = obj["choices"][0]
-            message = choice.get("message") or {}
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed response body: {body[:80]!r}")
+            obj = fields.mapping(fields.loads(body), "the body")
+            choices = fields.sequence((obj or {}).get("choices"), "choices")
+            if not obj or not choices:
+                raise MalformedField("no choices")
+            choice = fields.mapping(choices[0], "choices[0]") or {}
+            message = fields.mapping(choice.get("message"), "message") or {}
+            content = fields.text(message.get("content"), "message.content") or ""
+            reasoning = fields.text(message.get("reasoning_content"), "message.reasoning_content") or fields.text(
+                message.get("reasoning"), "message.reasoning"
+            )
+            calls: dict[int, dict[str, str]] = {}
+            tool_calls = fields.sequence(message.get("tool_calls"), "message.tool_calls") or ()
+            if len(tool_calls) > _MAX_TOOL_CALLS:
+                raise MalformedField(f"{len(tool_calls)} tool calls")
+            for i, tc in enumerate(tool_calls):
+                tc = fields.mapping(tc, "a tool call") or {}
+                fn = fields.mapping(tc.get("function"), "a tool call's function") or {}
+                calls[i] = {
+                    "id": fields.text(tc.get("id"), "a tool call's id") or "",
+                    "name": fields.text(fn.get("name"), "a tool call's name") or "",
+                    "arguments": fields.text(fn.get("arguments"), "a tool call's arguments") or "",
+                }
+            finish = fields.text(choice.get("finish_reason"), "finish_reason")
+            usage = Usage.read(obj["usage"]) if obj.get("usage") else None
+        except MalformedField as exc:
+            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed response body: {exc}")
             return
         acc.t_first_token = t
         acc.done = True
-        acc.content.append(message.get("content") or "")
-        acc.reasoning.append(message.get("reasoning_content") or message.get("reasoning") or "")
-        for i, tc in enumerate(message.get("tool_calls") or ()):
-            fn = tc.get("function") or {}
-            acc.calls[i] = {"id": tc.get("id", ""), "name": fn.get("name", ""), "arguments": fn.get("arguments", "")}
-        acc.finish_reason = choice.get("finish_reason")
-        acc.usage = obj.get("usage")
+        acc.content.append(content)
+        acc.reasoning.append(reasoning or "")
+        acc.calls = calls
+        acc.finish_reason = finish
+        acc.usage = usage
 
     def _compile(self, acc: _Acc, payload: Mapping[str, Any], ids: RequestIds, stream: bool) -> RequestRecord:
         usage = acc.usage
         cached: int | None = None
-        if usage:
+        if usage is not None:
             source = UsageSource.SERVER
-            prompt = int(usage.get("prompt_tokens") or 0)
-            completion = int(usage.get("completion_tokens") or 0)
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                cached = int(details["cached_tokens"])
+            prompt = usage.prompt_tokens or 0
+            completion = usage.completion_tokens or 0
+            cached = usage.cached_tokens
         else:
             # No usage object: count what we can and say so. Output: one token per token-bearing chunk (exact
             # for vLLM-style servers that stream one token per chunk); prompt: characters / 4, a rough guess.

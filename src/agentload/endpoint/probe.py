@@ -22,7 +22,6 @@ own key).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import uuid
@@ -32,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentload.endpoint.client import ChatClient, FixedDeadlines
+from agentload.endpoint.fields import MalformedField, loads
 from agentload.endpoint.output import length_control
 from agentload.endpoint.records import RequestRecord, UsageSource
 from agentload.endpoint.scrape import (
@@ -42,6 +42,7 @@ from agentload.endpoint.scrape import (
     ServerPool,
     _int,
     _llamacpp_pool,
+    _positive,
     _sglang_pool,
     _vllm_pool,
     parse_metrics,
@@ -138,8 +139,8 @@ class _Answer:
         if self.status != 200:
             return None
         try:
-            return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError):
+            return loads(self.body)
+        except MalformedField:
             return None
 
 
@@ -209,7 +210,8 @@ def _detect(
     cards = _cards(_json_at(answers, "/v1/models"))
     owned = str(cards[0].get("owned_by") or "") if cards else ""
     version_data = _json_at(answers, "/version")
-    version = str(version_data["version"]) if isinstance(version_data, Mapping) and "version" in version_data else None
+    has_version = isinstance(version_data, Mapping) and "version" in version_data
+    version = str(version_data["version"])[:100] if has_version else None
     ollama = _json_at(answers, "/api/version")
     ps = _json_at(answers, "/api/ps")
     props = _json_at(answers, "/props")
@@ -274,7 +276,7 @@ def _sglang_prefix_caching(answers: Mapping[str, _Answer]) -> bool | None:
 
 def _slots(answers: Mapping[str, _Answer]) -> int | None:
     props = _json_at(answers, "/props")
-    total = _int(props.get("total_slots")) if isinstance(props, Mapping) else None
+    total = _positive(_int(props.get("total_slots"))) if isinstance(props, Mapping) else None
     if total:
         return total
     slots = _json_at(answers, "/slots")
@@ -286,7 +288,7 @@ def _ollama_context(answers: Mapping[str, _Answer], model: str | None) -> int | 
     loaded = ps.get("models") if isinstance(ps, Mapping) else None
     for entry in loaded if isinstance(loaded, list) else ():
         if isinstance(entry, Mapping) and (model is None or entry.get("name") == model or entry.get("model") == model):
-            return _int(entry.get("context_length"))
+            return _positive(_int(entry.get("context_length")))
     return None
 
 
@@ -393,7 +395,7 @@ async def _read(root: str, answers: Mapping[str, _Answer], model: str | None, cl
     card = next((c for c in cards if c["id"] == chosen), None)
 
     pool = _pool(engine, answers, snapshot, notes)
-    max_context = _int(card.get("max_model_len")) if card is not None else None
+    max_context = _positive(_int(card.get("max_model_len"))) if card is not None else None
     if max_context is None and pool is not None:
         max_context = pool.max_model_len
     if max_context is None and engine == "ollama":

@@ -9,6 +9,10 @@
   llama.cpp's ``/props`` (``total_slots`` × per-slot ``n_ctx``). A server that offers none of these gets one error
   naming what it lacks.
 * ``/v1/models`` gives the served model id and, on vLLM and the simulator, ``max_model_len``.
+* Every figure is checked where it is read (issue 15): a NaN / infinite / negative gauge is left out of the
+  normalised view, a line of garbage in /metrics costs that line only, and a pool figure that is missing, of the
+  wrong type or impossible (a page larger than the pool, ``total_slots: -4``) is one ``ServerCapabilityError``
+  sentence naming it, never a pydantic or arithmetic error.
 * ``ServerProbe.stream_completion`` times one streamed ``/v1/completions`` request chunk by chunk (what
   calibration measures). It is deliberately minimal; the fleet's streaming client should take it over.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -34,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
+from agentload.endpoint.fields import MAX_TOKENS, MalformedField, loads
 from agentload.endpoint.redact import SECRETS, redact_url, split_url
 from agentload.errors import (
     ConfigError,
@@ -104,6 +110,13 @@ _NORMALISED: dict[str, dict[str, tuple[str, ...]]] = {
 _AVERAGED = frozenset({"kv_usage", "cache_hit_rate"})
 
 
+def _plausible(key: str, value: float) -> bool:
+    """Every normalised figure is a finite count or a 0-1 share; anything else says nothing true about the server."""
+    if not math.isfinite(value) or value < 0:
+        return False
+    return value <= 1.0 if key in _AVERAGED else True
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """One scrape of /metrics."""
@@ -129,23 +142,43 @@ class MetricsSnapshot:
         for key, names in table.items():
             for name in names:
                 values = [s.value for s in self.named(name)]
-                if values:
+                if values and all(_plausible(key, v) for v in values):
                     out[key] = sum(values) / len(values) if key in _AVERAGED else sum(values)
                     break
         return out
 
 
+_PARSE_ERRORS = (ValueError, TypeError, IndexError)
+
+
+def _samples(text: str) -> tuple[Sample, ...]:
+    return tuple(
+        Sample(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
+        for s in family.samples
+    )  # fmt: skip
+
+
 def parse_metrics(text: str, source: str = "/metrics") -> MetricsSnapshot:
-    """Prometheus text exposition → samples (prometheus_client's parser, so escaping and labels are exact)."""
+    """Prometheus text exposition → samples (prometheus_client's parser, so escaping and labels are exact).
+
+    prometheus_client refuses the whole text for one bad line; a proxy's or a buggy exporter's stray line should
+    cost only that line, so on failure each line is parsed alone (comments dropped: a sample's name does not
+    depend on its TYPE line). Text in which no line parses is not Prometheus text.
+    """
     try:
-        samples = tuple(
-            Sample(s.name, dict(s.labels), float(s.value))
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        )
-    except (ValueError, TypeError, IndexError) as exc:
-        raise EndpointResponseError(f"{source} is not Prometheus text: {exc}") from exc
-    return MetricsSnapshot(samples)
+        return MetricsSnapshot(_samples(text))
+    except _PARSE_ERRORS as exc:
+        first = exc
+    kept: list[Sample] = []
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                kept.extend(_samples(line + "\n"))
+            except _PARSE_ERRORS:
+                continue
+    if not kept:
+        raise EndpointResponseError(f"{source} is not Prometheus text: {first}") from first
+    return MetricsSnapshot(tuple(kept))
 
 
 class ServerPool(BaseModel):
@@ -216,12 +249,19 @@ def _int(value: Any) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and len(value) < 20:  # int() of a 10,000-digit label is slow and never a real figure
         try:
             return int(value)
         except ValueError:
             return None
     return None
+
+
+def _figure(value: int | None, what: str, source: str, *, limit: int = MAX_TOKENS) -> int | None:
+    """A pool figure that, when present, is a positive integer no larger than ``limit``."""
+    if value is not None and not 0 < value <= limit:
+        raise ServerCapabilityError(f"{source} gives {what} = {value}, not a number from 1 to {limit:,}")
+    return value
 
 
 def _vllm_pool(snapshot: MetricsSnapshot) -> ServerPool | None:
@@ -233,8 +273,12 @@ def _vllm_pool(snapshot: MetricsSnapshot) -> ServerPool | None:
     if not blocks or not block_size or blocks <= 0 or block_size <= 0:
         raise ServerCapabilityError(
             "vllm:cache_config_info has no usable num_gpu_blocks / block_size labels "
-            f"(got {labels.get('num_gpu_blocks')!r} / {labels.get('block_size')!r}); is the engine still starting?"
+            f"(got {labels.get('num_gpu_blocks')!r:.40} / {labels.get('block_size')!r:.40}); is the engine still "
+            "starting?"
         )
+    where = "vllm:cache_config_info"
+    _figure(block_size, "block_size", where, limit=1 << 20)
+    _figure(blocks * block_size, "num_gpu_blocks × block_size", where)
     caching = labels.get("enable_prefix_caching")
     return ServerPool(
         engine="vllm",
@@ -260,8 +304,8 @@ def _sglang_pool(info: Mapping[str, Any], source: str) -> ServerPool | None:
     def first(key: str) -> int | None:
         for place in places:
             value = _int(place.get(key))
-            if value is not None and value > 0:
-                return value
+            if value is not None and value > 0:  # 0 / -1 mean "unset" in some places: look further
+                return _figure(value, key, source)
         return None
 
     tokens = first("max_total_num_tokens")
@@ -269,6 +313,10 @@ def _sglang_pool(info: Mapping[str, Any], source: str) -> ServerPool | None:
         return None
     # SGLang's radix cache is paged with page_size tokens per page (1 unless --page-size is set).
     page = first("page_size") or 1
+    if page > tokens:
+        raise ServerCapabilityError(
+            f"{source} gives page_size = {page}, larger than the whole pool (max_total_num_tokens = {tokens})"
+        )
     return ServerPool(
         engine="sglang",
         num_blocks=tokens // page,
@@ -281,15 +329,18 @@ def _sglang_pool(info: Mapping[str, Any], source: str) -> ServerPool | None:
 
 
 def _llamacpp_pool(props: Mapping[str, Any]) -> ServerPool | None:
-    slots = _int(props.get("total_slots"))
+    slots = _figure(_int(props.get("total_slots")), "total_slots", "/props", limit=1 << 16)
     settings = props.get("default_generation_settings")
     n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, Mapping) else None
-    n_ctx = n_ctx or _int(props.get("n_ctx"))
+    n_ctx = _figure(n_ctx or _int(props.get("n_ctx")), "n_ctx", "/props")
     if not slots or not n_ctx:
         return None
+    _figure(slots * n_ctx, "total_slots × n_ctx", "/props")
+    block = 16
+    if slots * n_ctx < block:
+        raise ServerCapabilityError(f"/props gives total_slots × n_ctx = {slots * n_ctx} tokens, less than one block")
     # llama.cpp gives each slot a fixed share of the context instead of a shared paged pool; the simulator's
     # equivalent is a pool of slots × n_ctx tokens in 16-token blocks with at most `slots` running requests.
-    block = 16
     return ServerPool(
         engine="llamacpp",
         num_blocks=slots * n_ctx // block,
@@ -390,9 +441,9 @@ class ServerProbe:
             return None
         _raise_for_status(f"GET {path} on {self.url}", status, body)
         try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise EndpointResponseError(f"GET {path} on {self.url}: the body is not JSON") from exc
+            return loads(body)
+        except MalformedField as exc:
+            raise EndpointResponseError(f"GET {path} on {self.url}: the body is {exc}") from exc
 
     async def metrics(self) -> MetricsSnapshot:
         status, body = await self.get("/metrics")
@@ -417,7 +468,7 @@ class ServerProbe:
                     ServedModel(
                         id=card["id"],
                         root=root if isinstance(root, str) else None,
-                        max_model_len=_int(card.get("max_model_len")) or None,
+                        max_model_len=_positive(_int(card.get("max_model_len"))),
                     )
                 )
         if not out:
@@ -509,10 +560,15 @@ class ServerProbe:
         )
 
 
+def _positive(value: int | None) -> int | None:
+    """A figure only a positive number can be (a context length), else unknown."""
+    return value if value is not None and 0 < value <= MAX_TOKENS else None
+
+
 def _event(payload: bytes, where: str) -> Mapping[str, Any]:
     try:
-        event = json.loads(payload)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        event = loads(payload)
+    except MalformedField as exc:
         raise EndpointResponseError(f"{where}: a malformed stream event") from exc
     if not isinstance(event, Mapping):
         raise EndpointResponseError(f"{where}: a stream event that is not a JSON object")
@@ -534,8 +590,8 @@ def _raise_for_status(where: str, status: int, body: bytes) -> None:
     if status < 400:
         return
     try:
-        detail = _message(json.loads(body))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        detail = _message(loads(body))
+    except MalformedField:
         detail = "no JSON error body"
     hint = " (the server wants an API key)" if status in (401, 403) else ""
     raise EndpointResponseError(f"{where}: HTTP {status}{hint}: {detail}", status=status)

@@ -32,13 +32,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from agentload.clock import Clock, RealClock
+from agentload.endpoint.fields import MalformedField, loads
 from agentload.endpoint.scrape import EndpointResponseError, parse_metrics
 from agentload.endpoint.scrape import base_url as server_root
 from agentload.endpoint.transport import AiohttpTransport, Transport, TransportError
@@ -106,7 +106,7 @@ def _metrics(body: bytes) -> dict[str, Any]:
         snapshot = parse_metrics(body.decode("utf-8", errors="replace"))
     except EndpointResponseError:
         return {}
-    values = snapshot.normalised()
+    values = snapshot.normalised()  # NaN, infinite and negative readings are already left out there
 
     def count(key: str) -> int | None:
         return None if key not in values else round(values[key])
@@ -124,8 +124,8 @@ def _metrics(body: bytes) -> dict[str, Any]:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        return loads(body)
+    except MalformedField:
         return None
 
 

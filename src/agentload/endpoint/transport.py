@@ -35,6 +35,16 @@ class StreamBroken(TransportError):
     """The connection broke after the response began."""
 
 
+class MalformedResponse(TransportError):
+    """The server's bytes are not valid HTTP: a bad status line, header or chunk framing."""
+
+
+def _malformed(exc: aiohttp.ClientResponseError) -> MalformedResponse:
+    # aiohttp's parser messages span several lines (the offending bytes and a caret under them): keep the first.
+    lines = [ln.strip() for ln in str(exc.message).splitlines() if ln.strip()]
+    return MalformedResponse(" ".join(lines[:2]) if lines else type(exc).__name__)
+
+
 class Response(Protocol):
     status: int
     headers: Mapping[str, str]
@@ -68,12 +78,16 @@ class _AiohttpResponse:
                 yield data
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise StreamBroken(str(exc) or type(exc).__name__) from exc
+        except aiohttp.ClientResponseError as exc:
+            raise _malformed(exc) from exc
 
     async def read(self) -> bytes:
         try:
             return await self._resp.read()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise StreamBroken(str(exc) or type(exc).__name__) from exc
+        except aiohttp.ClientResponseError as exc:
+            raise _malformed(exc) from exc
 
     def close(self) -> None:
         self._resp.close()
@@ -103,6 +117,8 @@ class AiohttpTransport:
             raise ConnectFailed(str(exc) or type(exc).__name__) from exc
         except TimeoutError as exc:
             raise ConnectFailed("connect timed out") from exc
+        except aiohttp.ClientResponseError as exc:  # a status line or header aiohttp's parser refuses
+            raise _malformed(exc) from exc
         return _AiohttpResponse(resp)
 
     async def aclose(self) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticSerializationError
 
 from agentload.errors import BadRequestError
 
@@ -122,12 +124,21 @@ class CompletionRequest(_Common):
         raise BadRequestError("token-id prompts are not supported; send text", param="prompt")
 
 
+def load_json(raw: bytes) -> Any:
+    """The JSON value of a request body, or BadRequestError.
+
+    orjson rather than ``json``: ``json`` raises RecursionError (a 500) on a body nested 100,000 deep and accepts
+    lone surrogates, which then fail when the prompt is encoded; orjson refuses both, and NaN, as invalid JSON.
+    """
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+
+
 def parse_body(model: type[BaseModel], raw: bytes) -> Any:
     """Validate a JSON body into ``model``; any problem becomes one BadRequestError naming the field."""
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+    data = load_json(raw)
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object")
     try:
@@ -140,6 +151,15 @@ def parse_body(model: type[BaseModel], raw: bytes) -> Any:
 
 def render_tool_call(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments or "{}"}}}\n</tool_call>'
+
+
+def _tool_listing(tools: list[Tool]) -> str:
+    try:
+        return "\n".join(json.dumps(t.model_dump(exclude_none=True), sort_keys=True) for t in tools)
+    except (RecursionError, PydanticSerializationError) as exc:
+        # orjson parses up to 1,024 levels but json.dumps recurses in C and gives up near 1,000: a tool schema that
+        # deep is no schema, and must be a 400 rather than the 500 a RecursionError would become.
+        raise BadRequestError("tools: a parameters schema nested too deeply to render", param="tools") from exc
 
 
 def render_chat(req: ChatRequest) -> str:
@@ -157,7 +177,7 @@ def render_chat_parts(req: ChatRequest) -> list[str]:
     if messages and messages[0].role in ("system", "developer"):
         system = messages.pop(0).text()
     if req.tools:
-        listing = "\n".join(json.dumps(t.model_dump(exclude_none=True), sort_keys=True) for t in req.tools)
+        listing = _tool_listing(req.tools)
         system = (system + "\n\n" if system else "") + (
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
             f"<tools>\n{listing}\n</tools>\n\nFor each function call, return a json object within "

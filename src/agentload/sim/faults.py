@@ -8,6 +8,7 @@ with the same seed and request order injects the same faults.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -17,6 +18,7 @@ from agentload.errors import ConfigError
 FaultKind = Literal["stall", "reset", "http500", "http503", "http429", "malformed"]
 KINDS: tuple[FaultKind, ...] = ("stall", "reset", "http500", "http503", "http429", "malformed")
 DEFAULT_SECONDS: dict[str, float] = {"stall": 600.0, "http429": 1.0}
+MAX_SECONDS = 86_400.0  # a day: longer than any run, so any larger figure is a typo (or "inf")
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,11 @@ def parse_fault(text: str) -> FaultSpec:
         seconds = float(parts[2]) if len(parts) == 3 else DEFAULT_SECONDS.get(kind, 0.0)
     except ValueError as exc:
         raise ConfigError(f"--fault {text!r}: RATE and SECONDS must be numbers") from exc
+    # Range checks written so that NaN fails them: "stall:0.5:nan" used to be accepted and inject nothing.
     if not 0.0 <= rate <= 1.0:
         raise ConfigError(f"--fault {text!r}: RATE must be between 0 and 1")
-    if seconds < 0:
-        raise ConfigError(f"--fault {text!r}: SECONDS must not be negative")
+    if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_SECONDS):
+        raise ConfigError(f"--fault {text!r}: SECONDS must be a number from 0 to {MAX_SECONDS:g}")
     return FaultSpec(kind, rate, seconds)
 
 

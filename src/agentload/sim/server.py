@@ -3,6 +3,10 @@
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming SSE and not), ``GET /v1/models``,
 ``GET /health``, ``POST /tokenize``, ``GET /metrics``. Bad input gets an OpenAI-style JSON error with the right
 status and the server keeps serving; nothing the client sends can make it print a traceback into a response.
+
+Connections are bounded in time (issue 15, item 8): ``app_runner`` closes a connection that sends no complete
+request within ``idle_timeout_s`` (aiohttp's keep-alive timer, which also runs before the first request), a body
+that does not arrive within ``body_timeout_s`` gets 408, and a client that goes away mid-response is one log line.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from agentload.sim.chat import (
     CompletionRequest,
     Message,
     _Common,
+    load_json,
     parse_body,
     render_chat,
     render_chat_parts,
@@ -58,6 +63,10 @@ class SimConfig:
     # Benchmarks of client timing: each streamed content token's text becomes the server's monotonic clock at
     # the moment it was written ("1234.567890 "), so a client on this machine can measure its own lag exactly.
     stamp_chunks: bool = False
+    # uvicorn (vLLM's server) closes idle keep-alive connections after 5 s; aiohttp's AppRunner default is an hour,
+    # which let 1,000 idle or half-sent connections pile up. Long enough for an agent's think time between turns.
+    idle_timeout_s: float = 15.0
+    body_timeout_s: float = 30.0
 
 
 def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
@@ -142,6 +151,19 @@ class SimServer:
         app.on_cleanup.append(self._stop)
         return app
 
+    def app_runner(self) -> web.AppRunner:
+        """An AppRunner for ``app()`` with the connection limits of this config (no access log, no signals)."""
+        return web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, keepalive_timeout=self.config.idle_timeout_s
+        )
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        try:
+            async with asyncio.timeout(self.config.body_timeout_s):
+                return await request.read()
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(reason="the request body did not arrive in time") from None
+
     async def _start(self, _app: web.Application) -> None:
         await self.runner.start()
 
@@ -189,11 +211,8 @@ class SimServer:
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+        raw = await self._read_body(request)
+        data = load_json(raw)
         if not isinstance(data, dict):
             raise BadRequestError("request body must be a JSON object")
         if "messages" in data:
@@ -266,25 +285,30 @@ class SimServer:
         return req, pieces, cut
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._send(request, await self.open_generation(await request.read(), chat=True))
+        return await self._send(request, await self.open_generation(await self._read_body(request), chat=True))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._send(request, await self.open_generation(await request.read(), chat=False))
+        return await self._send(request, await self.open_generation(await self._read_body(request), chat=False))
 
     async def _send(self, request: web.Request, sim: SimResponse) -> web.StreamResponse:
-        """Write a SimResponse over HTTP; a ResetConnection from its body aborts the TCP connection."""
+        """Write a SimResponse over HTTP; a ResetConnection from its body aborts the TCP connection.
+
+        A client that hangs up mid-response is routine under load (stop rules, watchdog cancels): one line at INFO,
+        where aiohttp would log the ConnectionResetError's whole traceback at ERROR.
+        """
         resp = web.StreamResponse(status=sim.status, headers=sim.headers)
-        await resp.prepare(request)
         try:
+            await resp.prepare(request)
             async for block in sim.body:
                 await resp.write(block)
+            await resp.write_eof()
         except ResetConnection:
             if request.transport is not None:
                 request.transport.abort()
-            return resp
+        except ConnectionResetError:
+            log.info("the client went away during %s %s; the request was aborted", request.method, request.path)
         finally:
             await sim.body.aclose()
-        await resp.write_eof()
         return resp
 
     # -- the transport-neutral API (HTTP above; sim.inprocess calls it without sockets) ----------------------
