@@ -57,6 +57,7 @@ from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.progress import LineProgress, LiveProgress
 from agentload.fleet.results import FleetResult, compile_result
 from agentload.fleet.runner import FleetProgress, FleetRunner
+from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.runstore import run_root
@@ -90,7 +91,7 @@ class RunOptions:
 @asynccontextmanager
 async def embedded_simulator(profile: str) -> AsyncIterator[str]:
     """The simulator on 127.0.0.1 (a free port) for the length of the block; yields its base URL."""
-    server = SimServer(SimConfig(profile=load_profile(profile)))
+    server = SimServer(SimConfig(profile=load_profile(profile), behaviour=AgentBehaviour()))
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     # An agent stopped mid-stream (--stop-after, Ctrl-C) makes the simulator's handler fail its next write, and
     # aiohttp logs each such disconnect with a traceback; in the embedded server they are expected, not news.
@@ -198,7 +199,8 @@ async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExit
         return _Server(url, url, signed)
     profile = manifest.profile or opts.profile
     if manifest.virtual:
-        transport = InProcessTransport(SimServer(SimConfig(profile=load_profile(profile))))
+        # The agent behaviour, so a fleet on the simulator calls its tools over several rounds (issue 13).
+        transport = InProcessTransport(SimServer(SimConfig(profile=load_profile(profile), behaviour=AgentBehaviour())))
         stack.push_async_callback(transport.aclose)
         return _Server(IN_PROCESS_URL, f"in-process simulator (profile {profile}, simulated time)", transport)
     url = await stack.enter_async_context(embedded_simulator(profile))

@@ -15,6 +15,7 @@ its text is what the tokenizer would cut from the rendered reply, so the next tu
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,8 @@ from typing import Any, Literal, Protocol
 from agentload.errors import ConfigError
 from agentload.sim.chat import Message, Tool
 from agentload.sim.tokens import split_tokens
+
+log = logging.getLogger("agentload.sim")
 
 # Plain English filler: every word is one token of the simulator's tokenizer ("word ").
 _WORDS = [
@@ -247,12 +250,50 @@ class OracleBehaviour:
         scenario = self.book.get(found.group(1)) if found else None
         if scenario is None:
             return self.fallback.reply(turn)
+        try:
+            return self._play(scenario, turn)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            # A scenario reads the tool results it expects; a foreign client's results (or none) are not those.
+            log.warning("oracle scenario %s could not read this conversation (%s: %s); answering without it",
+                        scenario.id, type(exc).__name__, exc)  # fmt: skip
+            return self.fallback.reply(turn)
+
+    def _play(self, scenario: Scenario, turn: Turn) -> Reply:
         if self.known_bad is not None:
             return scenario.bad.get(self.known_bad, _refuse)(turn)
         if self.error_rate and turn.rng.random() < self.error_rate:
             names = sorted(scenario.bad)
             return scenario.bad[turn.rng.choice(names)](turn) if names else _refuse(turn)
         return scenario.correct(turn)
+
+
+@dataclass
+class GuardedBehaviour:
+    """Any behaviour, made unable to fail a request: what it cannot interpret gets a plain answer and one log line.
+
+    The server wraps its behaviour in this (issue 13): a foreign client sends content no behaviour was written
+    for, and a reply is the model's business — never an HTTP 500.
+    """
+
+    inner: Behaviour
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.inner.name
+
+    def reply(self, turn: Turn) -> Reply:
+        try:
+            reply = self.inner.reply(turn)
+            reply.pieces()  # a malformed reply fails here, inside the guard, not in the response writer
+            return reply
+        except Exception as exc:  # the point of the guard: nothing a behaviour raises may reach HTTP
+            log.warning("behaviour %s could not interpret a request (%s: %s); answered in plain text",
+                        self.inner.name, type(exc).__name__, exc)  # fmt: skip
+            return Reply(content="I could not make sense of that conversation; could you rephrase the request? ")
+
+
+def guarded(behaviour: Behaviour) -> Behaviour:
+    return behaviour if isinstance(behaviour, GuardedBehaviour) else GuardedBehaviour(behaviour)
 
 
 def truncate(pieces: list[Piece], limit: int) -> tuple[list[Piece], bool]:
