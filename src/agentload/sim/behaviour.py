@@ -5,8 +5,11 @@
 * ``OracleBehaviour`` — the hook for the behaviour suite: a conversation whose system prompt carries the marker
   ``[agentload:scenario=ID]`` is answered by the scenario registered under ID in a ``ScenarioBook`` —
   correctly, or, with probability ``error_rate`` or always when ``known_bad`` names one, by one of the
-  scenario's named known-bad behaviours, so every scorer can be shown to fail when it should. Conversations
-  without a marker get filler.
+  scenario's named known-bad behaviours, so every scorer can be shown to fail when it should. Three known-bad
+  behaviours are generic (``GENERIC_BAD``): ``refuse``, and the two cheats of issue 13 — ``echo-result`` (the raw
+  tool results handed back as the answer) and ``placeholder-args`` (every offered tool called with placeholders,
+  then an invented outcome). Conversations without a marker get the fallback behaviour.
+* ``GuardedBehaviour`` — what the server actually calls: any behaviour, unable to turn a request into a 500.
 
 A reply becomes a list of token pieces; each piece is one generated token (the engine emits one per step), and
 its text is what the tokenizer would cut from the rendered reply, so the next turn's prompt re-hits the cache.
@@ -230,6 +233,42 @@ def _refuse(turn: Turn) -> Reply:
     return Reply(content="I am not able to help with that right now. ")
 
 
+def _since_user(turn: Turn) -> list[Message]:
+    for i in range(len(turn.messages) - 1, -1, -1):
+        if turn.messages[i].role == "user":
+            return turn.messages[i + 1 :]
+    return []
+
+
+def _echo_result(scenario: Scenario, turn: Turn) -> Reply:
+    """Cheat: make the calls the test wants, then hand back the raw tool results as the answer (issue 13).
+
+    With no tool to call it echoes the request. A scorer that a bare ``404``, ``null`` or error string satisfies
+    ("said it was not found") passes this; every test must fail it.
+    """
+    since = _since_user(turn)
+    if since and since[-1].role in ("tool", "function"):
+        start = max((i for i, m in enumerate(since) if m.role == "assistant"), default=-1) + 1
+        return Reply(content="\n".join(m.text() for m in since[start:]))
+    first = scenario.correct(turn)
+    return first if first.tool_calls else Reply(content=turn.last_user_text())
+
+
+def _placeholder_calls(scenario: Scenario, turn: Turn) -> Reply:
+    """Cheat: call every offered tool once with type-correct placeholders, then invent a confident answer."""
+    if turn.tools and not any(m.tool_calls for m in _since_user(turn)):
+        return Reply(tool_calls=[PlannedCall(t.function.name, _placeholder_args(t)) for t in turn.tools])
+    return Reply(content="Done: I have taken care of that, and everything is in order now. ")
+
+
+# Known-bad behaviours every scenario plays the same way, on top of the ones a scenario names itself.
+GENERIC_BAD: dict[str, Callable[[Scenario, Turn], Reply]] = {
+    "refuse": lambda _scenario, turn: _refuse(turn),
+    "echo-result": _echo_result,
+    "placeholder-args": _placeholder_calls,
+}
+
+
 @dataclass
 class OracleBehaviour:
     book: ScenarioBook
@@ -241,7 +280,7 @@ class OracleBehaviour:
     def __post_init__(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
             raise ConfigError(f"oracle error rate must be in [0, 1], got {self.error_rate}")
-        known = self.book.bad_names() | {"refuse"}
+        known = self.book.bad_names() | set(GENERIC_BAD)
         if self.known_bad is not None and self.known_bad not in known:
             raise ConfigError(f"unknown known-bad behaviour {self.known_bad!r}; known: {', '.join(sorted(known))}")
 
@@ -260,7 +299,9 @@ class OracleBehaviour:
 
     def _play(self, scenario: Scenario, turn: Turn) -> Reply:
         if self.known_bad is not None:
-            return scenario.bad.get(self.known_bad, _refuse)(turn)
+            if self.known_bad in scenario.bad:
+                return scenario.bad[self.known_bad](turn)
+            return GENERIC_BAD.get(self.known_bad, GENERIC_BAD["refuse"])(scenario, turn)
         if self.error_rate and turn.rng.random() < self.error_rate:
             names = sorted(scenario.bad)
             return scenario.bad[turn.rng.choice(names)](turn) if names else _refuse(turn)
