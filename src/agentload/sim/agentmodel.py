@@ -213,7 +213,8 @@ _CLOCK = re.compile(r"\b\d{1,2}:\d{2}\b")
 _ID = re.compile(r"(?<![\w@.])(#?[A-Za-z]*\d[\w-]*|[A-Z]{2,}(?:-[A-Z0-9]+)+)(?![\w@])")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
 _QUOTED = re.compile(r"\"([^\"\n]{1,200})\"|'([^'\n]{2,200})'|“([^”\n]{1,200})”")
-_ARITH = re.compile(r"[-(]*\d+(?:\.\d+)?\)*(?:\s*(?:\*\*|[-+*/x×÷^%])\s*[-(]*\d+(?:\.\d+)?\)*)+")
+# Operands stand free: "-20261201-122006" in a path or "2025-03-14" (dates are taken out first) is no sum.
+_ARITH = re.compile(r"(?<![\w/.-])[-(]*\d+(?:\.\d+)?\)*(?:\s*(?:\*\*|[-+*/x×÷^%])\s*[-(]*\d+(?:\.\d+)?\)*)+(?![\w/.-])")
 _PLACE = re.compile(r"\b(?:in|for|at|to|from|of|near)\s+((?:[A-Z][\w'.-]*)(?:[ -](?:[A-Z][\w'.-]*|de|do|da|del))*)")
 _CURRENCY = re.compile(r"\b(USD|EUR|GBP|JPY|CHF|CAD|AUD|CNY|INR|BRL|SEK|NOK|DKK|PLN|MXN)\b")
 _LANGUAGES = ("english", "french", "german", "spanish", "portuguese", "italian", "dutch", "japanese", "chinese")
@@ -294,7 +295,7 @@ def _lookup(value: Any, key: str) -> Any:
 
 
 def _expression(text: str) -> str | None:
-    found = _ARITH.search(text)
+    found = _ARITH.search(_CLOCK.sub(" ", _DATE.sub(" ", text)))
     if found is None:
         return None
     expr = found.group(0).replace("×", "*").replace("÷", "/").replace("^", "**")
@@ -445,9 +446,15 @@ class _Filler:
         return value
 
     def _pick(self, options: list[str]) -> str | None:
+        """The ``alt``-th candidate the instruction itself names ("Paris and Tokyo" → two calls); values found only
+        in pasted material (another agent's answer, context) are used once, never fanned out."""
         if not options:
             return None
-        return options[min(self.alt, len(options) - 1)]
+        head = self.ctx.request.strip().split("\n\n", 1)[0]
+        named = [o for o in options if o in head]
+        if not named:
+            return options[0]
+        return named[min(self.alt, len(named) - 1)]
 
     def _grounded_string(self, key: str) -> str | None:
         ctx, request = self.ctx, self.ctx.request
@@ -494,7 +501,9 @@ class _Filler:
             return self._pick(ctx.places())
         if words & {"content", "body", "text", "message", "note", "summary"}:
             quoted = _quoted(request)
-            return quoted[0] if quoted and words & {"text", "message"} else (self.answer_text or _topic(request, 40))
+            if quoted and words & {"text", "message"}:
+                return quoted[0]
+            return self.answer_text or _document(request, _main_noun(self.request_stems))
         if words & {"query", "q", "search", "keyword", "keywords", "term", "topic", "question", "prompt", "input"}:
             return _topic(request)
         if (key.endswith("id") or words & {"number", "code", "sku", "flight", "ticket", "invoice", "order", "account",
@@ -507,6 +516,16 @@ class _Filler:
             return "fahrenheit" if "fahrenheit" in request.lower() else "celsius"
         quoted = _quoted(request)
         return quoted[0] if quoted else _topic(request)
+
+
+def _document(request: str, noun: str) -> str:
+    """What a model writes to a file with no tool results to go on: a heading, the task, and the material the
+    request carries (another agent's results, pasted context), condensed."""
+    first, _, rest = request.strip().partition("\n")
+    lines = [f"# {noun.capitalize()}", "", f"Task: {_topic(first, 30)}"]
+    material = [ln.strip() for ln in rest.splitlines() if ln.strip() and not ln.strip().endswith(":")]
+    lines += [f"- {_short(ln, 24)}" for ln in material[:32]]
+    return "\n".join(lines) + "\n"
 
 
 def _quoted(text: str) -> list[str]:
@@ -593,7 +612,7 @@ class AgentBehaviour:
         forced = turn.forced_tool()
         if forced is not None:
             tool = next((t for t in tools if t.function.name == forced), None)
-            args = _fill_or_placeholder(tool, ctx, stems, _summary(results, request))
+            args = _fill_or_placeholder(tool, ctx, stems, _summary(results, request) if results else "")
             return Reply(tool_calls=[PlannedCall(forced, json.dumps(args, ensure_ascii=False))])
         if tools and turn.tool_choice != "none" and rounds < self.max_rounds:
             planned, missing = self._plan(tools, ctx, stems, results, made, turn)
@@ -623,7 +642,7 @@ class AgentBehaviour:
         readers = [t for t in pending if not _is_action(t)]
         # Acting tools wait for the readers' results: their content is what the readers found.
         wave = readers or [t for t in pending if _is_action(t)]
-        answer = _summary(results, ctx.request) if results else _topic(ctx.request, 40)
+        answer = _summary(results, ctx.request) if results else ""
         out: list[PlannedCall] = []
         missing: str | None = None
         for tool in wave:
@@ -703,7 +722,8 @@ def _fits(tool: Tool, stems: set[str], request: str) -> bool:
     if _expression(request):
         expanded.update({"calculat", "calculator", "arithmetic", "math", "evaluate", "expression", "comput"})
     if _FILE.search(request):
-        expanded.update({"file", "path"})
+        # One piece of evidence, one word: a file name says "a file tool", not also "a tool taking a path".
+        expanded.add("file")
     if _EMAIL.search(request):
         expanded.add("email")
     if _CURRENCY.search(request):
@@ -802,4 +822,8 @@ def _summary(results: list[_Result], request: str) -> str:
             continue
         said = "; ".join(_describe(value))
         lines.append(f"From {r.name}: {said}." if said else f"{r.name} returned nothing.")
+        written = _parse(r.arguments)
+        if isinstance(written, dict) and isinstance(written.get("content"), str):
+            # Say what was written: a dependent agent reads this answer, not the file (workspaces are private).
+            lines.append(f"It reads: {_short(written['content'], 60)}")
     return "Here is what I found. " + " ".join(lines) + " "
