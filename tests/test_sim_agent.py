@@ -15,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 
+from agentload.cli.sim import make_behaviour
 from agentload.errors import ConfigError
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import Turn
@@ -303,3 +304,55 @@ def test_the_error_rate_makes_each_named_mistake() -> None:
     assert "EUR" not in AgentBehaviour().reply(_turn(answered, [WEATHER])).content
     with pytest.raises(ConfigError):
         AgentBehaviour(error_rate=1.5)
+
+
+# -- no 500 from any behaviour ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Broken:
+    name: str = "broken"
+
+    def reply(self, turn: Turn) -> Any:
+        raise TypeError("float() argument must be a string or a real number, not 'NoneType'")
+
+
+async def test_a_behaviour_that_raises_gets_a_plain_answer_and_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    async with running_sim(behaviour=_Broken()) as (server, url):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60.0)
+        try:
+            r = await client.chat.completions.create(
+                model=server.model_name, messages=[{"role": "user", "content": "hi"}]
+            )
+        finally:
+            await client.close()
+    assert r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    logged = [rec for rec in caplog.records if "could not interpret" in rec.getMessage()]
+    assert len(logged) == 1
+    assert "broken" in logged[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "tool", "result"),
+    [
+        # The two crashes of issue 13: T6 met a result without figures, T17 a list result without items.
+        ("T6", "order_subtotal", '{"subtotal": null}'),
+        ("T17", "list_show", '{"items": null}'),
+        ("T10", "search_catalogue", ""),
+        ("H1", "next_hop", "[1, 2]"),
+    ],
+)
+def test_the_oracle_reads_foreign_tool_results_without_crashing(
+    scenario: str, tool: str, result: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": f"[agentload:scenario={scenario}]"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                              "function": {"name": tool, "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": result},
+    ]  # fmt: skip
+    reply = make_behaviour("oracle").reply(_turn(messages, []))
+    assert reply.content or reply.tool_calls
+    assert not [rec for rec in caplog.records if "could not interpret" in rec.getMessage()]

@@ -360,10 +360,8 @@ class _Filler:
         raise _Unfilled(key)
 
     def _object(self, schema: Mapping[str, Any]) -> dict[str, Any]:
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        assert isinstance(props, dict)
-        needed = schema.get("required")
-        required = [k for k in needed if isinstance(k, str)] if isinstance(needed, list) else []
+        props = _as_dict(schema.get("properties"))
+        required = [k for k in _as_list(schema.get("required")) if isinstance(k, str)]
         out: dict[str, Any] = {}
         for k in required:
             out[k] = self.value(k, props.get(k, {}), required=True)
@@ -425,17 +423,15 @@ class _Filler:
         return int(found) if integer else found
 
     def _boolean(self, key: str, schema: Mapping[str, Any], required: bool) -> bool:
+        if not required:
+            raise _Unfilled(key)  # an optional flag the user never mentioned stays unset
         if isinstance(schema.get("default"), bool):
             return bool(schema["default"])
-        if not required:
-            raise _Unfilled(key)
         return bool(key) and _stem(key.lower()) in self.request_stems
 
     def _string(self, key: str, schema: Mapping[str, Any], required: bool) -> str:
         value = self._grounded_string(key.lower())
         if value is None:
-            if not required:
-                raise _Unfilled(key)
             raise _Unfilled(key)
         max_len = schema.get("maxLength")
         if isinstance(max_len, int) and max_len >= 0:
@@ -526,6 +522,15 @@ def _document(request: str, noun: str) -> str:
     material = [ln.strip() for ln in rest.splitlines() if ln.strip() and not ln.strip().endswith(":")]
     lines += [f"- {_short(ln, 24)}" for ln in material[:32]]
     return "\n".join(lines) + "\n"
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    """A schema's mapping field, or nothing: clients send schemas of every shape, and none may crash a reply."""
+    return value if isinstance(value, dict) else {}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _quoted(text: str) -> list[str]:
@@ -749,11 +754,9 @@ def _fill_or_placeholder(tool: Tool | None, ctx: _Context, stems: set[str], answ
         return _Filler(ctx, stems, answer, acting=_is_action(tool)).arguments(tool)
     except _Unfilled:
         # Forced and nothing fits: a type-correct value per required field, as a constrained decoder would emit.
-        params = tool.function.parameters if isinstance(tool.function.parameters, dict) else {}
-        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-        assert isinstance(props, dict)
-        required = params.get("required") if isinstance(params.get("required"), list) else list(props)
-        assert isinstance(required, list)
+        params = _as_dict(tool.function.parameters)
+        props = _as_dict(params.get("properties"))
+        required = _as_list(params.get("required")) if "required" in params else list(props)
         defaults = {"integer": 0, "number": 0.0, "boolean": False, "array": [], "object": {}}
         out: dict[str, Any] = {}
         for k in required:
