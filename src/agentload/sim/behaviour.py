@@ -158,11 +158,17 @@ def _placeholder_args(tool: Tool | None) -> str:
     """Arguments for a forced call: every required property gets a value of its declared type."""
     if tool is None:
         return "{}"
-    params = tool.function.parameters or {}
-    props = params.get("properties", {}) if isinstance(params, dict) else {}
-    required = params.get("required", list(props)) if isinstance(params, dict) else []
+    # A client's schema may be any JSON (issue 13's fuzzer sends "properties": null): read only what fits.
+    params = tool.function.parameters if isinstance(tool.function.parameters, dict) else {}
+    found = params.get("properties")
+    props: dict[str, Any] = found if isinstance(found, dict) else {}
+    required = params.get("required", list(props))
+    keys = [k for k in required if isinstance(k, str) and k in props] if isinstance(required, list) else []
     defaults = {"string": "example", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
-    args = {k: defaults.get(str(props.get(k, {}).get("type", "string")), "example") for k in required if k in props}
+    args = {}
+    for k in keys:
+        kind = props[k].get("type", "string") if isinstance(props[k], dict) else "string"
+        args[k] = defaults.get(kind, "example") if isinstance(kind, str) else "example"
     return json.dumps(args)
 
 
