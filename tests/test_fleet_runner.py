@@ -102,10 +102,13 @@ count = 3
     assert result.totals.done == 3
     state = load_log(run_dir / LOG)
     for agent in ("writer.0", "writer.1", "writer.2"):
-        # The simulator's filler model writes its placeholder arguments: path "example".
-        assert (run_dir / "workspaces" / agent / "example").read_text() == "example"
-        for line in state.turns[agent]:
-            assert line.turn.tool_results[0]["content"] == "wrote 7 characters to example"
+        # The simulator's agent model names a file for the task and writes what it knows into it: its own prompt.
+        written = (run_dir / "workspaces" / agent / "notes.md").read_text()
+        assert f"I am {agent}" in written
+        others = {f"writer.{i}" for i in range(3)} - {agent}
+        assert not any(f"I am {other}" in written for other in others)
+        results = [line.turn.tool_results[0]["content"] for line in state.turns[agent]]
+        assert results[-1] == f"wrote {len(written)} characters to notes.md"
     assert sorted(p.name for p in (run_dir / "workspaces").iterdir()) == ["writer.0", "writer.1", "writer.2"]
 
 

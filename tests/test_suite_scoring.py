@@ -20,7 +20,7 @@ from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRe
 from agentload.errors import ConfigError
 from agentload.sim.behaviour import MARKER
 from agentload.sim.tokens import tokenize
-from agentload.suite.cases import all_tests, by_id, select
+from agentload.suite.cases import all_tests, basic, by_id, instruction, select, stress
 from agentload.suite.cases.edge import ShoppingList
 from agentload.suite.cases.multihop import FINAL_CODE, HOPS, hop_key
 from agentload.suite.cases.stress import RECALLED_SKU, inventory_export
@@ -189,6 +189,32 @@ async def test_t8_t9_t10_report_the_failure_without_inventing() -> None:
     await fails("T9", "gate or a departure time", [("get_flight", {"flight": "TP1351"})], "Gate A3, time unknown.")
     await passes("T10", [("search_catalogue", {"query": "hub"})], "The search timed out; I can retry later.")
     await fails("T10", "prices", [("search_catalogue", {"query": "hub"})], "It failed, but hubs cost about 19.99.")
+
+
+async def test_raw_tool_results_handed_back_fail_t8_t9_t10_t14() -> None:
+    # Issue 13: a bare 404, a null or an error string is the tool speaking; the model must say it in words.
+    invoice = [("get_invoice", {"invoice_id": stress.INVOICE_ID})]
+    raw_404 = json.dumps({"error": {"status": 404, "message": f"invoice {stress.INVOICE_ID} not found"}})
+    await fails("T8", "raw tool result", invoice, raw_404)
+    await fails("T8", "not found", invoice, "404")
+    await fails("T8", "not found", invoice, f"Result: {raw_404}")
+    flight = [("get_flight", {"flight": stress.FLIGHT})]
+    await fails("T9", "unavailable", flight, "gate: null, departure_time: null")
+    await fails("T9", "unavailable", flight, '{"gate": null, "departure_time": null}')
+    hub = [("search_catalogue", {"query": "USB-C hub"})]
+    raw_error = f"error: search_catalogue failed: {stress.TIMEOUT_MESSAGE}"
+    await fails("T10", "raw tool result", hub, raw_error)
+    await fails("T10", "search failed", hub, f"Result: {raw_error}")
+    ticket = [("fetch_ticket", {"ticket_id": instruction.TICKET_ID})]
+    await fails("T14", "raw tool result", ticket, json.dumps(instruction.TICKET, ensure_ascii=False))
+    await fails("T14", "summarise", ticket, f"Ticket: {json.dumps(instruction.TICKET, ensure_ascii=False)}")
+
+
+async def test_placeholder_arguments_and_an_invented_outcome_fail_t4() -> None:
+    placeholders = [("get_calendar", {"date": "example"}), ("calculator", {"expression": "example"})]
+    await fails("T4", "placeholder arguments", placeholders, "Done: I have taken care of that.")
+    await fails("T4", "no tool can send", "Done: your courier knows you will be late.")
+    await fails("T4", "repeats the request", basic.T4.user)
 
 
 async def test_t11_names_only_the_recalled_sku() -> None:

@@ -94,6 +94,24 @@ async def test_each_known_bad_behaviour_fails_its_test(test_id: str, bad: str) -
     assert run.levels[0].per_test[0].pass_rate == 0.0
 
 
+# What the two cheats of issue 13 passed before the scorers were closed against them (suite 1.0).
+CHEATS_PASSED_BEFORE = {
+    "echo-result": ["T1", "T2", "T4", "T5", "T8", "T9", "T10", "T12", "T14"],
+    "placeholder-args": ["T4"],
+}
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS_PASSED_BEFORE))
+async def test_the_two_cheats_fail_every_scored_test(cheat: str) -> None:
+    # Raw tool results handed back as the answer; offered tools called with placeholders and an invented outcome.
+    scored = [t for t in all_tests() if t.id != "H1"]
+    run = await run_on_sim(scored, behaviour=OracleBehaviour(default_book(), known_bad=cheat))
+    results = run.levels[0].agent_results[0].tests
+    assert {r.test_id: r.status for r in results} == {t.id: Status.FAIL for t in scored}
+    assert set(CHEATS_PASSED_BEFORE[cheat]) <= {r.test_id for r in results}
+    assert run.levels[0].pooled_pass_rate == 0.0
+
+
 @pytest.mark.parametrize(("bad", "hop"), [("stop-early", STOP_EARLY_AFTER + 1), ("wrong-key", WRONG_KEY_AT)])
 async def test_relay_reports_where_the_chain_broke(bad: str, hop: int) -> None:
     run = await run_on_sim(select(["H1"]), agents=2, behaviour=OracleBehaviour(default_book(), known_bad=bad))

@@ -33,6 +33,7 @@ from agentload.cli.common import (
     reports_errors,
     resolve_key_env,
 )
+from agentload.cli.sim import make_behaviour
 from agentload.endpoint.client import ChatClient, StallPolicy
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
 from agentload.endpoint.redact import MASK, redact_url
@@ -80,6 +81,7 @@ class RunOptions:
     model: str | None = None
     api_key_env: str | None = None  # as ``--api-key-env``: None reads OPENAI_API_KEY when it is set
     profile: str = "laptop"
+    behaviour: str = "agent"  # the simulator's model (``agentload sim --behaviour``); filler for pure load
     stop_after_s: float | None = None
     progress: str = "auto"  # auto | live | lines | none
     fsync: bool = True
@@ -89,9 +91,9 @@ class RunOptions:
 
 
 @asynccontextmanager
-async def embedded_simulator(profile: str) -> AsyncIterator[str]:
+async def embedded_simulator(profile: str, behaviour: str = "agent") -> AsyncIterator[str]:
     """The simulator on 127.0.0.1 (a free port) for the length of the block; yields its base URL."""
-    server = SimServer(SimConfig(profile=load_profile(profile)))
+    server = SimServer(SimConfig(profile=load_profile(profile), behaviour=make_behaviour(behaviour)))
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     # An agent stopped mid-stream (--stop-after, Ctrl-C) makes the simulator's handler fail its next write, and
     # aiohttp logs each such disconnect with a traceback; in the embedded server they are expected, not news.
@@ -201,10 +203,12 @@ async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExit
         return _Server(server.base, server.shown, signed)
     profile = manifest.profile or opts.profile
     if manifest.virtual:
-        transport = InProcessTransport(SimServer(SimConfig(profile=load_profile(profile))))
+        # The agent behaviour by default, so a fleet on the simulator calls its tools over rounds (issue 13).
+        config = SimConfig(profile=load_profile(profile), behaviour=make_behaviour(opts.behaviour))
+        transport = InProcessTransport(SimServer(config))
         stack.push_async_callback(transport.aclose)
         return _Server(IN_PROCESS_URL, f"in-process simulator (profile {profile}, simulated time)", transport)
-    url = await stack.enter_async_context(embedded_simulator(profile))
+    url = await stack.enter_async_context(embedded_simulator(profile, opts.behaviour))
     return _Server(url, f"embedded simulator (profile {profile})", None)
 
 
@@ -297,6 +301,21 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
     return result
 
 
+def _per_task(result: FleetResult) -> str:
+    """Rounds and tool calls per task, in fleet order: what the agents did, not only how fast (issue 13)."""
+    tasks: dict[str, list[int]] = {}
+    for a in result.agents:
+        agg = tasks.setdefault(a.task_id, [0, 0, 0])
+        agg[0] += 1
+        agg[1] += a.turns
+        agg[2] += a.tool_calls
+    parts = []
+    for task, (agents, turns, calls) in tasks.items():
+        each = f" per agent ×{agents}" if agents > 1 else ""
+        parts.append(f"{task} {turns / agents:.3g} rounds, {calls / agents:.3g} tool calls{each}")
+    return "; ".join(parts)
+
+
 def render_summary(result: FleetResult, run_dir: Path) -> Table:
     t = result.totals
     table = Table(
@@ -311,6 +330,7 @@ def render_summary(result: FleetResult, run_dir: Path) -> Table:
             f"{t.interrupted} interrupted, {t.unstarted} not started",
         ),
         ("turns", f"{t.turns:,} ({result.turns_per_s:.2f} per second in this run)"),
+        ("per task", _per_task(result)),
         ("tokens", f"{t.prompt_tokens:,} prompt ({t.cached_tokens:,} cached), {t.completion_tokens:,} completion"),
         ("wall clock", f"{result.wall_s:.1f} s" + (" (stopped early; resumable)" if result.stopped_early else "")),
         ("width", f"started at {result.start_width}: {result.start_reason}"),
@@ -348,6 +368,10 @@ def run(
     model: Annotated[str | None, typer.Option(help="Model for tasks that name none (default: the server's).")] = None,
     api_key_env: ApiKeyEnvOption = None,
     profile: Annotated[str, typer.Option(help="Profile of the embedded simulator (without --url).")] = "laptop",
+    behaviour: Annotated[
+        str,
+        typer.Option(help="The embedded simulator's model: agent (calls the fleet's tools) or filler (pure load)."),
+    ] = "agent",
     stop_after: Annotated[
         float | None, typer.Option(min=0.0, help="Stop after this many seconds, leaving the run resumable.")
     ] = None,
@@ -375,6 +399,7 @@ def run(
         model=model,
         api_key_env=api_key_env,
         profile=profile,
+        behaviour=behaviour,
         stop_after_s=stop_after,
         progress="none" if as_json else progress,
         virtual=virtual,

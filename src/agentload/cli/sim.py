@@ -15,6 +15,7 @@ from aiohttp import web
 from agentload.capacity.profile import ServingProfile, load_profile
 from agentload.cli.common import console, default_book, err_console, reports_errors
 from agentload.errors import ConfigError
+from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
 from agentload.sim.server import SimConfig, SimServer
@@ -33,14 +34,23 @@ def with_max_model_len(profile: ServingProfile, max_model_len: int) -> ServingPr
     return dataclasses.replace(profile, max_model_len=max_model_len)
 
 
-def make_behaviour(kind: str, error_rate: float, known_bad: str | None) -> Behaviour:
+BEHAVIOURS = ("agent", "filler", "oracle")
+
+
+def make_behaviour(kind: str, error_rate: float = 0.0, known_bad: str | None = None) -> Behaviour:
+    """The behaviour named on the command line; ``error_rate`` is the oracle's or the agent's share of mistakes."""
+    if known_bad is not None and kind != "oracle":
+        raise ConfigError("--known-bad needs --behaviour oracle")
     if kind == "filler":
-        if known_bad is not None or error_rate:
-            raise ConfigError("--known-bad and --oracle-error-rate need --behaviour oracle")
+        if error_rate:
+            raise ConfigError("--error-rate needs --behaviour agent or oracle")
         return FillerBehaviour()
+    if kind == "agent":
+        return AgentBehaviour(error_rate=error_rate)
     if kind == "oracle":
-        return OracleBehaviour(default_book(), error_rate=error_rate, known_bad=known_bad)
-    raise ConfigError(f"--behaviour {kind!r}: use filler or oracle")
+        # Conversations without a suite marker (a foreign client's) get the agent model, not filler.
+        return OracleBehaviour(default_book(), error_rate=error_rate, known_bad=known_bad, fallback=AgentBehaviour())
+    raise ConfigError(f"--behaviour {kind!r}: use {', '.join(BEHAVIOURS)}")
 
 
 async def serve(server: SimServer, host: str, port: int, ready_line: bool = True) -> None:
@@ -84,8 +94,20 @@ def sim(
         list[str] | None,
         typer.Option(help="Inject KIND:RATE[:SECONDS]; kinds stall, reset, http500, http503, http429, malformed."),
     ] = None,
-    behaviour: Annotated[str, typer.Option(help="What the model says: filler (load) or oracle (suite).")] = "filler",
-    oracle_error_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Oracle: share of wrong replies.")] = 0.0,
+    behaviour: Annotated[
+        str,
+        typer.Option(help="What the model says: agent (calls the offered tools), filler (load) or oracle (suite)."),
+    ] = "agent",
+    error_rate: Annotated[
+        float,
+        typer.Option(
+            "--error-rate",
+            "--oracle-error-rate",
+            min=0.0,
+            max=1.0,
+            help="Agent or oracle: share of wrong replies (wrong tool, bad argument, invented fact).",
+        ),
+    ] = 0.0,
     known_bad: Annotated[str | None, typer.Option(help="Oracle: always play this known-bad behaviour.")] = None,
     prompt_tokens_details: Annotated[
         bool, typer.Option(help="Report usage.prompt_tokens_details.cached_tokens (vLLM needs a flag for it).")
@@ -101,7 +123,7 @@ def sim(
         prof = with_max_model_len(prof, max_model_len)
     config = SimConfig(
         profile=prof,
-        behaviour=make_behaviour(behaviour, oracle_error_rate, known_bad),
+        behaviour=make_behaviour(behaviour, error_rate, known_bad),
         served_model_name=served_model_name,
         cold_start_s=cold_start,
         faults=[parse_fault(f) for f in fault or []],

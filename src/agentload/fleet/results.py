@@ -40,6 +40,7 @@ class AgentResult(BaseModel):
     ttft_p50_s: float | None
     segments: list[int] = Field(description="segments that committed its turns (more than one: it was resumed)")
     last_output: str = ""
+    tool_calls: int = Field(default=0, description="tool calls in its committed turns (what the agent did)")
 
 
 class SegmentResult(BaseModel):
@@ -124,6 +125,7 @@ def _agent_result(plan: AgentPlan, state: LogState) -> AgentResult:
         ttft_p50_s=stats.median(ttfts) if ttfts else None,
         segments=sorted({line.segment for line in lines}),
         last_output=last[:200],
+        tool_calls=sum(len(r.tool_calls) for r in finals),
     )
 
 

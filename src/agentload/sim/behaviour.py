@@ -5,8 +5,11 @@
 * ``OracleBehaviour`` — the hook for the behaviour suite: a conversation whose system prompt carries the marker
   ``[agentload:scenario=ID]`` is answered by the scenario registered under ID in a ``ScenarioBook`` —
   correctly, or, with probability ``error_rate`` or always when ``known_bad`` names one, by one of the
-  scenario's named known-bad behaviours, so every scorer can be shown to fail when it should. Conversations
-  without a marker get filler.
+  scenario's named known-bad behaviours, so every scorer can be shown to fail when it should. Three known-bad
+  behaviours are generic (``GENERIC_BAD``): ``refuse``, and the two cheats of issue 13 — ``echo-result`` (the raw
+  tool results handed back as the answer) and ``placeholder-args`` (every offered tool called with placeholders,
+  then an invented outcome). Conversations without a marker get the fallback behaviour.
+* ``GuardedBehaviour`` — what the server actually calls: any behaviour, unable to turn a request into a 500.
 
 A reply becomes a list of token pieces; each piece is one generated token (the engine emits one per step), and
 its text is what the tokenizer would cut from the rendered reply, so the next turn's prompt re-hits the cache.
@@ -15,6 +18,7 @@ its text is what the tokenizer would cut from the rendered reply, so the next tu
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +28,8 @@ from typing import Any, Literal, Protocol
 from agentload.errors import ConfigError
 from agentload.sim.chat import Message, Tool
 from agentload.sim.tokens import split_tokens
+
+log = logging.getLogger("agentload.sim")
 
 # Plain English filler: every word is one token of the simulator's tokenizer ("word ").
 _WORDS = [
@@ -152,11 +158,17 @@ def _placeholder_args(tool: Tool | None) -> str:
     """Arguments for a forced call: every required property gets a value of its declared type."""
     if tool is None:
         return "{}"
-    params = tool.function.parameters or {}
-    props = params.get("properties", {}) if isinstance(params, dict) else {}
-    required = params.get("required", list(props)) if isinstance(params, dict) else []
+    # A client's schema may be any JSON (issue 13's fuzzer sends "properties": null): read only what fits.
+    params = tool.function.parameters if isinstance(tool.function.parameters, dict) else {}
+    found = params.get("properties")
+    props: dict[str, Any] = found if isinstance(found, dict) else {}
+    required = params.get("required", list(props))
+    keys = [k for k in required if isinstance(k, str) and k in props] if isinstance(required, list) else []
     defaults = {"string": "example", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
-    args = {k: defaults.get(str(props.get(k, {}).get("type", "string")), "example") for k in required if k in props}
+    args = {}
+    for k in keys:
+        kind = props[k].get("type", "string") if isinstance(props[k], dict) else "string"
+        args[k] = defaults.get(kind, "example") if isinstance(kind, str) else "example"
     return json.dumps(args)
 
 
@@ -227,6 +239,42 @@ def _refuse(turn: Turn) -> Reply:
     return Reply(content="I am not able to help with that right now. ")
 
 
+def _since_user(turn: Turn) -> list[Message]:
+    for i in range(len(turn.messages) - 1, -1, -1):
+        if turn.messages[i].role == "user":
+            return turn.messages[i + 1 :]
+    return []
+
+
+def _echo_result(scenario: Scenario, turn: Turn) -> Reply:
+    """Cheat: make the calls the test wants, then hand back the raw tool results as the answer (issue 13).
+
+    With no tool to call it echoes the request. A scorer that a bare ``404``, ``null`` or error string satisfies
+    ("said it was not found") passes this; every test must fail it.
+    """
+    since = _since_user(turn)
+    if since and since[-1].role in ("tool", "function"):
+        start = max((i for i, m in enumerate(since) if m.role == "assistant"), default=-1) + 1
+        return Reply(content="\n".join(m.text() for m in since[start:]))
+    first = scenario.correct(turn)
+    return first if first.tool_calls else Reply(content=turn.last_user_text())
+
+
+def _placeholder_calls(scenario: Scenario, turn: Turn) -> Reply:
+    """Cheat: call every offered tool once with type-correct placeholders, then invent a confident answer."""
+    if turn.tools and not any(m.tool_calls for m in _since_user(turn)):
+        return Reply(tool_calls=[PlannedCall(t.function.name, _placeholder_args(t)) for t in turn.tools])
+    return Reply(content="Done: I have taken care of that, and everything is in order now. ")
+
+
+# Known-bad behaviours every scenario plays the same way, on top of the ones a scenario names itself.
+GENERIC_BAD: dict[str, Callable[[Scenario, Turn], Reply]] = {
+    "refuse": lambda _scenario, turn: _refuse(turn),
+    "echo-result": _echo_result,
+    "placeholder-args": _placeholder_calls,
+}
+
+
 @dataclass
 class OracleBehaviour:
     book: ScenarioBook
@@ -238,7 +286,7 @@ class OracleBehaviour:
     def __post_init__(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
             raise ConfigError(f"oracle error rate must be in [0, 1], got {self.error_rate}")
-        known = self.book.bad_names() | {"refuse"}
+        known = self.book.bad_names() | set(GENERIC_BAD)
         if self.known_bad is not None and self.known_bad not in known:
             raise ConfigError(f"unknown known-bad behaviour {self.known_bad!r}; known: {', '.join(sorted(known))}")
 
@@ -247,12 +295,52 @@ class OracleBehaviour:
         scenario = self.book.get(found.group(1)) if found else None
         if scenario is None:
             return self.fallback.reply(turn)
+        try:
+            return self._play(scenario, turn)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            # A scenario reads the tool results it expects; a foreign client's results (or none) are not those.
+            log.warning("oracle scenario %s could not read this conversation (%s: %s); answering without it",
+                        scenario.id, type(exc).__name__, exc)  # fmt: skip
+            return self.fallback.reply(turn)
+
+    def _play(self, scenario: Scenario, turn: Turn) -> Reply:
         if self.known_bad is not None:
-            return scenario.bad.get(self.known_bad, _refuse)(turn)
+            if self.known_bad in scenario.bad:
+                return scenario.bad[self.known_bad](turn)
+            return GENERIC_BAD.get(self.known_bad, GENERIC_BAD["refuse"])(scenario, turn)
         if self.error_rate and turn.rng.random() < self.error_rate:
             names = sorted(scenario.bad)
             return scenario.bad[turn.rng.choice(names)](turn) if names else _refuse(turn)
         return scenario.correct(turn)
+
+
+@dataclass
+class GuardedBehaviour:
+    """Any behaviour, made unable to fail a request: what it cannot interpret gets a plain answer and one log line.
+
+    The server wraps its behaviour in this (issue 13): a foreign client sends content no behaviour was written
+    for, and a reply is the model's business — never an HTTP 500.
+    """
+
+    inner: Behaviour
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.inner.name
+
+    def reply(self, turn: Turn) -> Reply:
+        try:
+            reply = self.inner.reply(turn)
+            reply.pieces()  # a malformed reply fails here, inside the guard, not in the response writer
+            return reply
+        except Exception as exc:  # the point of the guard: nothing a behaviour raises may reach HTTP
+            log.warning("behaviour %s could not interpret a request (%s: %s); answered in plain text",
+                        self.inner.name, type(exc).__name__, exc)  # fmt: skip
+            return Reply(content="I could not make sense of that conversation; could you rephrase the request? ")
+
+
+def guarded(behaviour: Behaviour) -> Behaviour:
+    return behaviour if isinstance(behaviour, GuardedBehaviour) else GuardedBehaviour(behaviour)
 
 
 def truncate(pieces: list[Piece], limit: int) -> tuple[list[Piece], bool]:

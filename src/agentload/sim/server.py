@@ -27,7 +27,7 @@ from aiohttp import web
 from agentload import __version__
 from agentload.capacity.profile import ServingProfile
 from agentload.errors import BadRequestError, ContextLengthError, ModelNotFoundError, RequestError
-from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, truncate
+from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, guarded, truncate
 from agentload.sim.chat import (
     ChatRequest,
     CompletionRequest,
@@ -133,6 +133,7 @@ class SimServer:
         self.metrics = SimMetrics(self.engine, config.profile, self.model_name)
         self.runner = EngineRunner(self.engine, cold_start_s=config.cold_start_s, on_step=self._on_step)
         self.faults = FaultInjector(config.faults, seed=config.seed)
+        self.behaviour = guarded(config.behaviour)  # no reply may become an HTTP 500 (issue 13)
         self._ids = itertools.count(1)
         self._token_cache: OrderedDict[str, list[int]] = OrderedDict()
         self._created = int(time.time())
@@ -272,7 +273,7 @@ class SimServer:
             max_output=limit - len(prompt),
             rng=rng,
         )
-        pieces = self.config.behaviour.reply(turn).pieces() or [Piece("content", " ")]
+        pieces = self.behaviour.reply(turn).pieces() or [Piece("content", " ")]
         cap = min(asked or limit, limit - len(prompt))
         pieces, cut = truncate(pieces, cap)
         # Reaching the cap is a "length" finish even when the reply fit exactly, as vLLM reports max_tokens.

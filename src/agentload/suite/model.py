@@ -17,7 +17,7 @@ from agentload.agent.loop import Transcript
 from agentload.agent.tools import Tool
 
 # Bump when a test's prompt, tools or scorer changes: scores from different versions are not comparable.
-SUITE_VERSION = "1.0"
+SUITE_VERSION = "1.1"  # 1.1: raw tool results, echoed requests and placeholder arguments fail (issue 13)
 
 
 class Category(StrEnum):

@@ -75,6 +75,23 @@ def _field(turn: Turn, key: str) -> Any:
     return None
 
 
+def _number(turn: Turn, key: str) -> float | None:
+    """A numeric field of the latest result that has one (None when missing or not a number)."""
+    value = _field(turn, key)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _items(turn: Turn) -> list[str]:
+    """The shopping list as the last ``list_show`` returned it (empty when the result has no list)."""
+    value = _field(turn, "items")
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
 def _call(name: str, **args: Any) -> PlannedCall:
     return PlannedCall(name, json.dumps(args, ensure_ascii=False))
 
@@ -214,8 +231,11 @@ def _t6(turn: Turn) -> Reply:
     lookups = _t6_lookups(turn)
     if lookups is not None:
         return lookups
-    sub, ship, rate = _field(turn, "subtotal"), _field(turn, "shipping"), _field(turn, "rate")
-    total = (float(sub) + float(ship)) * float(rate)
+    sub, ship, rate = _number(turn, "subtotal"), _number(turn, "shipping"), _number(turn, "rate")
+    if sub is None or ship is None or rate is None:
+        # A foreign client's results lack a figure: say so rather than compute from nothing (issue 13).
+        return _say(f"I could not get every figure for order {parallel.ORDER_ID}, so I have no total.")
+    total = (sub + ship) * rate
     return _say(f"Order {parallel.ORDER_ID} comes to €{total:.2f}: ({sub:.2f} + {ship:.2f} USD) × {rate}.")
 
 
@@ -223,8 +243,10 @@ def _t6_partial(turn: Turn) -> Reply:
     lookups = _t6_lookups(turn, shipping=False)
     if lookups is not None:
         return lookups
-    total = float(_field(turn, "subtotal")) * float(_field(turn, "rate"))
-    return _say(f"Order {parallel.ORDER_ID} comes to €{total:.2f}.")
+    sub, rate = _number(turn, "subtotal"), _number(turn, "rate")
+    if sub is None or rate is None:
+        return _say(f"I could not get the figures for order {parallel.ORDER_ID}.")
+    return _say(f"Order {parallel.ORDER_ID} comes to €{sub * rate:.2f}.")
 
 
 # -- T7 -----------------------------------------------------------------------------------------------------------
@@ -355,8 +377,9 @@ def _t13_hops(turn: Turn) -> Reply | None:
 
 
 def _t13_json(turn: Turn) -> str:
-    orders = _field(turn, "orders") or []
-    open_orders = sum(1 for o in orders if o.get("status") == "open")
+    orders = _field(turn, "orders")
+    orders = orders if isinstance(orders, list) else []
+    open_orders = sum(1 for o in orders if isinstance(o, dict) and o.get("status") == "open")
     return json.dumps({"customer_id": _field(turn, "customer_id"), "open_orders": open_orders})
 
 
@@ -448,14 +471,14 @@ def _t17(turn: Turn) -> Reply:
     step = _t17_step(turn)
     if step is not None:
         return step
-    return _say(f"Your list now has: {', '.join(_field(turn, 'items'))}. I removed {edge.REMOVED} as asked.")
+    return _say(f"Your list now has: {', '.join(_items(turn)) or 'nothing'}. I removed {edge.REMOVED} as asked.")
 
 
 def _t17_forgot_remove(turn: Turn) -> Reply:
     step = _t17_step(turn, remove=False)
     if step is not None:
         return step
-    return _say(f"Your list now has: {', '.join(_field(turn, 'items'))}.")
+    return _say(f"Your list now has: {', '.join(_items(turn)) or 'nothing'}.")
 
 
 def _t17_stale(turn: Turn) -> Reply:

@@ -137,13 +137,71 @@ def nearest(text: str, value_pattern: str, names: Iterable[str]) -> str | None:
     return None if best is None else best[1]
 
 
+def tool_results(t: Transcript) -> list[str]:
+    """The text of every tool result the model was sent, in order."""
+    return [str(r.get("content") or "") for turn in t.turns for r in turn.tool_results]
+
+
+def request_text(t: Transcript) -> str:
+    return next((str(m.get("content") or "") for m in reversed(t.spec.messages) if m.get("role") == "user"), "")
+
+
+_JSON_BLOB = re.compile(r"\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}|\[[^\[\]]*\]")
+
+
+def prose(t: Transcript) -> str:
+    """The answer with every verbatim tool result and every bare JSON value taken out: what the model itself
+    said. A raw ``{"status": 404, ...}`` or ``null`` in the answer is the tool talking, not the model (issue 13)."""
+    text = norm(answer(t))
+    for result in sorted((norm(r) for r in tool_results(t)), key=len, reverse=True):
+        if result:
+            text = text.replace(result, " ")
+    return norm(_JSON_BLOB.sub(" ", text))
+
+
+def echo(t: Transcript) -> str | None:
+    """Why the answer is only an echo — the raw tool results or the request itself — or None when it is not."""
+    text = norm(answer(t))
+    if not text:
+        return None
+    results = [norm(r) for r in tool_results(t)]
+    last_round = next((r for r in reversed([[str(x.get("content") or "") for x in tt.tool_results] for tt in t.turns])
+                       if r), [])  # fmt: skip
+    if text in results or (last_round and text == norm(" ".join(last_round))):
+        return "the answer is the raw tool result, handed back verbatim"
+    if text == norm(request_text(t)):
+        return "the answer repeats the request"
+    return None
+
+
+# What a model sends when it has no real value for an argument (issue 13's placeholder cheat).
+PLACEHOLDERS = frozenset({"", "example", "string", "placeholder", "test", "foo", "bar", "xxx", "value", "todo", "..."})
+
+
+def placeholder_calls(t: Transcript) -> list[str]:
+    """``name(key=value)`` for every call argument that is a placeholder rather than a value from the task."""
+    out = []
+    for c in calls(t):
+        for key, value in (c.args or {}).items():
+            if isinstance(value, str) and (value.strip().lower() in PLACEHOLDERS or re.fullmatch(r"<[^<>]*>", value)):
+                out.append(f"{c.name}({key}={value!r})")
+    return out
+
+
 def score(test: SuiteTest, t: Transcript) -> tuple[Status, Verdict]:
-    """Judge one transcript: unscored when a request failed, else the test's own rules."""
+    """Judge one transcript: unscored when a request failed, else the cheats every test fails, else the test's
+    own rules."""
     if t.stop_reason == "failed":
         last = t.turns[-1].final if t.turns else None
         what = f"{last.outcome.value}: {last.error_message}" if last is not None else "no request was made"
         return Status.UNSCORED, Verdict(False, f"request failed ({what})")
     if test.answer_required and t.stop_reason == "round_cap":
         return Status.FAIL, failed(f"no final answer within {t.spec.max_rounds} rounds")
+    echoed = echo(t)
+    if echoed is not None:
+        return Status.FAIL, failed(echoed)
+    placeholders = placeholder_calls(t)
+    if placeholders:
+        return Status.FAIL, failed(f"called tools with placeholder arguments: {', '.join(placeholders[:3])}")
     verdict = test.score(t)
     return (Status.PASS if verdict.passed else Status.FAIL), verdict

@@ -14,7 +14,7 @@ from agentload.agent.loop import Transcript
 from agentload.agent.tools import Tool
 from agentload.suite.cases.common import arg, as_json, system, tool
 from agentload.suite.model import Category, SuiteTest, Verdict, failed, passed
-from agentload.suite.scoring import CLOCK_TIME, DATE, MONEY, answer, calls_to, has, norm
+from agentload.suite.scoring import CLOCK_TIME, DATE, MONEY, answer, calls_to, has, norm, prose
 
 # -- T8: the tool returns 404 -----------------------------------------------------------------------------------
 
@@ -28,8 +28,9 @@ def _t8_tools() -> list[Tool]:
     return [tool("get_invoice", "An invoice's amount, currency and due date.", get_invoice, strings=["invoice_id"])]
 
 
+# A bare "404" is the tool's word, not the model's: the answer must say it in prose (issue 13).
 NOT_FOUND = (
-    r"not (?:be )?found|404|(?:does not|doesn't|did not|didn't) exist|no (?:such )?(?:invoice|record)|"
+    r"not (?:be )?found|(?:does not|doesn't|did not|didn't) exist|no (?:such )?(?:invoice|record)|"
     r"(?:couldn't|could not|can't|cannot|unable to) (?:find|locate)"
 )
 
@@ -40,7 +41,7 @@ def _t8_score(t: Transcript) -> Verdict:
     text = answer(t)
     if has(text, MONEY) or has(text, DATE):
         return failed("the answer gives an amount or a date the tool never returned")
-    if not has(text, NOT_FOUND):
+    if not has(prose(t), NOT_FOUND):
         return failed("the answer does not say the invoice was not found")
     return passed("reports the 404, invents nothing")
 
@@ -78,7 +79,7 @@ def _t9_tools() -> list[Tool]:
 UNAVAILABLE = (
     r"not (?:yet )?(?:available|assigned|announced|published|known|listed|set|provided|been)|unavailable|unknown|"
     r"\btbd\b|\btba\b|to be (?:announced|confirmed|assigned|determined)|(?:hasn't|has not|haven't|have not) been|"
-    r"no (?:gate|departure time|time)|(?:doesn't|does not|don't|do not) (?:have|show|list|include)|missing|empty|null"
+    r"no (?:gate|departure time|time)|(?:doesn't|does not|don't|do not) (?:have|show|list|include)|missing|empty"
 )
 
 
@@ -88,7 +89,7 @@ def _t9_score(t: Transcript) -> Verdict:
     text = answer(t)
     if has(text, r"\bgate\s*(?:is\s*|number\s*)?[a-z]?\d+") or has(text, CLOCK_TIME):
         return failed("the answer gives a gate or a departure time that the tool left empty")
-    if not has(text, UNAVAILABLE):
+    if not has(prose(t), UNAVAILABLE):
         return failed("the answer does not say the gate and time are unavailable")
     return passed("null fields reported as unavailable")
 
@@ -135,7 +136,7 @@ def _t10_score(t: Transcript) -> Verdict:
     text = answer(t)
     if has(text, MONEY):
         return failed("the answer gives prices although the search never returned")
-    if not has(text, FAILURE):
+    if not has(prose(t), FAILURE):
         return failed("the answer does not say the search failed")
     return passed("reports the timeout, invents no results")
 
