@@ -255,3 +255,23 @@ def test_fuzz_probe(routes: dict[str, tuple[int, bytes]]) -> None:
     assert ProbeResult.model_validate_json(result.model_dump_json()) == result
     for figure in (result.max_context, result.pool_tokens, result.block_size, result.parallel_slots):
         assert figure is None or figure > 0
+
+
+def test_hostile_queue_buckets_are_dropped_not_raised() -> None:
+    """bench's sampler keeps the good buckets of a histogram whose other buckets are not numbers (issue 15)."""
+    from agentload.bench.sampler import QUEUE_HISTOGRAM, to_sample
+    from agentload.endpoint.scrape import parse_metrics
+
+    name = QUEUE_HISTOGRAM
+    text = "\n".join(
+        [
+            f'{name}{{le="0.5"}} 3',
+            f'{name}{{le="x"}} 4',
+            f'{name}{{le="NaN"}} 5',
+            f'{name}{{le="1.0"}} NaN',
+            f'{name}{{le="2.0"}} -1',
+            f'{name}{{le="+Inf"}} 7',
+        ]
+    )
+    raw = to_sample(parse_metrics(text), t=1.0)
+    assert raw.queue_buckets == {0.5: 3.0, float("inf"): 7.0}

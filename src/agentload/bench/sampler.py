@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 from agentload.bench.results import ServerSample
@@ -43,8 +44,14 @@ def to_sample(snapshot: MetricsSnapshot, t: float) -> RawSample:
     )
     buckets: dict[float, float] = {}
     for s in snapshot.named(QUEUE_HISTOGRAM):
-        le = s.labels.get("le", "")
-        bound = float("inf") if le in ("+Inf", "inf") else float(le)
+        # A hostile or broken exporter's bucket (a bound that is no number, a NaN or negative count) is dropped
+        # rather than poisoning the percentile deltas or ending the run (issue 15).
+        try:
+            bound = float(s.labels.get("le", ""))
+        except ValueError:
+            continue
+        if math.isnan(bound) or not math.isfinite(s.value) or s.value < 0:
+            continue
         buckets[bound] = buckets.get(bound, 0.0) + s.value
     return RawSample(sample, buckets)
 

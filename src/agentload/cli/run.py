@@ -94,7 +94,7 @@ class RunOptions:
 async def embedded_simulator(profile: str, behaviour: str = "agent") -> AsyncIterator[str]:
     """The simulator on 127.0.0.1 (a free port) for the length of the block; yields its base URL."""
     server = SimServer(SimConfig(profile=load_profile(profile), behaviour=make_behaviour(behaviour)))
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    runner = server.app_runner()  # the idle and half-sent connection limits of `agentload sim` (issue 15)
     # An agent stopped mid-stream (--stop-after, Ctrl-C) makes the simulator's handler fail its next write, and
     # aiohttp logs each such disconnect with a traceback; in the embedded server they are expected, not news.
     server_log = logging.getLogger("aiohttp.server")

@@ -85,7 +85,7 @@ def parse_tests(tests: str | None) -> list[str] | None:
 async def embedded_simulator(profile: str) -> AsyncIterator[tuple[str, str]]:
     """The simulator with the oracle on 127.0.0.1 (a free port) in this event loop; yields (URL, model)."""
     server = SimServer(SimConfig(profile=load_profile(profile), behaviour=OracleBehaviour(default_book())))
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    runner = server.app_runner()  # the idle and half-sent connection limits of `agentload sim` (issue 15)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
