@@ -302,9 +302,9 @@ class _Origin:
     """The wall (or virtual) time the trace's zero maps to, and the slots for rows in flight (``MAX_IN_FLIGHT``),
     shared by every driver of a level."""
 
-    def __init__(self, slots: int = MAX_IN_FLIGHT) -> None:
+    def __init__(self) -> None:
         self.t: float | None = None
-        self.slots = asyncio.Semaphore(slots)
+        self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     def at(self, now: float) -> float:
         if self.t is None:
