@@ -372,7 +372,7 @@ def plan(spec: PlanSpec) -> Plan:
 
     weight_dtype = spec.weight_dtype or model.checkpoint_dtype
     memory = MemoryFigures(
-        gpu=gpu,
+        gpu=gpu.name,
         num_gpus=spec.num_gpus,
         gpu_memory_gb=gpu.memory_gb,
         weight_dtype=weight_dtype,
