@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from agentload.capacity.hfconfig import load_hf_config, model_from_hf_config
@@ -121,10 +121,12 @@ def test_fuzz_trace_loader_gives_a_trace_or_an_agentload_error(data: str | bytes
     path = _write(data)
     try:
         loaded = load_trace(path)
-    except AgentloadError:
+    except AgentloadError as exc:
+        event(f"refused: {type(exc).__name__}")
         return
     finally:
         path.unlink()
+    event("accepted")
     assert isinstance(loaded, MooncakeTrace | SessionTraceFile)
     if isinstance(loaded, MooncakeTrace):
         assert all(1 <= r.input_length <= MAX_TRACE_TOKENS for r in loaded.rows)
@@ -184,8 +186,10 @@ def fleet_files(draw: st.DrawFn) -> str:
 def test_fuzz_fleet_parser_gives_a_fleet_or_an_agentload_error(text: str) -> None:
     try:
         fleet = parse_fleet(text, "fuzz.toml")
-    except AgentloadError:
+    except AgentloadError as exc:
+        event(f"refused: {type(exc).__name__}")
         return
+    event("accepted")
     plans = expand(fleet)
     assert 1 <= len(plans) <= MAX_AGENTS
     assert all(0 <= p.context_tokens <= MAX_CONTEXT_TOKENS for p in plans)
@@ -267,8 +271,10 @@ def profile_files(draw: st.DrawFn) -> str:
 def test_fuzz_profile_parser_gives_a_profile_or_an_agentload_error(text: str) -> None:
     try:
         profile = parse_profile(text, "fuzz.toml")
-    except AgentloadError:
+    except AgentloadError as exc:
+        event(f"refused: {type(exc).__name__}")
         return
+    event("accepted")
     assert isinstance(profile, ServingProfile)
     assert 0 < profile.num_blocks <= MAX_POOL_BLOCKS  # what the simulator allocates
     assert profile.offload_blocks >= 0
@@ -328,8 +334,10 @@ def hf_configs(draw: st.DrawFn) -> dict[str, Any]:
 def test_fuzz_config_json_mapping_gives_a_model_or_an_agentload_error(config: dict[str, Any]) -> None:
     try:
         model = model_from_hf_config(config, name="fuzz", source="fuzz/config.json")
-    except AgentloadError:
+    except AgentloadError as exc:
+        event(f"refused: {type(exc).__name__}")
         return
+    event("accepted")
     assert math.isfinite(model.spec.total_params)
     assert model.spec.active_params <= model.spec.total_params
 
@@ -340,7 +348,8 @@ def test_fuzz_config_json_file_gives_a_model_or_an_agentload_error(data: str | b
     path = _write(data)
     try:
         load_hf_config(path)
-    except AgentloadError:
-        pass
+        event("accepted")
+    except AgentloadError as exc:
+        event(f"refused: {type(exc).__name__}")
     finally:
         path.unlink()
