@@ -128,3 +128,26 @@ def test_the_file_stem_names_an_unnamed_fleet(tmp_path: Path) -> None:
     path = tmp_path / "nightly-batch.toml"
     path.write_text('[[tasks]]\nid = "a"\nprompt = "p"\n')
     assert load_fleet(path).name == "nightly-batch"
+
+
+def test_a_long_dependency_chain_expands_without_recursion() -> None:
+    # Recursion in the wave computation died on a chain of 350 tasks; 3,000 is three times the recursion limit.
+    n = 3_000
+    text = "".join(
+        f'[[tasks]]\nid = "t{i}"\nprompt = "x"\n' + (f'depends_on = ["t{i - 1}"]\n' if i else "") for i in range(n)
+    )
+    plans = expand(parse_fleet(text))
+    assert [p.wave for p in plans] == list(range(n))
+
+
+def test_fleet_numbers_are_finite_and_bounded() -> None:
+    for line, needle in (
+        ("context_tokens = 2000000000", "less than or equal to 2000000"),
+        ("think_time_s = inf", "finite number"),
+        ("max_tokens = 1000000000000", "less than or equal to 1000000"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            parse_fleet(f'[[tasks]]\nid = "t"\nprompt = "x"\n{line}\n')
+    many = "".join(f'[[tasks]]\nid = "t{i}"\nprompt = "x"\ncount = 60000\n' for i in range(2))
+    with pytest.raises(ConfigError, match="120,000 agents in all; a fleet holds at most 100,000"):
+        parse_fleet(many)

@@ -12,6 +12,7 @@ from agentload.cli.common import clean_errors
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import ConfigError
 from agentload.vtime import run_virtual
+from agentload.workload import trace
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.record import read_records, record_session_trace, session_traces
 from agentload.workload.registry import get_workload
@@ -107,6 +108,37 @@ def test_open_loop_stops_starting_rows_when_the_level_ends() -> None:
     run = run_level(trace_workload(DATA / "mooncake_shared_prefix.jsonl"), 1, context=0, duration_s=5.0)
     # Rows at 0, 2, 4 s are sent; the ones at 6 and 8 s are after the level's end.
     assert sorted(by_line(run.records)) == ["row1", "row2", "row3"]
+
+
+def test_rows_due_past_the_in_flight_limit_wait_for_a_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Twelve rows stamped at 0 (the campaign's 317k-row trace built every prompt at once): with 3 slots, no more
+    # than 3 are ever in flight, and every row is still sent.
+    monkeypatch.setattr(trace, "MAX_IN_FLIGHT", 3)
+    path = tmp_path / "zeros.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 200, "output_length": 20}\n' * 12, encoding="utf-8")
+    run = run_level(trace_workload(path), 2, context=0)
+    assert len(run.records) == 12
+    events = sorted([(r.t_sent, 1) for r in run.records] + [(r.t_done, -1) for r in run.records])
+    live, most = 0, 0
+    for _, step in events:  # an end at the same instant as a start frees its slot first (-1 sorts first)
+        live += step
+        most = max(most, live)
+    assert most == 3
+
+
+def test_trace_numbers_must_be_finite_and_bounded(tmp_path: Path) -> None:
+    cases = {
+        '{"timestamp": Infinity, "input_length": 10, "output_length": 1}': "Infinity",
+        '{"timestamp": 1e400, "input_length": 10, "output_length": 1}': "too large",
+        '{"timestamp": 0, "input_length": 2000001, "output_length": 1}': "input_length",
+        '{"session_id": "a", "delay": 1e12, "input_length": 10, "output_length": 1}': "delay",
+        '{"session_id": "a", "turns": [{"prompt_tokens": 10, "completion_tokens": 1, "think_s": NaN}]}': "NaN",
+    }
+    for line, needle in cases.items():
+        path = tmp_path / "t.jsonl"
+        path.write_text(line + "\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match=needle):
+            load_trace(path)
 
 
 # -- session traces ----------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from agentload.errors import ConfigError
 
 Measure = Callable[[int], Awaitable[LevelSummary]]
 
-_SLO = re.compile(r"^(ttft|itl|queue)_p(50|95|99)\s*(<=|=|<)\s*([0-9.]+)\s*(ms|s)?$")
+# One decimal number ("2", "0.5", ".5"): "ttft_p95=.s" is refused by the pattern, not by float() with a traceback.
+_SLO = re.compile(r"^(ttft|itl|queue)_p(50|95|99)\s*(<=|=|<)\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s)?$")
+MAX_SLO_S = 86_400.0  # a latency limit of a day is as good as none
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ def parse_slo(text: str) -> Slo:
     limit = float(value) / (1000.0 if unit == "ms" else 1.0)
     if limit <= 0:
         raise ConfigError(f"--slo {text!r}: the limit must be positive")
+    if limit > MAX_SLO_S:
+        raise ConfigError(f"--slo {text!r}: the limit must be at most a day ({MAX_SLO_S:,.0f} s)")
     return Slo(metric, f"p{pct}", limit)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -12,13 +11,11 @@ from pydantic import ValidationError
 from agentload.capacity.hardware import GpuSpec
 from agentload.capacity.models import ModelSpec
 from agentload.errors import ConfigError, UnknownNameError
+from agentload.inputs import parse_toml
 
 
 def read_toml_text(text: str, source: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    return parse_toml(text, source)
 
 
 def _data_text(*parts: str) -> str:

@@ -25,17 +25,35 @@ catalogue models the estimate lands within 1% of the published totals (235B, 671
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentload.capacity import catalog
-from agentload.capacity.models import AttentionKind, ModelSpec
+from agentload.capacity.models import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_WIDTH, AttentionKind, ModelSpec
 from agentload.errors import ConfigError
+from agentload.inputs import parse_json, read_text
 
 CONFIG_NAME = "config.json"
+
+# Upper bounds on integer fields (issue 15), the model's own where it has one: the layer count sizes loops here
+# (``num_hidden_layers: 1e9`` looped for minutes) and every figure sizes a product. Any other integer field is
+# capped at ``MAX_INT``, far past any vocabulary, MLP width or context length.
+MAX_INT = 2**40
+FIELD_MAX = {
+    "num_hidden_layers": MAX_LAYERS,
+    "hidden_size": MAX_WIDTH,
+    "num_attention_heads": MAX_HEADS,
+    "num_key_value_heads": MAX_HEADS,
+    "head_dim": MAX_WIDTH,
+    "num_experts": MAX_EXPERTS,
+    "num_local_experts": MAX_EXPERTS,
+    "n_routed_experts": MAX_EXPERTS,
+    "n_shared_experts": MAX_EXPERTS,
+    "num_experts_per_tok": MAX_EXPERTS,
+    "experts_per_token": MAX_EXPERTS,
+}
 
 # transformers' defaults for fields a published config.json omits, by ``model_type`` (Gemma3TextConfig).
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -67,14 +85,7 @@ def load_hf_config(path: str | Path) -> HFModel:
     p = Path(path)
     if p.is_dir():
         p = p / CONFIG_NAME
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}: not valid JSON: {exc}") from exc
+    raw = parse_json(read_text(p, "model config"), str(p))
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a JSON object at the top level")
     return model_from_hf_config(raw, name=_model_name(raw, p), source=str(p))
@@ -107,6 +118,20 @@ class _Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(f"{self.source}: field {key!r} must be a positive integer, got {value!r}")
+        top = FIELD_MAX.get(key, MAX_INT)
+        if value > top:
+            raise ConfigError(f"{self.source}: field {key!r} is {value:,}; agentload reads at most {top:,}")
+        return value
+
+    def int_list(self, key: str) -> list[int]:
+        """A list of non-negative integers (layer indices); absent is empty."""
+        value = self.cfg.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        ):
+            raise ConfigError(f"{self.source}: field {key!r} must be a list of layer numbers, got {value!r}")
         return value
 
     def first_int(self, keys: tuple[str, ...], default: int) -> int:
@@ -236,9 +261,9 @@ def estimate_params(
     if f.has("kv_lora_rank"):
         rank, rope, nope = f.int_("kv_lora_rank"), f.int_("qk_rope_head_dim"), f.int_("qk_nope_head_dim")
         v_dim = f.int_("v_head_dim", nope)
-        q_rank = cfg.get("q_lora_rank")
-        q_in = q_rank if isinstance(q_rank, int) else hidden  # without a q LoRA, q is one hidden × heads matrix
-        q = (hidden * q_rank if isinstance(q_rank, int) else 0) + q_in * heads * (nope + rope)
+        q_rank = f.int_("q_lora_rank") if f.has("q_lora_rank") else None
+        q_in = q_rank if q_rank is not None else hidden  # without a q LoRA, q is one hidden × heads matrix
+        q = (hidden * q_rank if q_rank is not None else 0) + q_in * heads * (nope + rope)
         attention = q + hidden * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * hidden
     else:
         attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
@@ -255,7 +280,7 @@ def estimate_params(
             shared += 3 * hidden * f.int_("shared_expert_intermediate_size")
         router = hidden * experts
         first_dense = f.first_int(("first_k_dense_replace",), 0)
-        dense_only = cfg.get("mlp_only_layers") or []
+        dense_only = set(f.int_list("mlp_only_layers"))
         step = f.first_int(("decoder_sparse_step",), 1)
         for i in range(layers):
             if i < first_dense or i in dense_only or (i + 1) % step:

@@ -12,6 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Bytes per parameter of each weight format. fp4/int4 ignore the per-group scales (≈ +3-6%), which is inside the
 # error of a memory estimate anyway.
+# Upper bounds on a model's shape (issue 15), far past any published model (126 layers, 18,432 wide, 256 experts).
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1_048_576
+MAX_HEADS = 65_536
+MAX_EXPERTS = 65_536
+MAX_CONTEXT = 2**31 - 1
+MAX_PARAMS = 1e15
+
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5, "int4": 0.5}
 
 
@@ -24,27 +32,32 @@ class AttentionKind(StrEnum):
 class ModelSpec(BaseModel):
     """A model as the serving engine sees it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Finite and bounded (issue 15): a profile's [model] table and a config.json are user input, and the layer
+    # count drives loops. Each bound is ~100x the largest published model's figure.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
+    hidden_size: int = Field(gt=0, le=MAX_WIDTH)
+    num_attention_heads: int = Field(gt=0, le=MAX_HEADS)
+    num_kv_heads: int = Field(gt=0, le=MAX_HEADS)
+    head_dim: int = Field(gt=0, le=MAX_WIDTH)
     attention: AttentionKind = AttentionKind.DENSE
     # MLA: per-token latent = kv_lora_rank + qk_rope_head_dim values per layer.
-    kv_lora_rank: int | None = Field(default=None, gt=0)
-    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    kv_lora_rank: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    qk_rope_head_dim: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
     # Hybrid: this many layers use a sliding window of ``sliding_window`` tokens; the rest attend to everything.
-    sliding_window: int | None = Field(default=None, gt=0)
-    num_sliding_layers: int = Field(default=0, ge=0)
+    sliding_window: int | None = Field(default=None, gt=0, le=MAX_CONTEXT)
+    num_sliding_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
     # Sparse-read attention (DeepSeek V3.2 DSA) limits what each step *reads*, not what is stored.
-    sparse_read_tokens: int | None = Field(default=None, gt=0)
-    total_params: float = Field(gt=0, description="all parameters, in parameters (not billions)")
-    active_params: float = Field(gt=0, description="parameters used per token (MoE: shared + routed experts)")
-    num_experts: int = Field(default=0, ge=0)
-    experts_per_token: int = Field(default=0, ge=0)
+    sparse_read_tokens: int | None = Field(default=None, gt=0, le=MAX_CONTEXT)
+    total_params: float = Field(gt=0, le=MAX_PARAMS, description="all parameters, in parameters (not billions)")
+    active_params: float = Field(
+        gt=0, le=MAX_PARAMS, description="parameters used per token (MoE: shared + routed experts)"
+    )
+    num_experts: int = Field(default=0, ge=0, le=MAX_EXPERTS)
+    experts_per_token: int = Field(default=0, ge=0, le=MAX_EXPERTS)
+    # Not bounded by MAX_CONTEXT: configs state rope limits far past what is served; max_model_len is bounded.
     max_position_embeddings: int | None = Field(default=None, gt=0)
     hf_id: str | None = Field(default=None, description="Hugging Face repository id, for the serve command")
     checkpoint_dtype: str = Field(

@@ -30,7 +30,19 @@ from agentload.capacity import catalog
 from agentload.capacity.hfconfig import load_hf_config, looks_like_config_path
 from agentload.capacity.kv import KVDtype, parse_kv_dtype
 from agentload.capacity.models import WEIGHT_BYTES, AttentionKind, ModelSpec
-from agentload.capacity.profile import KVPoolSpec, OffloadSpec, ProfileFile, ServingProfile, resolve
+from agentload.capacity.profile import (
+    MAX_BATCHED_TOKENS,
+    MAX_GIB,
+    MAX_GPUS,
+    MAX_MODEL_LEN,
+    MAX_OFFLOAD_GIB,
+    MAX_POOL_TOKENS,
+    KVPoolSpec,
+    OffloadSpec,
+    ProfileFile,
+    ServingProfile,
+    resolve,
+)
 from agentload.errors import ConfigError
 
 # vLLM's defaults (domain.md §3): 8,192 batched tokens and 1,024 sequences on big GPUs, 2,048 / 256 otherwise.
@@ -38,15 +50,19 @@ BIG_GPU_GB = 70.0
 MAX_NUM_SEQS_CAP = 1024
 
 
+MAX_TOKENS = 2_000_000  # an agent's system prompt, tool result or reply (issue 15's bounds)
+
+
 class AgentShape(BaseModel):
     """What each simulated agent does per turn (defaults: the agent traffic of domain.md §1, shortened)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Finite and bounded (issue 15): these come from flags.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    system_tokens: int = Field(default=2_000, gt=0, description="system prompt shared by every agent")
-    turn_input_tokens: int = Field(default=1_000, gt=0, description="tool result appended per turn")
-    output_tokens: int = Field(default=400, gt=0, description="reply per turn")
-    think_s: float = Field(default=2.0, ge=0, description="tool time between turns")
+    system_tokens: int = Field(default=2_000, gt=0, le=MAX_TOKENS, description="system prompt shared by every agent")
+    turn_input_tokens: int = Field(default=1_000, gt=0, le=MAX_TOKENS, description="tool result appended per turn")
+    output_tokens: int = Field(default=400, gt=0, le=MAX_TOKENS, description="reply per turn")
+    think_s: float = Field(default=2.0, ge=0, le=86_400, description="tool time between turns")
 
     @property
     def per_turn_tokens(self) -> int:
@@ -56,20 +72,24 @@ class AgentShape(BaseModel):
 class PlanSpec(BaseModel):
     """What was asked: the configuration to plan (unset fields take vLLM's or the model's defaults)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     model: str = Field(description="catalogue name or path to a config.json (or a folder holding one)")
     gpu: str
-    num_gpus: int = Field(default=1, gt=0, description="tensor-parallel size")
-    max_model_len: int | None = Field(default=None, gt=0)
+    num_gpus: int = Field(default=1, gt=0, le=MAX_GPUS, description="tensor-parallel size")
+    max_model_len: int | None = Field(default=None, gt=0, le=MAX_MODEL_LEN)
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    context_per_agent: int | None = Field(default=None, gt=0, description="default: max_model_len")
-    offload_gib: float = Field(default=0.0, ge=0)
+    context_per_agent: int | None = Field(default=None, gt=0, le=MAX_MODEL_LEN, description="default: max_model_len")
+    offload_gib: float = Field(default=0.0, ge=0, le=MAX_OFFLOAD_GIB)
     weight_dtype: str | None = Field(default=None, description="default: the checkpoint's dtype")
-    activation_gib: float = Field(default=2.0, ge=0, description="activation peak + runtime overhead per GPU")
-    pool_tokens: int | None = Field(default=None, gt=0, description="the pool a real server logged, if known")
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    activation_gib: float = Field(
+        default=2.0, ge=0, le=MAX_GIB, description="activation peak + runtime overhead per GPU"
+    )
+    pool_tokens: int | None = Field(
+        default=None, gt=0, le=MAX_POOL_TOKENS, description="the pool a real server logged, if known"
+    )
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_BATCHED_TOKENS)
     agent: AgentShape = Field(default_factory=AgentShape)
 
     @field_validator("weight_dtype")
@@ -290,12 +310,21 @@ def find_model(name_or_path: str) -> ModelFigures:
 def _profile_file(spec: PlanSpec, model: ModelSpec, max_model_len: int, max_num_seqs: int) -> ProfileFile:
     gpu = catalog.get_gpu(spec.gpu)
     batched = spec.max_num_batched_tokens or (8192 if gpu.memory_gb >= BIG_GPU_GB else 2048)
+    try:
+        return _build_profile_file(spec, model, gpu.name, max_model_len, max_num_seqs, batched)
+    except ValidationError as exc:  # a figure a config.json states past a profile's bounds (max_model_len)
+        raise ConfigError(f"{model.name} on {gpu.name}: {catalog.validation_message(exc)}") from exc
+
+
+def _build_profile_file(
+    spec: PlanSpec, model: ModelSpec, gpu: str, max_model_len: int, max_num_seqs: int, batched: int
+) -> ProfileFile:
     return ProfileFile(
-        name=f"plan-{model.name}-{spec.num_gpus}x{gpu.name}",
+        name=f"plan-{model.name}-{spec.num_gpus}x{gpu}",
         description="built by agentload plan",
         model=model.model_dump(mode="json"),
         served_model_name=model.hf_id or model.name,
-        gpu=gpu.name,
+        gpu=gpu,
         num_gpus=spec.num_gpus,
         weight_dtype=spec.weight_dtype or model.checkpoint_dtype,
         kv_cache_dtype=spec.kv_cache_dtype,

@@ -24,6 +24,7 @@ from agentload.capacity.kv import DEFAULT_BLOCK_SIZE, KVDtype, KVLayout, kv_layo
 from agentload.capacity.models import WEIGHT_BYTES, ModelSpec
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.errors import ConfigError, UnknownNameError
+from agentload.inputs import read_text
 
 __all__ = [
     "WEIGHT_BYTES",
@@ -40,20 +41,45 @@ __all__ = [
 ]
 
 
-class KVPoolSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# Upper bounds on a profile's numbers (issue 15), each far past real deployments and low enough that the simulator
+# can allocate what they ask for: a pool of 1e17 blocks asked numpy for 355 PiB. The simulator keeps ~40 bytes
+# per pool block; the largest pool in the source articles is 11M tokens (≈ 700k blocks of 16).
+MAX_POOL_BLOCKS = 4_000_000
+MAX_POOL_TOKENS = 2**31 - 1
+MAX_MODEL_LEN = 2**24  # 16.7M tokens (the longest context windows published are 10M)
+MAX_BLOCK_SIZE = 1024
+MAX_GPUS = 1024
+MAX_BATCHED_TOKENS = 2**24
+MAX_NUM_SEQS = 1_000_000
+MAX_OFFLOAD_GIB = 2.0**20  # 1 PiB of host memory
+MAX_GIB = 2.0**20
+MAX_GBPS = 1e6
+MAX_STEP_S = 60.0  # a fixed per-step or per-request cost of a minute
 
-    tokens: int | None = Field(default=None, gt=0, description="pool as vLLM logs it ('KV cache size: N tokens')")
-    num_blocks: int | None = Field(default=None, gt=0, description="pool in blocks (as cache_config_info states)")
+
+class KVPoolSpec(BaseModel):
+    # NaN passes no bound and inf passes a lower one: a profile's numbers must be finite.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    tokens: int | None = Field(
+        default=None, gt=0, le=MAX_POOL_TOKENS, description="pool as vLLM logs it ('KV cache size: N tokens')"
+    )
+    num_blocks: int | None = Field(
+        default=None, gt=0, le=MAX_POOL_BLOCKS, description="pool in blocks (as cache_config_info states)"
+    )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    activation_gib: float = Field(default=2.0, ge=0, description="activation peak + runtime overhead per GPU")
+    activation_gib: float = Field(
+        default=2.0, ge=0, le=MAX_GIB, description="activation peak + runtime overhead per GPU"
+    )
 
 
 class OffloadSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    gib: float = Field(default=0.0, ge=0, description="CPU tier size (vLLM --kv-offloading-size)")
-    load_gbps: float | None = Field(default=None, gt=0, description="host->device load bandwidth; GPU's if unset")
+    gib: float = Field(default=0.0, ge=0, le=MAX_OFFLOAD_GIB, description="CPU tier size (vLLM --kv-offloading-size)")
+    load_gbps: float | None = Field(
+        default=None, gt=0, le=MAX_GBPS, description="host->device load bandwidth; GPU's if unset"
+    )
 
 
 class StepSpec(BaseModel):
@@ -61,12 +87,13 @@ class StepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mfu: float = Field(default=0.45, gt=0, le=1)
-    bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1)
-    step_s: float = Field(default=1e-4, ge=0)
-    request_s: float = Field(default=4e-6, ge=0)
-    layer_s: float = Field(default=0.0, ge=0)
-    api_overhead_s: float = Field(default=0.015, ge=0)
+    # Finite per field rather than for the model: ``pinned`` is validated on its own (issue 15).
+    mfu: float = Field(default=0.45, gt=0, le=1, allow_inf_nan=False)
+    bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    step_s: float = Field(default=1e-4, ge=0, le=MAX_STEP_S, allow_inf_nan=False)
+    request_s: float = Field(default=4e-6, ge=0, le=MAX_STEP_S, allow_inf_nan=False)
+    layer_s: float = Field(default=0.0, ge=0, le=MAX_STEP_S, allow_inf_nan=False)
+    api_overhead_s: float = Field(default=0.015, ge=0, le=MAX_STEP_S, allow_inf_nan=False)
     pinned: dict[str, float] = Field(default_factory=dict, description="coefficients fitted by calibration")
 
 
@@ -80,13 +107,13 @@ class ProfileFile(BaseModel):
     model: str | dict[str, Any]
     served_model_name: str | None = None
     gpu: str | dict[str, Any]
-    num_gpus: int = Field(default=1, gt=0)
+    num_gpus: int = Field(default=1, gt=0, le=MAX_GPUS)
     weight_dtype: str = "bf16"
     kv_cache_dtype: str = "auto"
-    block_size: int = Field(default=DEFAULT_BLOCK_SIZE, gt=0)
-    max_model_len: int = Field(gt=0)
-    max_num_batched_tokens: int = Field(default=8192, gt=0)
-    max_num_seqs: int = Field(default=1024, gt=0)
+    block_size: int = Field(default=DEFAULT_BLOCK_SIZE, gt=0, le=MAX_BLOCK_SIZE)
+    max_model_len: int = Field(gt=0, le=MAX_MODEL_LEN)
+    max_num_batched_tokens: int = Field(default=8192, gt=0, le=MAX_BATCHED_TOKENS)
+    max_num_seqs: int = Field(default=1024, gt=0, le=MAX_NUM_SEQS)
     enable_prefix_caching: bool = True
     kv_pool: KVPoolSpec = Field(default_factory=KVPoolSpec)
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
@@ -203,6 +230,11 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
             )
         num_blocks = layout.num_blocks_for_bytes(free)
         pool_source = "estimated from GPU memory (often 20-30% off; calibrate from the server)"
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise ConfigError(
+            f"{source}: a KV pool of {num_blocks:,} blocks ({pool_source}) is more than the {MAX_POOL_BLOCKS:,} "
+            "the simulator holds; state a smaller pool or a larger block_size"
+        )
     blocks_for_one = layout.blocks_per_request(spec.max_model_len)
     if num_blocks < blocks_for_one:
         raise ConfigError(
@@ -281,10 +313,7 @@ def load_profile(name_or_path: str) -> ServingProfile:
     """A built-in profile by name, or a TOML file by path."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         path = Path(name_or_path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read profile {name_or_path}: {exc.strerror or exc}") from exc
+        text = read_text(path, "profile")
         return parse_profile(text, str(path))
     known = builtin_profiles()
     if name_or_path not in known:

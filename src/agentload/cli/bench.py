@@ -19,6 +19,7 @@ from agentload.cli.common import (
     ApiKeyEnvOption,
     JsonOption,
     OutOption,
+    check_seed,
     console,
     default_book,
     err_console,
@@ -46,16 +47,24 @@ from agentload.vtime import run_virtual
 from agentload.workload.registry import get_workload
 
 DEFAULT_SIM = "qwen3-235b-gb300"
-_DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|m|h)?\s*$")
+# One decimal number ("90", "1.5", ".5"), so "1.2.3s" is refused here rather than by float() with a traceback.
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h)?\s*$")
+# Upper bounds on the flags (issue 15): far past any real run, low enough that a typo cannot start a billion
+# agents or a window that never ends.
+MAX_DURATION_S = 30 * 86_400.0
+MAX_AGENTS = 100_000
+MAX_CONTEXT = 2**24
 
 
-def parse_counts(text: str, flag: str) -> list[int]:
+def parse_counts(text: str, flag: str, maximum: int) -> list[int]:
     try:
         counts = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError as exc:
         raise ConfigError(f"{flag} {text!r}: expected whole numbers separated by commas, e.g. 1,16,64") from exc
     if not counts or counts[0] < 1:
         raise ConfigError(f"{flag} {text!r}: every count must be at least 1")
+    if counts[-1] > maximum:
+        raise ConfigError(f"{flag} {text!r}: at most {maximum:,}")
     return counts
 
 
@@ -66,6 +75,8 @@ def parse_duration(text: str, flag: str) -> float:
     value = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
     if value <= 0:
         raise ConfigError(f"{flag} {text!r}: must be positive")
+    if value > MAX_DURATION_S:
+        raise ConfigError(f"{flag} {text!r}: at most 30 days ({MAX_DURATION_S:,.0f} s)")
     return value
 
 
@@ -158,13 +169,17 @@ def bench(
         raise ConfigError(f"choose one of --sweep, --find-knee, --soak (got {', '.join(modes)})")
     if not url and not sim and not modes:
         sim, find_knee, modes = DEFAULT_SIM, True, ["find-knee"]
-    contexts = parse_counts(context, "--context")
+    contexts = parse_counts(context, "--context", MAX_CONTEXT)
+    check_seed(seed)
+    for flag, n in (("--agents", agents), ("--max-agents", max_agents)):
+        if n is not None and n > MAX_AGENTS:
+            raise ConfigError(f"{flag} {n:,}: at most {MAX_AGENTS:,}")
     warmup_s, window_s = parse_duration(warmup, "--warmup"), parse_duration(window, "--window")
     wait_ready_s = parse_duration(wait_ready, "--wait-ready")
     mode: Mode
     counts: list[int] = []
     if sweep:
-        counts = parse_counts(sweep, "--sweep")
+        counts = parse_counts(sweep, "--sweep", MAX_AGENTS)
         mode = "grid" if len(contexts) > 1 else "sweep"
     elif find_knee:
         mode = "find-knee"

@@ -64,6 +64,17 @@ def resolve_key_env(name: str | None) -> str:
     return name
 
 
+# numpy takes any non-negative seed; the bound keeps it inside a 64-bit integer (the run history's column).
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int) -> int:
+    """``seed`` if it is a whole number from 0 to MAX_SEED (``--seed -1`` was a numpy traceback), else ConfigError."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed {seed}: use a whole number from 0 to {MAX_SEED}")
+    return seed
+
+
 def read_api_key(name: str | None) -> str | None:
     """The API key itself (see ``resolve_key_env``), or None when there is none to send; registered as a secret
     so nothing this process writes or prints can show it (``endpoint.redact``)."""

@@ -13,7 +13,7 @@ import typer
 from aiohttp import web
 
 from agentload.capacity.profile import ServingProfile, load_profile
-from agentload.cli.common import console, default_book, err_console, reports_errors
+from agentload.cli.common import check_seed, console, default_book, err_console, reports_errors
 from agentload.errors import ConfigError
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, OracleBehaviour
@@ -59,9 +59,9 @@ async def serve(server: SimServer, host: str, port: int, ready_line: bool = True
     site = web.TCPSite(runner, host, port, backlog=2048)
     try:
         await site.start()
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a host name IDNA cannot encode ("not..a..host")
         await runner.cleanup()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from exc
     bound = runner.addresses[0][1] if runner.addresses else port  # the real port when --port 0
     if ready_line:
         console.print(f"Serving {server.model_name} on http://{host}:{bound} (Ctrl-C to stop)")
@@ -118,6 +118,7 @@ def sim(
     ] = False,
 ) -> None:
     """Serve a simulated vLLM-style, OpenAI-compatible server: continuous batching, paged KV, prefix cache."""
+    check_seed(seed)
     prof = load_profile(profile)
     if max_model_len is not None:
         prof = with_max_model_len(prof, max_model_len)

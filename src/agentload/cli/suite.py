@@ -53,6 +53,10 @@ from agentload.vtime import LoopClock
 
 EMBEDDED_PROFILE = "qwen3-235b-gb300"  # the source benchmark's deployment, and short simulated steps
 
+# Upper bounds on the flags (issue 15), far past a real suite run: a typo must not start a billion agents.
+MAX_AGENTS = 100_000
+MAX_TOKENS = 2_000_000
+
 
 def parse_counts(agents: int | None, sweep: str | None) -> list[int]:
     """The agent counts to run from --agents or --sweep (not both); default one agent."""
@@ -66,9 +70,13 @@ def parse_counts(agents: int | None, sweep: str | None) -> list[int]:
             raise ConfigError(f"--sweep {sweep!r}: use comma-separated whole numbers, e.g. 1,4,16,64") from exc
         if not counts:
             raise ConfigError("--sweep is empty: use comma-separated whole numbers, e.g. 1,4,16,64")
+        if max(counts) > MAX_AGENTS:
+            raise ConfigError(f"--sweep {sweep!r}: at most {MAX_AGENTS:,} agents")
         return check_agent_counts(counts)
     if agents is not None and agents <= 0:
         raise ConfigError(f"--agents must be at least 1, got {agents}")
+    if agents is not None and agents > MAX_AGENTS:
+        raise ConfigError(f"--agents {agents:,}: at most {MAX_AGENTS:,}")
     return [agents or 1]
 
 
@@ -288,6 +296,10 @@ def suite(
             raise ConfigError("--profile sets up the embedded simulator; it does not apply with --url")
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if max_tokens is not None and max_tokens > MAX_TOKENS:
+        raise ConfigError(f"--max-tokens {max_tokens:,}: at most {MAX_TOKENS:,}")
+    if payload_tokens > MAX_TOKENS:
+        raise ConfigError(f"--payload-tokens {payload_tokens:,}: at most {MAX_TOKENS:,}")
     key_env = resolve_key_env(api_key_env)
     root = run_root(out)
     if root.exists() and not root.is_dir():

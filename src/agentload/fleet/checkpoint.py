@@ -248,6 +248,8 @@ def read_manifest(run_dir: Path) -> RunManifest:
         raise CheckpointError(f"{run_dir} is not a run directory (no {MANIFEST})") from exc
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path} is not a run manifest: not UTF-8 text (byte {exc.start})") from exc
     try:
         return RunManifest.model_validate_json(text)
     except ValidationError as exc:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import random
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agentload.agent.loop import AgentSpec
 from agentload.errors import ConfigError
 from agentload.fleet.toolbox import BUILTIN_TOOLS
+from agentload.inputs import parse_toml, read_text
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 T = TypeVar("T")
@@ -49,12 +49,21 @@ T = TypeVar("T")
 # Built-in values for what neither a task nor [defaults] sets.
 DEFAULT_MAX_ROUNDS = 20
 DEFAULT_TOOL_RESULT_TOKENS = 200
+# Upper bounds (issue 15): far past any real fleet, low enough that a typo cannot ask for gigabytes of filler or
+# millions of agents. A fleet of 2e9 context_tokens grew to 3 GB before it could even notice --stop-after.
+MAX_CONTEXT_TOKENS = 2_000_000  # filler words per agent (≈ 2.6M tokens, past the largest context windows)
+MAX_OUTPUT_TOKENS = 1_000_000
+MAX_TOOL_RESULT_TOKENS = 1_000_000
+MAX_SECONDS = 86_400.0  # a think time or tool latency of a day
+MAX_TASKS = 10_000
+MAX_AGENTS = 100_000  # agents in the whole fleet, every task's count summed
 
 
 class TaskSettings(BaseModel):
     """Settings a task may take from ``[defaults]``; None means "not set here"."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN passes no bound and inf passes a lower one: a number in a fleet file must be finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: str | None = None
     system: str | None = None
@@ -63,23 +72,26 @@ class TaskSettings(BaseModel):
         default=None, description='"auto", "required", "none", or a tool name to force that tool'
     )
     max_rounds: int | None = Field(default=None, ge=1, le=10_000)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(default=None, ge=0)
-    think_time_s: float | None = Field(default=None, ge=0)
-    tool_latency_s: float | None = Field(default=None, ge=0)
+    think_time_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    tool_latency_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     context_tokens: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_CONTEXT_TOKENS,
         description="words of filler, unique per agent, added to the prompt: a stand-in for the files and "
         "documents a real agent has read, so its context (and KV footprint) has a realistic size",
     )
-    tool_result_tokens: int | None = Field(default=None, ge=1, description="words each search result returns")
+    tool_result_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_TOOL_RESULT_TOKENS, description="words each search result returns"
+    )
 
 
 class TaskConfig(TaskSettings):
     id: str
     prompt: str = Field(min_length=1)
-    count: int = Field(default=1, ge=1, le=100_000)
+    count: int = Field(default=1, ge=1, le=MAX_AGENTS)
     depends_on: list[str] = Field(default_factory=list)
 
     @field_validator("id")
@@ -97,7 +109,7 @@ class FleetConfig(BaseModel):
 
     name: str = "fleet"
     defaults: TaskSettings = Field(default_factory=TaskSettings)
-    tasks: list[TaskConfig] = Field(min_length=1)
+    tasks: list[TaskConfig] = Field(min_length=1, max_length=MAX_TASKS)
 
     @field_validator("name")
     @classmethod
@@ -183,10 +195,7 @@ def filler(seed: str, words: int) -> str:
 
 
 def parse_fleet(text: str, source: str = "fleet file") -> FleetConfig:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    data = parse_toml(text, source)
     try:
         fleet = FleetConfig.model_validate(data)
     except ValidationError as exc:
@@ -198,10 +207,7 @@ def parse_fleet(text: str, source: str = "fleet file") -> FleetConfig:
 
 
 def load_fleet(path: Path) -> FleetConfig:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read fleet file {path}: {exc.strerror or exc}") from exc
+    text = read_text(path, "fleet file")
     data_name = path.stem if _ID.match(path.stem) else "fleet"
     fleet = parse_fleet(text, str(path))
     if "name" not in fleet.model_fields_set:
@@ -232,6 +238,9 @@ def check_fleet(fleet: FleetConfig, source: str = "fleet file") -> None:
         if task.id in seen:
             raise ConfigError(f"{source}: task id {task.id!r} is used twice")
         seen.add(task.id)
+    agents = sum(t.count for t in fleet.tasks)
+    if agents > MAX_AGENTS:
+        raise ConfigError(f"{source}: {agents:,} agents in all; a fleet holds at most {MAX_AGENTS:,}")
     known = ", ".join(sorted(BUILTIN_TOOLS))
     for where, settings in [("[defaults]", fleet.defaults), *((f"task {t.id!r}", t) for t in fleet.tasks)]:
         for name in settings.tools or []:
@@ -278,17 +287,27 @@ def _find_cycle(graph: Mapping[str, Sequence[str]]) -> list[str] | None:
 
 
 def _waves(fleet: FleetConfig) -> dict[str, int]:
+    """Each task's wave: 0 without dependencies, else one past its deepest dependency's.
+
+    Iterative (a post-order walk with an explicit stack): a dependency chain is as long as the file makes it, and
+    recursion died on a chain of 350 tasks. The graph is acyclic (``check_fleet``).
+    """
     depth: dict[str, int] = {}
     by_id = {t.id: t for t in fleet.tasks}
-
-    def wave(tid: str) -> int:
-        if tid not in depth:
-            deps = by_id[tid].depends_on
-            depth[tid] = 1 + max(wave(d) for d in deps) if deps else 0
-        return depth[tid]
-
     for t in fleet.tasks:
-        wave(t.id)  # acyclic (checked), and fleets are far shallower than the recursion limit
+        stack = [t.id]
+        while stack:
+            tid = stack[-1]
+            if tid in depth:
+                stack.pop()
+                continue
+            pending = [d for d in by_id[tid].depends_on if d not in depth]
+            if pending:
+                stack.extend(pending)
+                continue
+            deps = by_id[tid].depends_on
+            depth[tid] = 1 + max(depth[d] for d in deps) if deps else 0
+            stack.pop()
     return depth
 
 

@@ -143,6 +143,8 @@ class RunDir:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path} is not JSON (line {exc.lineno}: {exc.msg}); the file is damaged") from exc
+        except RecursionError as exc:
+            raise CheckpointError(f"{path} is nested too deeply to be a result; the file is damaged") from exc
         version = raw.get("schema_version") if isinstance(raw, dict) else None
         if isinstance(version, int) and version > RESULT_SCHEMA:
             raise CheckpointError(

@@ -26,15 +26,21 @@ held turns (same sizes, less reuse).
 Sizes are simulator tokens (one per word; ~1–1.3 tokens per word on real servers, corrected by the tokens per
 word measured on a session's first turn). Texts are salted with the run and the level, so a level never finds a
 previous level's prompts cached. A malformed file raises ``ConfigError`` naming the file and line.
+
+**Limits** (issue 15): a trace is read line by line and refused past ``MAX_TRACE_ROWS`` rows (or sessions) or a
+line of ``MAX_LINE_BYTES``; every number must be finite and within the bounds below; and at most
+``MAX_IN_FLIGHT`` Mooncake rows are in flight at once — a row due while that many wait on the server fires when
+one of them ends. Without these a 317k-row trace stamped all at 0 built every prompt at once (4.3 GB), a
+timestamp of ``Infinity`` spun the replay loop forever and an ``input_length`` of 1e10 asked for a 74.5 GiB
+prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -45,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
+from agentload.inputs import parse_json
 from agentload.workload.agentic import (
     FAILURE_PAUSE_S,
     OPENING_OVERHEAD_TOKENS,
@@ -62,6 +69,16 @@ from agentload.workload.base import AgentDriver, LoadContext
 BLOCK_TOKENS = 512  # a Mooncake hash id names this many tokens
 # Open-loop drivers wait for a row's time in slices this long, so the end of a level is noticed within one.
 WAIT_SLICE_S = 1.0
+MAX_TRACE_ROWS = 100_000  # rows of a Mooncake trace, or sessions of a session trace
+MAX_LINE_BYTES = 16 * 2**20
+MAX_TRACE_TOKENS = 2_000_000  # one request's input or output (the longest context windows are ~1-10M)
+MAX_TURNS = 10_000  # turns of one recorded session
+MAX_TIMESTAMP_MS = 1e13  # a Unix time in ms until the year 2286; relative traces start at 0
+MAX_DELAY_MS = 86_400_000.0  # a day
+MAX_WAIT_S = 30 * 86_400.0  # a recorded start, think or tool time: 30 days
+# Past this many requests in flight every server is saturated many times over (vLLM admits 256 by default), and
+# each waiting row holds its prompt in memory, so a row due beyond it waits for a slot instead.
+MAX_IN_FLIGHT = 4096
 
 
 # -- file formats ------------------------------------------------------------------------------------------------
@@ -70,16 +87,19 @@ WAIT_SLICE_S = 1.0
 class MooncakeRow(BaseModel):
     """One request of a Mooncake trace (``line`` is where it was read, for messages)."""
 
-    # Strict: a length written as "12" or 12.5 is a malformed trace, not something to coerce.
-    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+    # Strict: a length written as "12" or 12.5 is a malformed trace, not something to coerce. Finite: NaN passes no
+    # bound and inf passes a lower one.
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True, allow_inf_nan=False)
 
     line: int = 0
-    timestamp: float | None = Field(default=None, ge=0, description="arrival, ms")
-    input_length: int = Field(ge=1, strict=True)
-    output_length: int = Field(ge=1, strict=True)
+    timestamp: float | None = Field(default=None, ge=0, le=MAX_TIMESTAMP_MS, description="arrival, ms")
+    input_length: int = Field(ge=1, le=MAX_TRACE_TOKENS, strict=True)
+    output_length: int = Field(ge=1, le=MAX_TRACE_TOKENS, strict=True)
     hash_ids: list[int | str] = Field(default_factory=list)
     session_id: str | None = None
-    delay: float | None = Field(default=None, ge=0, description="ms after the session's previous reply")
+    delay: float | None = Field(
+        default=None, ge=0, le=MAX_DELAY_MS, description="ms after the session's previous reply"
+    )
 
     @field_validator("session_id", mode="before")
     @classmethod
@@ -89,13 +109,13 @@ class MooncakeRow(BaseModel):
 
 
 class TraceTurn(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
-    prompt_tokens: int = Field(ge=1, strict=True)
-    completion_tokens: int = Field(ge=1, strict=True)
+    prompt_tokens: int = Field(ge=1, le=MAX_TRACE_TOKENS, strict=True)
+    completion_tokens: int = Field(ge=1, le=MAX_TRACE_TOKENS, strict=True)
     cached_tokens: int | None = Field(default=None, ge=0, strict=True)  # what the recording server reused
-    think_s: float = Field(default=0.0, ge=0)  # waited before this turn (after the previous reply)
-    tool_s: float = Field(default=0.0, ge=0)
+    think_s: float = Field(default=0.0, ge=0, le=MAX_WAIT_S)  # waited before this turn (after the previous reply)
+    tool_s: float = Field(default=0.0, ge=0, le=MAX_WAIT_S)
 
     @model_validator(mode="after")
     def _cached_within_prompt(self) -> TraceTurn:
@@ -107,13 +127,13 @@ class TraceTurn(BaseModel):
 class SessionTrace(BaseModel):
     """One recorded session: a conversation's turns, with the time spent between them."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     session_id: str
     agent: str | None = None  # the recorded agent; its sessions are replayed in order by one replay agent
-    start_s: float = Field(default=0.0, ge=0)  # after the recording's first request
+    start_s: float = Field(default=0.0, ge=0, le=MAX_WAIT_S)  # after the recording's first request
     shared_prefix_tokens: int = Field(default=0, ge=0, strict=True)  # leading tokens every session shares
-    turns: list[TraceTurn] = Field(min_length=1)
+    turns: list[TraceTurn] = Field(min_length=1, max_length=MAX_TURNS)
 
     @model_validator(mode="after")
     def _prefix_within_first_prompt(self) -> SessionTrace:
@@ -149,21 +169,16 @@ def _first_problem(exc: ValidationError) -> str:
 def load_trace(path: str | Path) -> MooncakeTrace | SessionTraceFile:
     """Read a Mooncake or session trace (told apart by their fields); ``ConfigError`` names the file and line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc}") from exc
     kind: Literal["mooncake", "session"] | None = None
     rows: list[MooncakeRow] = []
     sessions: list[SessionTrace] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in _lines(path):
         if not raw.strip():
             continue
         where = _where(path, number)
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from exc
+        if len(rows) + len(sessions) >= MAX_TRACE_ROWS:
+            raise ConfigError(f"{where}: a trace holds at most {MAX_TRACE_ROWS:,} rows or sessions; split it")
+        obj = parse_json(raw, where)
         if not isinstance(obj, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         this: Literal["mooncake", "session"] = "session" if "turns" in obj else "mooncake"
@@ -191,6 +206,25 @@ def load_trace(path: str | Path) -> MooncakeTrace | SessionTraceFile:
         return SessionTraceFile(path, sessions)
     _check_session_order(path, rows)
     return MooncakeTrace(path, rows)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(number, text) of each line, read one at a time (a trace can be large) and each at most MAX_LINE_BYTES."""
+    try:
+        with path.open("rb") as f:
+            number = 0
+            while raw := f.readline(MAX_LINE_BYTES + 1):
+                number += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    raise ConfigError(
+                        f"{_where(path, number)}: a line longer than {MAX_LINE_BYTES // 2**20} MiB is not a trace row"
+                    )
+                try:
+                    yield number, raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ConfigError(f"{_where(path, number)}: not UTF-8 text (byte {exc.start})") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
 
 
 def _check_session_order(path: Path, rows: Sequence[MooncakeRow]) -> None:
@@ -265,10 +299,12 @@ def mooncake_prompt(row: MooncakeRow, salt: tuple[int, ...]) -> str:
 
 
 class _Origin:
-    """The wall (or virtual) time the trace's zero maps to, shared by every driver of a level."""
+    """The wall (or virtual) time the trace's zero maps to, and the slots for rows in flight (``MAX_IN_FLIGHT``),
+    shared by every driver of a level."""
 
     def __init__(self) -> None:
         self.t: float | None = None
+        self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     def at(self, now: float) -> float:
         if self.t is None:
@@ -304,9 +340,11 @@ class MooncakeDriver:
             for job in self.jobs:
                 if not await _wait_until(ctx, origin + job.start_s / self.speed):
                     break
+                await self.origin.slots.acquire()
                 task = asyncio.create_task(self._job(ctx, job, origin, salt))
                 running.add(task)
                 task.add_done_callback(running.discard)
+                task.add_done_callback(lambda _: self.origin.slots.release())
             if running:
                 await asyncio.gather(*running)
         finally:
