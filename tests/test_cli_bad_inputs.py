@@ -183,3 +183,26 @@ def test_a_trace_past_the_row_limit_is_refused_at_the_first_row_too_many(
     result = CliRunner().invoke(app, _trace(tmp_path, ROW * 6))
     assert result.exit_code == 2, result.output
     assert "t.jsonl:6: a trace holds at most 5 rows" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sim", "--port", "70000"],  # typer's own range check (the campaign's "port > 65535")
+        ["bench", "--sim", "laptop", "--agents", "x"],
+        ["no-such-command"],
+        ["sim", "--no-such-flag"],
+    ],
+)
+def test_the_installed_command_reports_a_bad_flag_as_one_error_line(args: list[str]) -> None:
+    """The console script (``cli.main:main``) prints typer's usage errors as one ``error:`` line, not a boxed panel."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "agentload", *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("error: "), run.stderr
+    assert "╭" not in run.stderr
+    assert "Traceback" not in run.stderr

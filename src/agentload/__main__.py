@@ -1,5 +1,5 @@
 """``python -m agentload`` runs the CLI."""
 
-from agentload.cli.main import app
+from agentload.cli.main import main
 
-app()
+main()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
+
+# typer vendors click; its usage errors are not re-exported, and they are what a bad flag raises.
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from agentload import __version__
 from agentload.cli import bench as bench_cmd
@@ -15,6 +20,7 @@ from agentload.cli import run as run_cmd
 from agentload.cli import runs as runs_cmd
 from agentload.cli import sim as sim_cmd
 from agentload.cli import suite as suite_cmd
+from agentload.cli.common import EXIT_USAGE, err_console
 
 app = typer.Typer(
     name="agentload",
@@ -48,3 +54,28 @@ app.command("suite")(suite_cmd.suite)
 app.command("run")(run_cmd.run)
 app.command("runs")(runs_cmd.runs)
 app.command("report")(report_cmd.report)
+
+
+def main() -> None:
+    """The console script: typer's app, with a bad flag reported like every other bad input (issue 15).
+
+    typer shows a usage error (a port over 65535, ``nan`` for a float) in a boxed panel; agentload's rule is one
+    ``error:`` line and exit 2, the same as a malformed config or trace.
+    """
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except UsageError as exc:
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        err_console.print(
+            f"[bold red]error:[/] {exc.format_message()}{hint}", markup=True, soft_wrap=True, highlight=False
+        )
+        sys.exit(EXIT_USAGE)
+    except typer.TyperException as exc:
+        err_console.print(f"[bold red]error:[/] {exc.format_message()}", markup=True, soft_wrap=True, highlight=False)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
