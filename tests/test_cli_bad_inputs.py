@@ -192,6 +192,8 @@ def test_a_trace_past_the_row_limit_is_refused_at_the_first_row_too_many(
         ["bench", "--sim", "laptop", "--agents", "x"],
         ["no-such-command"],
         ["sim", "--no-such-flag"],
+        ["bench", "--sim", "laptop", "--sweep", "[/x]"],  # the user's text is not rich markup (was a MarkupError)
+        ["sim", "--port", "[/x]"],
     ],
 )
 def test_the_installed_command_reports_a_bad_flag_as_one_error_line(args: list[str]) -> None:

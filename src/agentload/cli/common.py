@@ -11,6 +11,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from agentload.endpoint.redact import SECRETS, redact
 from agentload.errors import AgentloadError, ConfigError
@@ -99,7 +100,8 @@ def clean_errors() -> Iterator[None]:
         yield
     except AgentloadError as exc:
         # Redacted: an error may quote what a server said, and a server may echo the key (issue 15).
-        err_console.print(f"[bold red]error:[/] {redact(str(exc))}", markup=True, soft_wrap=True)
+        # Escaped: the message may quote the user's input, and "[/x]" in it is text, not a markup tag.
+        err_console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}", markup=True, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from exc
 
 

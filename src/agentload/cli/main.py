@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
 # typer vendors click; its usage errors are not re-exported, and they are what a bad flag raises.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -70,11 +71,15 @@ def main() -> None:
     except UsageError as exc:
         hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         err_console.print(
-            f"[bold red]error:[/] {exc.format_message()}{hint}", markup=True, soft_wrap=True, highlight=False
+            f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}",
+            markup=True,
+            soft_wrap=True,
+            highlight=False,
         )
         sys.exit(EXIT_USAGE)
     except typer.TyperException as exc:
-        err_console.print(f"[bold red]error:[/] {exc.format_message()}", markup=True, soft_wrap=True, highlight=False)
+        message = escape(exc.format_message())
+        err_console.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True, highlight=False)
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
