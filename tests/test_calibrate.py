@@ -14,8 +14,6 @@ import asyncio
 import io
 import itertools
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,7 +42,7 @@ from agentload.cli.calibrate import summary
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServedModel, ServerPool, ServerProbe, StopRule, StreamTiming
 from agentload.errors import ConfigError
-from tests.simserver import running_sim
+from tests.simserver import running_sim, sim_process
 
 AGENTLOAD = [sys.executable, "-m", "agentload"]
 
@@ -348,25 +346,9 @@ def test_cli_calibrates_a_running_simulator_and_writes_a_profile_sim_can_serve(t
     source = tmp_path / "quick.toml"
     source.write_text(QUICK_PROFILE)
     out = tmp_path / "calibrated.toml"
-    sim = subprocess.Popen(
-        [*AGENTLOAD, "sim", "--port", "0", "--profile", str(source)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    try:
-        assert sim.stdout is not None
-        line = sim.stdout.readline()
-        while line and not line.startswith("Serving "):
-            line = sim.stdout.readline()
-        assert line.startswith("Serving "), "the simulator did not start"
-        address = line.split("http://", 1)[1].split()[0]
-        args = ["calibrate", "--url", f"http://{address}/v1", "--repeats", "1", "--max-batch", "4", "--json"]
+    with sim_process(str(source)) as (_, url):
+        args = ["calibrate", "--url", f"{url}/v1", "--repeats", "1", "--max-batch", "4", "--json"]
         run = subprocess.run([*AGENTLOAD, *args, "-o", str(out)], capture_output=True, text=True, timeout=120)
-    finally:
-        sim.send_signal(signal.SIGINT)
-        sim.communicate(timeout=10)
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     assert data["pool"]["num_blocks"] == 777

@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,6 +36,7 @@ from agentload.endpoint.transport import AiohttpTransport, MockRequest, MockResp
 from agentload.errors import EndpointTimeoutError, ServerLostError
 from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.registry import get_workload
+from tests.simserver import sim_process
 
 AGENTLOAD = [sys.executable, "-m", "agentload"]
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # the laptop profile's model
@@ -167,27 +168,8 @@ async def test_a_server_that_never_comes_up_is_a_timeout_naming_its_state() -> N
 
 
 # -- end to end: the commands against a simulator process that dies or freezes ----------------------------------
-@contextmanager
-def simulator(*extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    sim = subprocess.Popen(
-        [*AGENTLOAD, "sim", "--port", "0", "--profile", "laptop", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    try:
-        assert sim.stdout is not None
-        line = sim.stdout.readline()
-        while line and not line.startswith("Serving "):
-            line = sim.stdout.readline()
-        assert line.startswith("Serving "), "the simulator did not start"
-        yield sim, "http://" + line.split("http://", 1)[1].split()[0]
-    finally:
-        with suppress(ProcessLookupError):  # a killed simulator is gone already
-            os.kill(sim.pid, signal.SIGCONT)
-        sim.kill()
-        sim.communicate(timeout=30)  # also closes its stdout pipe
+def simulator(*extra: str) -> AbstractContextManager[tuple[subprocess.Popen[str], str]]:
+    return sim_process("laptop", *extra)
 
 
 def _fault(sim: subprocess.Popen[str], how: str) -> None:
