@@ -142,8 +142,14 @@ class AgentPlan:
     context_tokens: int
     tool_result_tokens: int
 
-    def spec(self, model: str, dependency_results: Mapping[str, str] | None = None) -> AgentSpec:
-        """The agent's task as the loop runs it; the same plan and results always give the same messages."""
+    def spec(
+        self, model: str, dependency_results: Mapping[str, str] | None = None, handed_files: Sequence[str] = ()
+    ) -> AgentSpec:
+        """The agent's task as the loop runs it; the same plan, results and files always give the same messages.
+
+        ``handed_files``: the dependencies' files copied into this agent's workspace (fleet/handoff.py), named in
+        the prompt so the agent can read them.
+        """
         messages: list[dict[str, Any]] = []
         if self.system:
             messages.append({"role": "system", "content": self.system})
@@ -153,6 +159,10 @@ class AgentPlan:
         if dependency_results:
             parts = [f"[{dep}]\n{out}" for dep, out in dependency_results.items()]
             text += "\n\nResults of the tasks this one depends on:\n" + "\n\n".join(parts)
+        if handed_files:
+            text += "\n\nFiles from those tasks, in your workspace (read them with read_file): " + ", ".join(
+                handed_files
+            )
         messages.append({"role": "user", "content": text})
         choice: str | dict[str, Any] | None = self.tool_choice
         if choice is not None and choice not in ("auto", "required", "none"):
