@@ -154,15 +154,14 @@ class AgentPlan:
         if self.system:
             messages.append({"role": "system", "content": self.system})
         text = self.prompt.replace("{replica}", str(self.replica)).replace("{agent}", self.agent_id)
+        if handed_files:
+            # Part of the instruction (its first paragraph), not pasted material: the files are there to be read.
+            text += "\nFiles from the tasks this one depends on, in your workspace: " + ", ".join(handed_files)
         if self.context_tokens:
             text += "\n\nContext:\n" + filler(self.agent_id, self.context_tokens)
         if dependency_results:
             parts = [f"[{dep}]\n{out}" for dep, out in dependency_results.items()]
             text += "\n\nResults of the tasks this one depends on:\n" + "\n\n".join(parts)
-        if handed_files:
-            text += "\n\nFiles from those tasks, in your workspace (read them with read_file): " + ", ".join(
-                handed_files
-            )
         messages.append({"role": "user", "content": text})
         choice: str | dict[str, Any] | None = self.tool_choice
         if choice is not None and choice not in ("auto", "required", "none"):
