@@ -44,3 +44,28 @@ def test_what_one_dependency_hands_over_is_bounded(tmp_path: Path, monkeypatch: 
     assert len(hand_over(tmp_path, "me", ["dep"])) == 3
     monkeypatch.setattr(handoff, "MAX_HANDOFF_BYTES", 2)
     assert len(hand_over(tmp_path, "other", ["dep"])) == 2
+
+
+async def test_a_resume_keeps_the_simulated_model_the_run_started_with(tmp_path: Path) -> None:
+    """run.json records the embedded simulator's behaviour; a resume without --behaviour uses it, not the default."""
+    from contextlib import AsyncExitStack
+
+    from agentload.cli.run import RunOptions, _create_run, _manifest, _open_server
+    from agentload.fleet.checkpoint import read_manifest
+    from agentload.sim.behaviour import FillerBehaviour
+    from agentload.sim.inprocess import InProcessTransport
+
+    fleet = tmp_path / "f.toml"
+    fleet.write_text('name = "f"\n[[tasks]]\nid = "t"\nprompt = "hi"\nmax_rounds = 1\n', encoding="utf-8")
+    started = RunOptions(fleet=fleet, out=tmp_path / "runs", virtual=True, progress="none")
+    started.behaviour = "filler"
+    manifest, _ = _manifest(started)
+    manifest, run_dir = _create_run(started, manifest)
+    assert read_manifest(run_dir).behaviour == "filler"
+    resumed = RunOptions(fleet=None, resume=run_dir, progress="none")  # behaviour left at its default, "agent"
+    manifest, _ = _manifest(resumed)
+    async with AsyncExitStack() as stack:
+        server = await _open_server(resumed, manifest, stack)
+        assert isinstance(server.transport, InProcessTransport)
+        behaviour = server.transport.server.config.behaviour
+    assert isinstance(getattr(behaviour, "inner", behaviour), FillerBehaviour)
