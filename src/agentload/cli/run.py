@@ -151,6 +151,7 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
         profile=opts.profile if opts.url is None else None,
         model=opts.model,
         virtual=opts.virtual,
+        behaviour=opts.behaviour if opts.url is None else None,
     )
     return manifest, None
 
@@ -202,13 +203,15 @@ async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExit
         stack.push_async_callback(signed.aclose)
         return _Server(server.base, server.shown, signed)
     profile = manifest.profile or opts.profile
+    # The agent behaviour by default, so a fleet on the simulator calls its tools over rounds (issue 13); a resume
+    # keeps the model the run started with (the same conversation must get the same kind of replies).
+    behaviour = manifest.behaviour or opts.behaviour
     if manifest.virtual:
-        # The agent behaviour by default, so a fleet on the simulator calls its tools over rounds (issue 13).
-        config = SimConfig(profile=load_profile(profile), behaviour=make_behaviour(opts.behaviour))
+        config = SimConfig(profile=load_profile(profile), behaviour=make_behaviour(behaviour))
         transport = InProcessTransport(SimServer(config))
         stack.push_async_callback(transport.aclose)
         return _Server(IN_PROCESS_URL, f"in-process simulator (profile {profile}, simulated time)", transport)
-    url = await stack.enter_async_context(embedded_simulator(profile, opts.behaviour))
+    url = await stack.enter_async_context(embedded_simulator(profile, behaviour))
     return _Server(url, f"embedded simulator (profile {profile})", None)
 
 

@@ -52,6 +52,7 @@ class RunManifest(BaseModel):
     profile: str | None = Field(default=None, description="the embedded simulator's profile")
     model: str | None = None
     virtual: bool = Field(default=False, description="the in-process simulator in simulated time")
+    behaviour: str | None = Field(default=None, description="the embedded simulator's model; a resume keeps it")
 
 
 class SegmentLine(BaseModel):

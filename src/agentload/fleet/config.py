@@ -142,12 +142,21 @@ class AgentPlan:
     context_tokens: int
     tool_result_tokens: int
 
-    def spec(self, model: str, dependency_results: Mapping[str, str] | None = None) -> AgentSpec:
-        """The agent's task as the loop runs it; the same plan and results always give the same messages."""
+    def spec(
+        self, model: str, dependency_results: Mapping[str, str] | None = None, handed_files: Sequence[str] = ()
+    ) -> AgentSpec:
+        """The agent's task as the loop runs it; the same plan, results and files always give the same messages.
+
+        ``handed_files``: the dependencies' files copied into this agent's workspace (fleet/handoff.py), named in
+        the prompt so the agent can read them.
+        """
         messages: list[dict[str, Any]] = []
         if self.system:
             messages.append({"role": "system", "content": self.system})
         text = self.prompt.replace("{replica}", str(self.replica)).replace("{agent}", self.agent_id)
+        if handed_files:
+            # Part of the instruction (its first paragraph), not pasted material: the files are there to be read.
+            text += "\nFiles from the tasks this one depends on, in your workspace: " + ", ".join(handed_files)
         if self.context_tokens:
             text += "\n\nContext:\n" + filler(self.agent_id, self.context_tokens)
         if dependency_results:

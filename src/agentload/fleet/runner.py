@@ -35,6 +35,7 @@ from agentload.agent.loop import ChatBackend, TurnLog, run_agent
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.fleet.checkpoint import AgentLine, CheckpointLog, InterruptLine, LimitLine, LogState, TurnLine
 from agentload.fleet.config import AgentPlan
+from agentload.fleet.handoff import hand_over
 from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges, TurnSample
 from agentload.fleet.toolbox import ToolSettings, build_registry
 
@@ -306,7 +307,9 @@ class FleetRunner:
         started = self.clock.now()
         try:
             self.progress.agent(aid, AgentState.RUNNING, rounds=len(committed))
-            spec = plan.spec(self.model, dep_results)
+            # The dependencies' files, copied into this agent's own workspace (fleet/handoff.py).
+            handed = hand_over(self.workspaces, aid, dep_results) if dep_results and "read_file" in plan.tools else []
+            spec = plan.spec(self.model, dep_results, handed)
             searches = sum(1 for t in committed if t.assistant for c in t.final.tool_calls if c.name == "search")
             tools = build_registry(
                 plan.tools,

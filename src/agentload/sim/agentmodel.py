@@ -207,7 +207,9 @@ _ACTIONS = frozenset(
 _WORD = re.compile(r"[a-z][a-z0-9'-]*")
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _URL = re.compile(r"https?://[^\s\"'<>]+")
-_FILE = re.compile(r"(?<![\w@/.-])((?:[\w-]+/)*[\w-]+\.(?:md|txt|py|json|csv|toml|yaml|yml|log|js|ts|html|rs|go))\b")
+_FILE = re.compile(r"(?<![\w@/.-])((?:[\w.-]+/)*[\w-]+\.(?:md|txt|py|json|csv|toml|yaml|yml|log|js|ts|html|rs|go))\b")
+# "write it to report.md", "save into out/plan.md": a file the instruction asks to produce, not one to read.
+_WRITE_TARGET = re.compile(r"\b(?:to|into)\s+(?:the\s+)?(?:file\s+)?" + _FILE.pattern)
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 _CLOCK = re.compile(r"\b\d{1,2}:\d{2}\b")
 _ID = re.compile(r"(?<![\w@.])(#?[A-Za-z]*\d[\w-]*|[A-Z]{2,}(?:-[A-Z0-9]+)+)(?![\w@])")
@@ -328,6 +330,7 @@ class _Filler:
     answer_text: str = ""  # for content/body parameters of acting tools
     alt: int = 0
     acting: bool = False  # a tool that writes may name a new file; one that reads needs a name it was given
+    listing: bool = False  # a tool that lists takes a directory, not a file
     _numbers: int = 0  # request numbers handed out so far, in order, to parameters that name none
     _codes: int = 0  # the same for currency codes
 
@@ -447,7 +450,8 @@ class _Filler:
         if not options:
             return None
         head = self.ctx.request.strip().split("\n\n", 1)[0]
-        named = [o for o in options if o in head]
+        # Named on its own: "plan.md" is not named by "from/plan/plan.md".
+        named = [o for o in options if re.search(r"(?<![\w/.-])" + re.escape(o) + r"(?![\w-])", head)]
         if not named:
             return options[0]
         return named[min(self.alt, len(named) - 1)]
@@ -460,6 +464,16 @@ class _Filler:
         words = set(re.split(r"[_\W]+", key))
         if words & {"path", "file", "filename", "filepath", "dir", "directory", "folder"}:
             files = _FILE.findall(request)
+            # A writing tool writes the file the instruction asks for ("… to report.md"); a reading tool reads
+            # what exists, not that file.
+            targets = set(_WRITE_TARGET.findall(request.strip().split("\n\n", 1)[0]))  # the instruction's own
+            if self.acting:
+                files = [f for f in files if f in targets] or files
+            else:
+                files = [f for f in files if f not in targets] or files
+            if self.listing:
+                folders = [f.rsplit("/", 1)[0] for f in files if "/" in f]
+                return self._pick(list(dict.fromkeys(folders))) if folders else "."
             if files:
                 return self._pick(files)
             if words & {"dir", "directory", "folder"} or (key == "path" and "list" in self.request_stems):
@@ -654,7 +668,7 @@ class AgentBehaviour:
             values: list[dict[str, Any]] = []
             for alt in range(4):
                 try:
-                    args = _Filler(ctx, stems, answer, alt, _is_action(tool)).arguments(tool)
+                    args = _Filler(ctx, stems, answer, alt, _is_action(tool), _is_listing(tool)).arguments(tool)
                 except _Unfilled as exc:
                     missing = missing or str(exc)
                     break
@@ -747,11 +761,16 @@ def _is_action(tool: Tool) -> bool:
     return bool(parts) and parts[0] in _ACTIONS
 
 
+def _is_listing(tool: Tool) -> bool:
+    parts = _name_parts(tool.function.name)
+    return bool(parts) and parts[0] in ("list", "ls")
+
+
 def _fill_or_placeholder(tool: Tool | None, ctx: _Context, stems: set[str], answer: str) -> dict[str, Any]:
     if tool is None:
         return {}
     try:
-        return _Filler(ctx, stems, answer, acting=_is_action(tool)).arguments(tool)
+        return _Filler(ctx, stems, answer, acting=_is_action(tool), listing=_is_listing(tool)).arguments(tool)
     except _Unfilled:
         # Forced and nothing fits: a type-correct value per required field, as a constrained decoder would emit.
         params = _as_dict(tool.function.parameters)
@@ -827,6 +846,6 @@ def _summary(results: list[_Result], request: str) -> str:
         lines.append(f"From {r.name}: {said}." if said else f"{r.name} returned nothing.")
         written = _parse(r.arguments)
         if isinstance(written, dict) and isinstance(written.get("content"), str):
-            # Say what was written: a dependent agent reads this answer, not the file (workspaces are private).
+            # Say what was written: a dependent agent gets this answer in its prompt beside a copy of the file.
             lines.append(f"It reads: {_short(written['content'], 60)}")
     return "Here is what I found. " + " ".join(lines) + " "
