@@ -135,3 +135,11 @@ def test_soak_reports_drift_and_says_why_gpu_figures_are_missing(tmp_path: Path)
     assert "tok/s" in drift
     assert "TTFT p50" in drift
     assert any(n.startswith("NVML not sampled") for n in run.notes)  # no NVIDIA GPU on this machine
+
+
+def test_agents_alone_runs_that_level_on_the_default_simulator(tmp_path: Path) -> None:
+    # `bench --agents N` with no target used to start the default knee search and ignore N.
+    run = bench(tmp_path, "--agents", "3", "--context", "8192", "--warmup", "10s", "--window", "30s")
+    assert run.mode == "single"
+    assert [lv.agents for lv in run.levels] == [3]
+    assert run.target.startswith("sim:")

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
+from agentload.sim.agentmodel import AgentBehaviour
 from tests.simserver import running_sim
 
 MODEL = "Qwen/Qwen3-235B-A22B"
@@ -170,3 +171,32 @@ async def test_completions_endpoint_stream_and_not() -> None:
         stream = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, stream=True)
         pieces = [c.choices[0].text async for c in stream if c.choices]
     assert len([p for p in pieces if p]) == 5
+
+
+@pytest.mark.parametrize(
+    ("extra", "tokens", "finish"),
+    [
+        ({}, None, "stop"),  # the agent model's own answer: short, it stops by itself
+        ({"ignore_eos": True}, 300, "length"),  # held to the cap, as vLLM's ignore_eos does
+        ({"min_tokens": 200}, 200, "stop"),  # the end held back until 200 tokens, then the model stops
+    ],
+)
+async def test_agent_model_honours_ignore_eos_and_min_tokens(
+    extra: dict[str, Any], tokens: int | None, finish: str
+) -> None:
+    async with running_sim(behaviour=AgentBehaviour()) as (_, url), _client(url) as client:
+        resp = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Explain how the prefix cache works."}],
+            max_tokens=300,
+            extra_body=extra,
+        )
+    assert resp.usage is not None
+    content = resp.choices[0].message.content or ""
+    if tokens is None:
+        assert resp.usage.completion_tokens < 200
+    else:
+        assert resp.usage.completion_tokens == tokens
+    # Re-tokenising the text gives the counted tokens back: one simulator token is a word and its space.
+    assert len(content.split()) == resp.usage.completion_tokens
+    assert resp.choices[0].finish_reason == finish

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from agentload.capacity.profile import ServingProfile, load_profile
 from agentload.endpoint.transport import Transport, signed_transport
-from agentload.sim.behaviour import Behaviour, FillerBehaviour
+from agentload.sim.agentmodel import AgentBehaviour
+from agentload.sim.behaviour import Behaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 
@@ -30,9 +31,14 @@ def http_target(url: str, model: str, engine: str | None = None, api_key: str | 
 
 
 def sim_target(profile_name: str, behaviour: Behaviour | None = None) -> Target:
-    """A fresh in-process simulated server (the caller builds one per level so levels do not share a cache)."""
+    """A fresh in-process simulated server (the caller builds one per level so levels do not share a cache).
+
+    Its model is the agent behaviour, as for ``agentload sim`` and ``run``: its own replies are short, so a
+    benchmark's exact output lengths come from asking for them (``ignore_eos`` + ``min_tokens``), as on vLLM, and
+    ``--natural-output`` sees the model's own lengths.
+    """
     profile = load_profile(profile_name)
-    server = SimServer(SimConfig(profile=profile, behaviour=behaviour or FillerBehaviour()))
+    server = SimServer(SimConfig(profile=profile, behaviour=behaviour or AgentBehaviour()))
     return Target(
         InProcessTransport(server),
         "http://sim.invalid",

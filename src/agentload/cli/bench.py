@@ -167,8 +167,12 @@ def bench(
     modes = [m for m, on in (("sweep", sweep), ("find-knee", find_knee), ("soak", soak)) if on]
     if len(modes) > 1:
         raise ConfigError(f"choose one of --sweep, --find-knee, --soak (got {', '.join(modes)})")
-    if not url and not sim and not modes:
-        sim, find_knee, modes = DEFAULT_SIM, True, ["find-knee"]
+    if not url and not sim:
+        # Bare `agentload bench` searches the knee on the default simulated server; `--agents N` (or a mode)
+        # alone still means what it says there.
+        sim = DEFAULT_SIM
+        if not modes and agents is None:
+            find_knee, modes = True, ["find-knee"]
     contexts = parse_counts(context, "--context", MAX_CONTEXT)
     check_seed(seed)
     for flag, n in (("--agents", agents), ("--max-agents", max_agents)):

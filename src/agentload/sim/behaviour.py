@@ -348,3 +348,21 @@ def truncate(pieces: list[Piece], limit: int) -> tuple[list[Piece], bool]:
     if len(pieces) <= limit:
         return pieces, False
     return pieces[:limit], True
+
+
+def hold_eos(pieces: list[Piece], length: int, rng: random.Random) -> list[Piece]:
+    """A plain reply made ``length`` tokens long, as vLLM's ``ignore_eos`` / ``min_tokens`` make a model go on.
+
+    A real model held past its end-of-sequence token keeps generating text; the simulator appends filler words, so
+    a behaviour whose answers are short (the agent model's ~48 words) still gives a benchmark exactly the output it
+    asked for. A reply that calls a tool is left as it is: the simulator's model stops at the call (vLLM's tool
+    parser would see whatever followed it as content, which no client asking for tools wants).
+    """
+    if len(pieces) >= length or any(p.kind != "content" for p in pieces):
+        return pieces
+    out = list(pieces)
+    if out and not out[-1].text[-1:].isspace():
+        # Re-tokenising must give back one token a piece, so the last word is closed before more are added.
+        out[-1] = Piece("content", out[-1].text + " ")
+    out.extend(Piece("content", w + " ") for w in rng.choices(_WORDS, k=length - len(out)))
+    return out

@@ -27,7 +27,7 @@ from aiohttp import web
 from agentload import __version__
 from agentload.capacity.profile import ServingProfile
 from agentload.errors import BadRequestError, ContextLengthError, ModelNotFoundError, RequestError
-from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, guarded, truncate
+from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, guarded, hold_eos, truncate
 from agentload.sim.chat import (
     ChatRequest,
     CompletionRequest,
@@ -275,6 +275,9 @@ class SimServer:
         )
         pieces = self.behaviour.reply(turn).pieces() or [Piece("content", " ")]
         cap = min(asked or limit, limit - len(prompt))
+        # ignore_eos runs to the cap; min_tokens holds the end back until that many (vLLM's sampling params).
+        held = cap if body.ignore_eos else min(body.min_tokens, cap)
+        pieces = hold_eos(pieces, held, rng)
         pieces, cut = truncate(pieces, cap)
         # Reaching the cap is a "length" finish even when the reply fit exactly, as vLLM reports max_tokens.
         cut = cut or len(pieces) >= cap
