@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from agentload.bench.results import RunResult
 from agentload.capacity.catalog import get_model
 from agentload.capacity.hfconfig import load_hf_config
 from agentload.capacity.hybrid_kv import ConcurrencyFormula, deepseek_v4_layout
 from agentload.capacity.kv import KVDtype, kv_layout
 from agentload.capacity.planner import parse_spec, plan
 from agentload.capacity.profile import load_profile
+from agentload.cli.main import app
 from agentload.errors import ConfigError
 from agentload.sim.kvcache import KVCacheManager
 
@@ -218,3 +221,27 @@ def test_config_json_with_the_wrong_number_of_ratios_is_one_error(tmp_path: Path
     path.write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="compress_ratios"):
         load_hf_config(path)
+
+
+@pytest.mark.slow
+def test_simulated_deepseek_v4_still_scales_past_the_dense_formula(tmp_path: Path) -> None:
+    """The article's finding from the architecture: the dense formula says 24.4 sessions at 40,960 tokens, the
+    simulated server is still scaling at 48 (each decoding session holds 186 of the 76,220 block ids)."""
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--out", str(tmp_path / "runs"), "--json", "--sim", "deepseek-v4-flash-gb300",
+         "--workload", "agentic-hold", "--context", "40960", "--find-knee", "--max-agents", "48"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (path,) = (tmp_path / "runs").glob("*/result.json")
+    run = RunResult.model_validate_json(path.read_text())
+    est = run.capacity[0]
+    assert est.sessions is not None
+    assert 24.3 < est.sessions < 24.6  # 997,753 ÷ the realised context, a little under 40,960
+    knee = run.knee[0]
+    assert knee.agents == 48  # no knee up to the search's limit
+    assert knee.measured_over_predicted is not None
+    assert knee.measured_over_predicted > 1.9
+    top = max(run.levels, key=lambda lv: lv.agents)
+    assert top.agents == 48
+    assert top.preemptions == 0
