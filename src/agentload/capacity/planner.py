@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator, model_validator
 
 from agentload.capacity import catalog
 from agentload.capacity.hfconfig import load_hf_config, looks_like_config_path
@@ -343,6 +343,7 @@ class Plan(BaseModel):
     curve: ThroughputCurve | None = None
     hybrid: HybridKVFigures | None = None  # DeepSeek-V4 only
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def logged_pool_is_accounting(self) -> bool:
         """True when 'KV cache size: N tokens' ÷ context is not how many sessions the pool holds (> 2% off)."""
