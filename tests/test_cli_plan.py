@@ -153,3 +153,42 @@ def test_weights_that_do_not_fit_say_so() -> None:
 )
 def test_bad_flag_values_exit_2_naming_the_flag(flag: str, value: str) -> None:
     _fails_cleanly([*QWEN_GB300, flag, value, "--no-curve"], flag)
+
+
+# The source article's DeepSeek-V4-Flash runs (domain.md §11): its vLLM log lines are the expected output.
+V4_FLASH = [
+    *("plan", "--model", "deepseek-v4-flash", "--gpu", "dgx-station-gb300", "--kv-cache-dtype", "fp8"),
+    "--no-curve",
+]
+
+
+@pytest.mark.parametrize(
+    ("max_model_len", "pool", "logged", "concurrency"),
+    [
+        ("40960", ["--num-gpu-blocks", "76220"], "GPU KV cache size: 997,753 tokens", "24.36x"),
+        ("1048576", ["--num-gpu-blocks", "74697"], "GPU KV cache size: 11,086,409 tokens", "10.57x"),
+        ("256000", ["--num-gpu-blocks", "38724"], "GPU KV cache size: 2,497,693 tokens", "9.76x"),
+    ],
+)
+def test_deepseek_v4_plan_prints_what_vllm_logged(
+    max_model_len: str, pool: list[str], logged: str, concurrency: str
+) -> None:
+    code, out = _run(*V4_FLASH, "--max-model-len", max_model_len, *pool)
+    assert code == 0, out
+    assert logged in out
+    assert f"Maximum concurrency for {int(max_model_len):,} tokens per request: {concurrency}" in out
+    assert "accounting, not capacity" in out
+    assert "fit while decoding" in out
+
+
+def test_deepseek_v4_plan_from_the_logged_gib() -> None:
+    code, out = _run(*V4_FLASH, "--max-model-len", "40960", "--kv-memory-gib", "74.66", "--json")
+    assert code == 0, out
+    pool = json.loads(out)["pool"]
+    # 74.66 GiB ÷ 1,051,776 B per block id is 76,219.2: vLLM rounds the GiB it logs, its pool was 76,220.
+    assert abs(pool["num_blocks"] - 76_220) / 76_220 < 1e-4
+    assert abs(pool["tokens"] - 997_753) / 997_753 < 1e-4
+
+
+def test_pool_stated_twice_is_one_error() -> None:
+    _fails_cleanly([*V4_FLASH, "--num-gpu-blocks", "76220", "--kv-memory-gib", "74.66"], "state the pool once")

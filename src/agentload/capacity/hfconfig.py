@@ -8,6 +8,9 @@ The fields that decide KV size and step time, by family:
   (DeepSeek), with ``num_experts_per_tok`` (``experts_per_token`` in gpt-oss);
 * DeepSeek MLA: ``kv_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim`` (the q/k head is nope + rope);
   DeepSeek V3.2's sparse attention: ``index_topk`` tokens read per query;
+* DeepSeek-V4: ``compress_ratios`` (one per layer, then one per MTP layer, which is dropped: vLLM serves the
+  main layers' cache), ``sliding_window``, ``head_dim`` (one shared K/V vector), ``qk_rope_head_dim``,
+  ``index_head_dim`` and ``index_topk``; attention weights from ``q_lora_rank``, ``o_groups``, ``o_lora_rank``;
 * sliding window / hybrid: ``sliding_window`` plus ``layer_types`` (gpt-oss, recent Gemma 3 and Qwen configs),
   or Gemma 3's ``sliding_window_pattern`` (every n-th layer global, default 6) and Gemma 2's alternation.
   A config where every layer slides (Mistral 7B v0.1) is planned as full attention: the engine model needs at
@@ -163,7 +166,18 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
         notes.append("num_key_value_heads absent: multi-head attention assumed (one KV head per query head)")
 
     fields: dict[str, Any] = {}
-    if f.has("kv_lora_rank"):
+    if f.has("compress_ratios"):
+        head_dim = f.int_("head_dim")
+        fields.update(
+            attention=AttentionKind.DEEPSEEK_V4,
+            compress_ratios=_main_compress_ratios(f, layers),
+            sliding_window=f.int_("sliding_window"),
+            qk_rope_head_dim=f.int_("qk_rope_head_dim"),
+            index_head_dim=f.int_("index_head_dim"),
+        )
+        if f.has("index_topk"):
+            fields["sparse_read_tokens"] = f.int_("index_topk")
+    elif f.has("kv_lora_rank"):
         rope = f.int_("qk_rope_head_dim")
         nope = f.int_("qk_nope_head_dim")
         head_dim = nope + rope
@@ -182,7 +196,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
     if experts and not per_token:
         raise ConfigError(f"{source}: missing field 'num_experts_per_tok' for a model with {experts} experts")
 
-    sliding = _sliding_layers(f, model_type, layers)
+    sliding = 0 if "compress_ratios" in fields else _sliding_layers(f, model_type, layers)
     if sliding == layers:
         notes.append("every layer uses a sliding window: planned as full attention (overstates KV, errs low)")
     elif sliding:
@@ -215,6 +229,17 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
         source,
     )
     return HFModel(spec, source, tuple(notes))
+
+
+def _main_compress_ratios(f: _Fields, layers: int) -> list[int]:
+    """DeepSeek-V4's compress ratios of the main layers: the entries past ``num_hidden_layers`` are MTP layers."""
+    ratios = f.int_list("compress_ratios")
+    mtp = f.first_int(("num_nextn_predict_layers",), len(ratios) - layers) if len(ratios) > layers else 0
+    if len(ratios) != layers + mtp:
+        raise ConfigError(
+            f"{f.source}: field 'compress_ratios' has {len(ratios)} entries for {layers} layers and {mtp} MTP layers"
+        )
+    return ratios[:layers]
 
 
 def _sliding_layers(f: _Fields, model_type: str, layers: int) -> int:
@@ -258,7 +283,14 @@ def estimate_params(
     ``mlp_only_layers`` are dense.
     """
     cfg = f.cfg
-    if f.has("kv_lora_rank"):
+    if f.has("compress_ratios"):
+        # DeepSeek-V4: low-rank q, one shared K/V projection, grouped low-rank output (o_groups × o_lora_rank).
+        # The compressors and the indexer are a few per cent of attention and are left out.
+        q_low = f.int_("q_lora_rank")
+        o_rank, o_groups = f.int_("o_lora_rank"), f.int_("o_groups")
+        q = hidden * q_low + q_low * heads * head_dim
+        attention = q + hidden * head_dim + heads * head_dim * o_rank + o_groups * o_rank * hidden
+    elif f.has("kv_lora_rank"):
         rank, rope, nope = f.int_("kv_lora_rank"), f.int_("qk_rope_head_dim"), f.int_("qk_nope_head_dim")
         v_dim = f.int_("v_head_dim", nope)
         q_rank = f.int_("q_lora_rank") if f.has("q_lora_rank") else None

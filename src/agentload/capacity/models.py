@@ -27,6 +27,9 @@ class AttentionKind(StrEnum):
     DENSE = "dense"  # MHA or GQA: every layer keeps K and V for every token
     MLA = "mla"  # multi-head latent attention (DeepSeek V2/V3): one compressed latent per token per layer
     HYBRID = "hybrid"  # some layers full attention, the others a sliding window
+    # DeepSeek-V4: every layer keeps a sliding window of raw entries; "C4A" layers also keep one compressed entry
+    # per 4 positions (plus an indexer key), "C128A" layers one per 128; compressor state rides along (domain.md §11)
+    DEEPSEEK_V4 = "deepseek-v4"
 
 
 class ModelSpec(BaseModel):
@@ -51,6 +54,10 @@ class ModelSpec(BaseModel):
     num_sliding_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)
     # Sparse-read attention (DeepSeek V3.2 DSA) limits what each step *reads*, not what is stored.
     sparse_read_tokens: int | None = Field(default=None, gt=0, le=MAX_CONTEXT)
+    # DeepSeek-V4: config.json's compress_ratios for the main layers (0 = sliding window only, 4, 128), without
+    # the trailing MTP layer's entry; the indexer's key width (index_head_dim).
+    compress_ratios: tuple[int, ...] | None = None
+    index_head_dim: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
     total_params: float = Field(gt=0, le=MAX_PARAMS, description="all parameters, in parameters (not billions)")
     active_params: float = Field(
         gt=0, le=MAX_PARAMS, description="parameters used per token (MoE: shared + routed experts)"
@@ -80,6 +87,18 @@ class ModelSpec(BaseModel):
                 raise ValueError("attention 'hybrid' needs sliding_window and num_sliding_layers > 0")
             if self.num_sliding_layers >= self.num_layers:
                 raise ValueError("num_sliding_layers must leave at least one full-attention layer")
+        if self.attention is AttentionKind.DEEPSEEK_V4:
+            ratios = self.compress_ratios
+            if ratios is None or len(ratios) != self.num_layers:
+                raise ValueError("attention 'deepseek-v4' needs compress_ratios with one entry per layer")
+            if any(r not in (0, 4, 128) for r in ratios):
+                raise ValueError("compress_ratios entries must be 0, 4 or 128 (the ratios vLLM's layout knows)")
+            if self.sliding_window is None or self.qk_rope_head_dim is None or self.index_head_dim is None:
+                raise ValueError("attention 'deepseek-v4' needs sliding_window, qk_rope_head_dim and index_head_dim")
+            if self.qk_rope_head_dim >= self.head_dim:
+                raise ValueError("qk_rope_head_dim must be smaller than head_dim")
+        elif self.compress_ratios is not None:
+            raise ValueError("compress_ratios is only read for attention 'deepseek-v4'")
         if self.active_params > self.total_params:
             raise ValueError("active_params cannot exceed total_params")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
@@ -90,12 +109,18 @@ class ModelSpec(BaseModel):
     def num_full_layers(self) -> int:
         return self.num_layers - self.num_sliding_layers
 
+    def layers_with_ratio(self, ratio: int) -> int:
+        """DeepSeek-V4: how many main layers compress by ``ratio`` (0: sliding window only)."""
+        return sum(1 for r in self.compress_ratios or () if r == ratio)
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
     def kv_values_per_token_per_layer(self) -> int:
         """K and V values one token leaves in one layer's cache."""
+        if self.attention is AttentionKind.DEEPSEEK_V4:
+            return self.head_dim  # one shared K/V vector per entry (448 NoPE + 64 RoPE)
         if self.attention is AttentionKind.MLA:
             assert self.kv_lora_rank is not None
             assert self.qk_rope_head_dim is not None

@@ -24,10 +24,11 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator, model_validator
 
 from agentload.capacity import catalog
 from agentload.capacity.hfconfig import load_hf_config, looks_like_config_path
+from agentload.capacity.hybrid_kv import ConcurrencyFormula
 from agentload.capacity.kv import KVDtype, parse_kv_dtype
 from agentload.capacity.models import WEIGHT_BYTES, AttentionKind, ModelSpec
 from agentload.capacity.profile import (
@@ -36,6 +37,7 @@ from agentload.capacity.profile import (
     MAX_GPUS,
     MAX_MODEL_LEN,
     MAX_OFFLOAD_GIB,
+    MAX_POOL_BLOCKS,
     MAX_POOL_TOKENS,
     KVPoolSpec,
     OffloadSpec,
@@ -89,8 +91,21 @@ class PlanSpec(BaseModel):
     pool_tokens: int | None = Field(
         default=None, gt=0, le=MAX_POOL_TOKENS, description="the pool a real server logged, if known"
     )
+    num_gpu_blocks: int | None = Field(
+        default=None, gt=0, le=MAX_POOL_BLOCKS, description="vLLM's cache_config_info{num_gpu_blocks} (exact)"
+    )
+    kv_memory_gib: float | None = Field(
+        default=None, gt=0, le=MAX_GIB, description="vLLM's 'Available KV cache memory' per GPU, GiB"
+    )
     max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_BATCHED_TOKENS)
     agent: AgentShape = Field(default_factory=AgentShape)
+
+    @model_validator(mode="after")
+    def _one_pool(self) -> PlanSpec:
+        stated = [n for n in ("pool_tokens", "num_gpu_blocks", "kv_memory_gib") if getattr(self, n) is not None]
+        if len(stated) > 1:
+            raise ValueError("state the pool once: --pool-tokens, --num-gpu-blocks or --kv-memory-gib")
+        return self
 
     @field_validator("weight_dtype")
     @classmethod
@@ -182,6 +197,38 @@ class PoolFigures(BaseModel):
     max_model_len: int
     max_concurrency: float
     startup_lines: tuple[str, ...]
+
+
+class V4GroupFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    layers: int
+    page_bytes: int
+    block_tokens: int
+    window: int | None
+    reserved_pages: int  # vLLM's worst case for one max-model-len request
+    decode_pages: int  # what a request decoding at the planned context holds
+
+
+class HybridKVFigures(BaseModel):
+    """DeepSeek-V4: vLLM's layout, its logged accounting, and what decoding requests really hold."""
+
+    model_config = ConfigDict(frozen=True)
+
+    formula: str
+    slab_bytes: int
+    groups: tuple[V4GroupFigures, ...]
+    constant_reservation_bytes: int  # the sliding groups' part of one request's worst case
+    reserved_blocks_per_request: int  # vLLM 0.22's memory-weighted blocks per max-model-len request
+    per_group_blocks_per_request: int  # Σ pages as block ids (the later formula)
+    per_group_max_concurrency: float
+    decode_blocks: int  # block ids one request decoding at the context holds
+    prefill_extra_blocks: int  # more while it prefills a whole chunk
+    sessions_while_decoding: float
+    sessions_with_one_prefilling: float
+    worst_case_sessions: float  # vLLM's reservation at the planned context
+    pool_capacity_tokens: int  # context one decoding request could hold in the whole pool
 
 
 class AgentFigures(BaseModel):
@@ -294,6 +341,14 @@ class Plan(BaseModel):
     serve: ServeCommand
     derivations: tuple[Derivation, ...]
     curve: ThroughputCurve | None = None
+    hybrid: HybridKVFigures | None = None  # DeepSeek-V4 only
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def logged_pool_is_accounting(self) -> bool:
+        """True when 'KV cache size: N tokens' ÷ context is not how many sessions the pool holds (> 2% off)."""
+        a = self.agents
+        return abs(a.naive_sessions - a.window_aware_sessions) > 0.02 * a.window_aware_sessions
 
 
 # -- planning ---------------------------------------------------------------------------------------------------
@@ -333,6 +388,8 @@ def _build_profile_file(
         max_num_seqs=max_num_seqs,
         kv_pool=KVPoolSpec(
             tokens=spec.pool_tokens,
+            num_blocks=spec.num_gpu_blocks,
+            available_gib=spec.kv_memory_gib,
             gpu_memory_utilization=spec.gpu_memory_utilization,
             activation_gib=spec.activation_gib,
         ),
@@ -417,7 +474,9 @@ def plan(spec: PlanSpec) -> Plan:
         prefill_s_at_context=sm.chunked_prefill_time(context, profile.max_num_batched_tokens),
     )
     offload = _offload_figures(spec, profile, context) if spec.offload_gib > 0 else None
+    hybrid = _hybrid_figures(profile, context) if layout.v4 is not None else None
     return Plan(
+        hybrid=hybrid,
         spec=spec,
         model=found,
         memory=memory,
@@ -428,6 +487,42 @@ def plan(spec: PlanSpec) -> Plan:
         offload=offload,
         serve=_serve_command(spec, profile, model, weight_dtype),
         derivations=_derivations(spec, profile, found, offload),
+    )
+
+
+def _hybrid_figures(profile: ServingProfile, context: int) -> HybridKVFigures:
+    v4 = profile.layout.v4
+    assert v4 is not None
+    big_l, n = profile.max_model_len, profile.num_blocks
+    t = v4.max_num_batched_tokens
+    decode = v4.decode_blocks(context)
+    extra = v4.prefill_extra_blocks(context)
+    sliding_decode = decode - v4.full.held_pages(context)
+    return HybridKVFigures(
+        formula=f"vLLM 0.22 (memory-weighted; matches 0.22.x logs); later: {ConcurrencyFormula.PER_GROUP.value}",
+        slab_bytes=v4.slab_bytes,
+        groups=tuple(
+            V4GroupFigures(
+                name=g.name,
+                layers=g.layers,
+                page_bytes=g.page_bytes,
+                block_tokens=g.block_tokens,
+                window=g.window,
+                reserved_pages=g.reserved_pages(big_l, t),
+                decode_pages=g.held_pages(context),
+            )
+            for g in v4.groups
+        ),
+        constant_reservation_bytes=v4.constant_reservation_bytes(big_l),
+        reserved_blocks_per_request=v4.blocks_per_request(big_l),
+        per_group_blocks_per_request=v4.blocks_per_request(big_l, ConcurrencyFormula.PER_GROUP),
+        per_group_max_concurrency=v4.max_concurrency(n, big_l, ConcurrencyFormula.PER_GROUP),
+        decode_blocks=decode,
+        prefill_extra_blocks=extra,
+        sessions_while_decoding=n / decode,
+        sessions_with_one_prefilling=max(0.0, (n - extra) / decode),
+        worst_case_sessions=v4.max_concurrency(n, context),
+        pool_capacity_tokens=max(0, n - sliding_decode) * v4.full.block_tokens,
     )
 
 
@@ -501,7 +596,12 @@ def _derivations(
     layout = profile.layout
     model = found.spec
     out: list[Derivation] = []
-    if model.attention is AttentionKind.MLA:
+    if layout.v4 is not None:
+        kv_how = (
+            "vLLM's fp8_ds_mla pages per 256-token block (584-B main entries, 132-B indexer keys, padded to 576 B; "
+            "sliding window and compressor state as sliding groups); the pool charges one slab per block id"
+        )
+    elif model.attention is AttentionKind.MLA:
         kv_how = "layers × (kv_lora_rank + qk_rope_head_dim) × dtype bytes (MLA latent)"
     else:
         kv_how = "2 × layers × kv_heads × head_dim × dtype bytes"
@@ -521,6 +621,17 @@ def _derivations(
     )
     if spec.pool_tokens is not None:
         out.append(Derivation(figure="KV pool", kind="stated", how=f"--pool-tokens {spec.pool_tokens:,}"))
+    elif spec.num_gpu_blocks is not None:
+        out.append(Derivation(figure="KV pool", kind="stated", how=f"--num-gpu-blocks {spec.num_gpu_blocks:,} (exact)"))
+    elif spec.kv_memory_gib is not None:
+        out.append(
+            Derivation(
+                figure="KV pool",
+                kind="stated",
+                how=f"--kv-memory-gib {spec.kv_memory_gib:g} × {spec.num_gpus} GPU(s) ÷ bytes per block "
+                "(vLLM logs the GiB to 0.01, so a few blocks either way)",
+            )
+        )
     else:
         out.append(
             Derivation(
@@ -535,12 +646,23 @@ def _derivations(
         Derivation(
             figure="maximum concurrency",
             kind="vLLM formula",
-            how="pool blocks ÷ blocks one max-model-len request holds",
+            how="pool blocks ÷ blocks one max-model-len request holds"
+            + (
+                "; DeepSeek-V4 (vLLM 0.22): ⌈Σ_g pages_g × page_g ÷ full-group page⌉ with sliding groups sized "
+                "⌈min(W−1+T, L)/block⌉+1, and the logged tokens = int(concurrency × L)"
+                if layout.v4 is not None
+                else ""
+            ),
         )
     )
     agents_how = "pool blocks ÷ blocks one session at the context holds"
     if model.attention is AttentionKind.HYBRID:
         agents_how += "; the naive figure is logged pool tokens ÷ context, which ignores the windows"
+    if layout.v4 is not None:
+        agents_how += (
+            " while decoding: ⌈context/256⌉ full pages + ⌈W/block⌉+1 per sliding group; vLLM's logged figure "
+            "instead reserves a whole prefill chunk in every sliding group of every request"
+        )
     out.append(Derivation(figure="agents at the context", kind="estimate", how=agents_how + " (inherits the pool)"))
     out.append(
         Derivation(

@@ -67,10 +67,23 @@ class KVPoolSpec(BaseModel):
     num_blocks: int | None = Field(
         default=None, gt=0, le=MAX_POOL_BLOCKS, description="pool in blocks (as cache_config_info states)"
     )
+    available_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_GIB,
+        description="vLLM's 'Available KV cache memory: X GiB' (per GPU, logged rounded to 0.01 GiB)",
+    )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     activation_gib: float = Field(
         default=2.0, ge=0, le=MAX_GIB, description="activation peak + runtime overhead per GPU"
     )
+
+    @model_validator(mode="after")
+    def _one_pool(self) -> KVPoolSpec:
+        stated = [n for n in ("tokens", "num_blocks", "available_gib") if getattr(self, n) is not None]
+        if len(stated) > 1:
+            raise ValueError(f"state the pool one way, not {' and '.join(stated)}")
+        return self
 
 
 class OffloadSpec(BaseModel):
@@ -210,13 +223,26 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         except ValidationError as exc:
             raise ConfigError(f"{source} [gpu]: {catalog.validation_message(exc)}") from exc
     wbytes = WEIGHT_BYTES[spec.weight_dtype]
-    layout = kv_layout(model, parse_kv_dtype(spec.kv_cache_dtype), spec.block_size, spec.num_gpus)
+    layout = kv_layout(
+        model,
+        parse_kv_dtype(spec.kv_cache_dtype),
+        spec.block_size,
+        spec.num_gpus,
+        max_model_len=spec.max_model_len,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+    )
     pool = spec.kv_pool
     if pool.num_blocks is not None:
         num_blocks, pool_source = pool.num_blocks, "stated in blocks by the profile"
     elif pool.tokens is not None:
         num_blocks = layout.num_blocks_for_logged_tokens(pool.tokens)
         pool_source = f"stated by the profile as {pool.tokens:,} tokens"
+    elif pool.available_gib is not None:
+        num_blocks = layout.num_blocks_for_bytes(spec.num_gpus * pool.available_gib * 2**30)
+        pool_source = (
+            f"from {pool.available_gib:g} GiB of available KV memory per GPU (logged to 0.01 GiB: "
+            f"±{layout.num_blocks_for_bytes(spec.num_gpus * 0.005 * 2**30):,} blocks)"
+        )
     else:
         free = spec.num_gpus * (
             gpu.memory_gb * 1e9 * pool.gpu_memory_utilization - pool.activation_gib * 2**30

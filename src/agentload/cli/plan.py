@@ -26,6 +26,8 @@ FLAGS = {
     "weight_dtype": "--weight-dtype",
     "activation_gib": "--activation-gib",
     "pool_tokens": "--pool-tokens",
+    "num_gpu_blocks": "--num-gpu-blocks",
+    "kv_memory_gib": "--kv-memory-gib",
     "agent.output_tokens": "--output-tokens",
     "agent.think_s": "--think-s",
 }
@@ -49,6 +51,12 @@ def plan(
     pool_tokens: int | None = typer.Option(
         None, "--pool-tokens", help="The pool a real server logged ('GPU KV cache size: N tokens'), if known."
     ),
+    num_gpu_blocks: int | None = typer.Option(
+        None, "--num-gpu-blocks", help="The pool in blocks, exact (vLLM's cache_config_info{num_gpu_blocks})."
+    ),
+    kv_memory_gib: float | None = typer.Option(
+        None, "--kv-memory-gib", help="vLLM's logged 'Available KV cache memory' per GPU, GiB (to 0.01)."
+    ),
     activation_gib: float = typer.Option(2.0, "--activation-gib", help="Activation + runtime allowance per GPU."),
     output_tokens: int = typer.Option(400, "--output-tokens", help="Simulated reply per turn, tokens."),
     think_s: float = typer.Option(2.0, "--think-s", help="Simulated tool time between turns, seconds."),
@@ -69,6 +77,8 @@ def plan(
             "weight_dtype": weight_dtype,
             "activation_gib": activation_gib,
             "pool_tokens": pool_tokens,
+            "num_gpu_blocks": num_gpu_blocks,
+            "kv_memory_gib": kv_memory_gib,
             "agent": {"output_tokens": output_tokens, "think_s": think_s},
         },
         FLAGS,
@@ -179,13 +189,40 @@ def render(p: Plan) -> None:
     console.print("[bold]vLLM would log[/]")
     for line in p.pool.startup_lines:
         console.print(f"  {line}")
+    if p.hybrid is not None:
+        _render_hybrid(p)
+    if p.logged_pool_is_accounting:
+        a = p.agents
+        console.print(
+            f"[yellow]note:[/] the logged {p.pool.tokens:,} tokens is accounting, not capacity: ÷ {a.context:,} it "
+            f"says {a.naive_sessions:.1f} sessions, but the pool's {p.pool.num_blocks:,} blocks hold "
+            f"{a.window_aware_sessions:.1f} sessions of {a.context:,} tokens while they decode"
+        )
 
     a = p.agents
     t = Table(title=f"agents at {a.context:,} tokens of context", show_header=False, title_justify="left")
     t.add_column(justify="left")
     t.add_column(justify="right")
     t.add_column(justify="left", style="dim")
-    if kv.attention is AttentionKind.HYBRID:
+    if p.hybrid is not None:
+        h = p.hybrid
+        t.add_row("dense formula: logged tokens ÷ context", f"{a.naive_sessions:.1f}", "what the article divided")
+        t.add_row(
+            "vLLM's worst case at this context",
+            f"{h.worst_case_sessions:.1f}",
+            "every request mid-prefill with a whole chunk in flight",
+        )
+        t.add_row(
+            "[bold]fit while decoding[/]",
+            f"[bold]{h.sessions_while_decoding:.1f}[/]",
+            f"{h.decode_blocks:,} block ids each ({h.decode_blocks - h.groups[0].decode_pages} for the sliding groups)",
+        )
+        t.add_row(
+            "  with one prefilling a chunk",
+            f"{h.sessions_with_one_prefilling:.1f}",
+            f"it holds {h.prefill_extra_blocks:,} more block ids meanwhile",
+        )
+    elif kv.attention is AttentionKind.HYBRID:
         t.add_row("naive: pool tokens ÷ context", f"{a.naive_sessions:.1f}", "ignores the sliding windows")
         t.add_row("window-aware", f"{a.window_aware_sessions:.1f}", f"{a.blocks_per_session:,} blocks per session")
     else:
@@ -233,11 +270,46 @@ def render(p: Plan) -> None:
     console.print(t)
 
 
+def _render_hybrid(p: Plan) -> None:
+    h = p.hybrid
+    assert h is not None
+    t = Table(title=f"DeepSeek-V4 KV layout (fp8_ds_mla), {h.formula}", title_justify="left")
+    for col in ("group", "layers", "page", "positions/page", "window", "reserved (L)", "decoding"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    for g in h.groups:
+        t.add_row(
+            g.name,
+            f"{g.layers}",
+            f"{g.page_bytes:,} B",
+            f"{g.block_tokens}",
+            "-" if g.window is None else f"{g.window}",
+            f"{g.reserved_pages:,}",
+            f"{g.decode_pages:,}",
+        )
+    console.print(t)
+    L = p.pool.max_model_len
+    console.print(
+        f"  one slab per block id: {h.slab_bytes:,} B; one {L:,}-token request reserves "
+        f"{h.reserved_blocks_per_request:,} blocks (vLLM 0.22; {h.constant_reservation_bytes:,} B of it for the "
+        f"sliding groups whatever L is); counting pages as block ids: {h.per_group_blocks_per_request:,}, "
+        f"{h.per_group_max_concurrency:.2f}x"
+    )
+    console.print(
+        f"  logged tokens = int({p.pool.max_concurrency:.4f} × {L:,}) = {p.pool.tokens:,}: it grows with "
+        f"max-model-len because the reservation is mostly constant; the pool itself holds up to "
+        f"{h.pool_capacity_tokens:,} tokens of one request's compressed context"
+    )
+
+
 def _model_line(p: Plan) -> str:
     m = p.model.spec
     kind = {
         AttentionKind.DENSE: f"GQA, {m.num_kv_heads} KV heads × {m.head_dim}",
         AttentionKind.MLA: f"MLA, latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}",
+        AttentionKind.DEEPSEEK_V4: (
+            f"DeepSeek-V4, {m.layers_with_ratio(4)} C4A + {m.layers_with_ratio(128)} C128A + "
+            f"{m.layers_with_ratio(0)} sliding-only layers, one {m.head_dim}-d KV entry, W={m.sliding_window}"
+        ),
         AttentionKind.HYBRID: (
             f"hybrid, {m.num_sliding_layers} of {m.num_layers} layers slide (W={m.sliding_window}), "
             f"{m.num_kv_heads} KV heads × {m.head_dim}"

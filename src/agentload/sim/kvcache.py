@@ -300,6 +300,13 @@ class KVCacheManager:
         self._one_group = len(layout.groups) == 1
         # (group, most blocks it holds): unbounded for full attention.
         self._caps = [(i, 2**62) for i in self.full_groups] + self._sliding_caps
+        # DeepSeek-V4's sliding groups cover fewer positions per block than the full group (64, 8, 4 vs 256):
+        # (group, cap, positions per block) so such a group fills its window on its own scale. Layouts whose
+        # groups all share block_size keep the plain loops (nothing changes for them).
+        self._mixed = any(g.block_tokens not in (None, self.block_size) for g in layout.groups)
+        self._sliding_scaled = [
+            (i, cap, layout.groups[i].block_tokens or self.block_size) for i, cap in self._sliding_caps
+        ]
         self._ref = np.zeros(num_blocks, dtype=np.int32)
         # The free queue: live entries are queue[head:tail] whose block is unreferenced and stamped there.
         self._queue = np.empty(2 * num_blocks + 1024, dtype=np.int32)
@@ -549,6 +556,10 @@ class KVCacheManager:
                 need += int(np.count_nonzero(self._ref[blocks] == 0))
         for gi in self.full_groups:
             need += max(0, logical - len(held[gi]) - hits)
+        if self._mixed:
+            for gi, cap, per in self._sliding_scaled:
+                need += max(0, min(-(-target_tokens // per), cap) - len(held[gi]))
+            return need
         for gi, cap in self._sliding_caps:
             need += max(0, min(logical, cap) - len(held[gi]))
         return need
@@ -573,12 +584,20 @@ class KVCacheManager:
             # A running request growing (by nothing, mostly, or a block in one group): no arrays unless needed.
             wants = []
             total = 0
-            for gi, cap in self._caps:
-                w = (logical if logical < cap else cap) - held[gi]._n
-                if w:
-                    wants.append((gi, w))
-                    if w > 0:
-                        total += w
+            if self._mixed:
+                for gi, count in self._group_targets(target_tokens, logical):
+                    w = count - held[gi]._n
+                    if w:
+                        wants.append((gi, w))
+                        if w > 0:
+                            total += w
+            else:
+                for gi, cap in self._caps:
+                    w = (logical if logical < cap else cap) - held[gi]._n
+                    if w:
+                        wants.append((gi, w))
+                        if w > 0:
+                            total += w
             if not wants:
                 return True
             if total > self._num_free:
@@ -593,7 +612,12 @@ class KVCacheManager:
                     self._num_free -= was_free
                     held[gi].extend(hit)
             wants = [(gi, logical - len(held[gi])) for gi in self.full_groups]
-            wants += [(gi, min(logical, cap) - len(held[gi])) for gi, cap in self._sliding_caps]
+            if self._mixed:
+                wants += [
+                    (gi, min(-(-target_tokens // per), cap) - len(held[gi])) for gi, cap, per in self._sliding_scaled
+                ]
+            else:
+                wants += [(gi, min(logical, cap) - len(held[gi])) for gi, cap in self._sliding_caps]
             total = sum(w for _, w in wants if w > 0)
         if total == 1:
             for gi, w in wants:
@@ -611,6 +635,12 @@ class KVCacheManager:
                 # A window that shrank (never in a growing request): the oldest blocks go back at once.
                 self._release(held[gi].drop_front(-w))
         return True
+
+    def _group_targets(self, target_tokens: int, logical: int) -> list[tuple[int, int]]:
+        """(group, blocks it should hold at ``target_tokens``) for a mixed layout, each group on its own scale."""
+        out = [(i, logical) for i in self.full_groups]
+        out += [(gi, min(-(-target_tokens // per), cap)) for gi, cap, per in self._sliding_scaled]
+        return out
 
     def register(self, held: BlockTable, hashes: list[int], start: int, stop: int) -> None:
         """Cache the full blocks ``start..stop-1`` of a request under their chained hashes."""
