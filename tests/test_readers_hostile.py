@@ -18,14 +18,14 @@ from agentload.endpoint.scrape import ServerPool, _llamacpp_pool, _sglang_pool, 
 from agentload.endpoint.signals import ServerSignals, SignalPoller
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.errors import AgentloadError, EndpointResponseError, ServerCapabilityError
+from tests.fakeclock import ManualClock
 from tests.fuzzing import fuzz_examples
 from tests.hostile import dumps, json_values, payloads
 from tests.mockserver import scripted
 
 
-class FakeClock:
-    def now(self) -> float:
-        return 1000.0
+def FakeClock() -> ManualClock:
+    return ManualClock(1000.0)
 
 
 def poll(metrics: bytes, *, engine: str | None = "vllm") -> ServerSignals:

@@ -20,17 +20,10 @@ from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import ConnectFailed, MockRequest, MockResponse, MockTransport
 from agentload.endpoint.watchdog import Watchdog
 from agentload.sim.faults import parse_fault
+from tests.fakeclock import ManualClock
 from tests.simserver import running_sim
 
-
-class RecordingSleeper:
-    """Virtual waits: records what the backend asked for and returns at once."""
-
-    def __init__(self) -> None:
-        self.slept: list[float] = []
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
+RecordingSleeper = ManualClock  # virtual waits: records what the backend asked for and returns at once
 
 
 def sse(*events: Mapping[str, Any]) -> bytes:

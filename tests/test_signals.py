@@ -10,16 +10,13 @@ import pytest
 from agentload.endpoint.signals import ServerSignals, SignalPoller
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.errors import EndpointTimeoutError
+from tests.fakeclock import ManualClock
 from tests.mockserver import Routes, scripted
 from tests.simserver import running_sim
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def now(self) -> float:
-        return self.t
+def FakeClock() -> ManualClock:
+    return ManualClock(1000.0)
 
 
 def paths(transport: MockTransport) -> list[str]:

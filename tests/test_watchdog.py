@@ -22,16 +22,11 @@ from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRe
 from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.watchdog import Watchdog, estimate_prompt_tokens
+from tests.fakeclock import ManualClock
 from tests.mockserver import Routes, scripted
 from tests.simserver import running_sim
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
+FakeClock = ManualClock
 
 
 def vllm_metrics(running: int = 0, waiting: int = 0, tokens: float = 0, preemptions: float = 0) -> bytes:

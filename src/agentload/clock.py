@@ -16,10 +16,18 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    """What the engine driver needs of time."""
+    """Time as everything outside the engine-only driver sees it: the one clock protocol.
+
+    ``RealClock`` (wall time) and ``vtime.LoopClock`` (the running loop's time, virtual on a ``VirtualTimeLoop``)
+    implement it; ``VirtualClock`` below is the engine-only driver's event scheduler, not a clock to sleep on.
+    """
 
     def now(self) -> float:
         """Seconds since an arbitrary, fixed origin."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time."""
         ...
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from agentload.agent.tools import ToolRegistry
+from agentload.clock import Clock
 from agentload.endpoint.records import RequestIds, RequestRecord
 
 
@@ -22,10 +23,6 @@ class ChatBackend(Protocol):
     """What the loop needs of a server: all attempts of one turn (retries included), the last one final."""
 
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]: ...
-
-
-class Sleeper(Protocol):
-    async def sleep(self, seconds: float) -> None: ...
 
 
 class AgentSpec(BaseModel):
@@ -97,7 +94,7 @@ async def run_agent(
     spec: AgentSpec,
     backend: ChatBackend,
     tools: ToolRegistry,
-    clock: Sleeper,
+    clock: Clock,
     *,
     run_id: str = "",
     level: int = 0,

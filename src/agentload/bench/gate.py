@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from agentload.workload.base import Clock
+from agentload.clock import Clock
 
 
 @dataclass

@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
+from agentload.clock import Clock
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import ConnectFailed, TransportError
 from agentload.errors import EndpointTimeoutError
@@ -34,14 +35,10 @@ class DeadServerRule(Protocol):
     def server_dead(self) -> bool: ...
 
 
-class Sleeper(Protocol):
-    async def sleep(self, seconds: float) -> None: ...
-
-
 class ServerLiveness:
     """Watches the dead-server rule of a run's watchdog; see the module docstring."""
 
-    def __init__(self, rule: DeadServerRule, poller: SignalPoller, clock: Sleeper, *, check_s: float = 1.0) -> None:
+    def __init__(self, rule: DeadServerRule, poller: SignalPoller, clock: Clock, *, check_s: float = 1.0) -> None:
         self.rule = rule
         self.poller = poller
         self.clock = clock

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from agentload.clock import RealClock
+from agentload.clock import Clock, RealClock
 from agentload.endpoint.client import StallPolicy
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.watchdog import estimate_prompt_tokens
@@ -45,10 +45,6 @@ class ChatSender(Protocol):
         policy: StallPolicy | None = ...,
         prompt_tokens_hint: int = ...,
     ) -> RequestRecord: ...
-
-
-class Sleeper(Protocol):
-    async def sleep(self, seconds: float) -> None: ...
 
 
 @runtime_checkable
@@ -84,7 +80,7 @@ class RetryingBackend:
         max_attempts: int = 5,
         base_backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
-        clock: Sleeper | None = None,
+        clock: Clock | None = None,
         max_retry_after_s: float = 120.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -98,7 +94,7 @@ class RetryingBackend:
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
         self.max_retry_after_s = max_retry_after_s
-        self.clock: Sleeper = clock or RealClock()
+        self.clock: Clock = clock or RealClock()
         self._rng = rng or random.Random()
         self.stats = RetryStatistics()
 

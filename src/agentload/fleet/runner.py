@@ -2,7 +2,7 @@
 
 The runner declares what it needs (style.md §3) and imports no concrete server, poller or display: a
 ``ChatBackend`` (the agent loop's protocol — ``SingleAttemptBackend`` or ``RetryingBackend`` fit), an optional
-``SignalSource`` (``endpoint.signals.SignalPoller`` fits), an optional ``FleetProgress`` and a ``FleetClock``.
+``SignalSource`` (``endpoint.signals.SignalPoller`` fits), an optional ``FleetProgress`` and a ``Clock``.
 
 Each agent gets its own conversation (``AgentSpec``), tool registry, workspace directory and backend wrapper;
 nothing but the server and the limiter is shared. An agent starts once every task it depends on is done (a
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentload.agent.loop import ChatBackend, TurnLog, run_agent
+from agentload.clock import Clock
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.fleet.checkpoint import AgentLine, CheckpointLog, InterruptLine, LimitLine, LogState, TurnLine
 from agentload.fleet.config import AgentPlan
@@ -43,12 +44,6 @@ from agentload.fleet.toolbox import ToolSettings, build_registry
 CONTROL_INTERVAL_S = 1.0
 # Dependency results handed to a dependent task are cut to this many characters each.
 DEPENDENCY_RESULT_CHARS = 2000
-
-
-class FleetClock(Protocol):
-    def now(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
 
 
 class SignalSource(Protocol):
@@ -186,7 +181,7 @@ class FleetRunner:
         limiter: Limiter,
         log: CheckpointLog,
         state: LogState,
-        clock: FleetClock,
+        clock: Clock,
         workspaces: Path,
         model: str,
         run_id: str = "",

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from agentload.agent.loop import AgentSpec, ChatBackend, run_agent
 from agentload.agent.tools import ToolRegistry
+from agentload.clock import Clock
 from agentload.errors import ConfigError
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.model import SUITE_VERSION, SuiteTest
@@ -34,15 +35,6 @@ from agentload.suite.results import (
     judge,
 )
 from agentload.suite.scoring import Status
-
-
-class SuiteClock(Protocol):
-    """Time for the runner: stamps for the figures, sleeps for the agents' think and tool time."""
-
-    def now(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
 
 TestDone = Callable[[int, TestResult], None]  # (agents in the level, the finished test's result)
 LevelStart = Callable[[int, int], None]  # (agents in the level, tests each agent runs)
@@ -96,7 +88,7 @@ async def run_session(
     tests: Sequence[SuiteTest],
     backend: ChatBackend,
     config: SuiteConfig,
-    clock: SuiteClock,
+    clock: Clock,
     acc: LevelAccumulator,
     *,
     run_id: str = "",
@@ -164,7 +156,7 @@ async def run_level(
     tests: Sequence[SuiteTest],
     agents: int,
     config: SuiteConfig,
-    clock: SuiteClock,
+    clock: Clock,
     *,
     run_id: str = "",
     on_test: TestDone | None = None,
@@ -205,7 +197,7 @@ async def run_suite(
     tests: Sequence[SuiteTest],
     config: SuiteConfig,
     agent_counts: Sequence[int],
-    clock: SuiteClock,
+    clock: Clock,
     *,
     endpoint: str = "",
     on_level: LevelStart | None = None,

@@ -11,13 +11,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from agentload.agent.loop import ChatBackend
+from agentload.clock import Clock
 from agentload.workload.sizing import TokenSizing
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
 
 
 class LoadContext(Protocol):
