@@ -51,7 +51,6 @@ from agentload.fleet.checkpoint import (
     SegmentLine,
     load_log,
     read_manifest,
-    write_json_atomic,
     write_manifest,
 )
 from agentload.fleet.config import AgentPlan, FleetConfig, expand, load_fleet
@@ -61,6 +60,7 @@ from agentload.fleet.results import FleetResult, compile_result
 from agentload.fleet.runner import FleetProgress, FleetRunner
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
+from agentload.store.atomic import write_atomic
 from agentload.store.runstore import run_root
 from agentload.vtime import LoopClock, run_virtual
 
@@ -300,7 +300,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         stopped_early=outcome.stopped_early,
         server_failure=outcome.server_failure,
     )
-    write_json_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
+    write_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
     return result
 
 

@@ -10,7 +10,6 @@ only (style.md §5), never from a live benchmark.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from agentload import __version__
-from agentload.errors import ConfigError
+from agentload.errors import CheckpointError, ConfigError
 from agentload.report.figures import (
     RunData,
     colours,
@@ -36,6 +35,7 @@ from agentload.report.figures import (
 )
 from agentload.report.levels import LevelTable, level_table
 from agentload.report.text import CAUSES, capacity_sentence, knee_sentence, knee_short, num
+from agentload.store.atomic import write_atomic
 from agentload.store.history import best_output_tps
 from agentload.store.rundir import RunDir
 
@@ -202,14 +202,10 @@ def write_report(dirs: Sequence[RunDir], output: Path, *, title: str | None = No
     started = time.perf_counter()
     runs = load_runs(dirs)
     html = render_report(runs, title=title)
-    data = html.encode("utf-8")
-    tmp = output.with_name(f".{output.name}.tmp")
     try:
-        tmp.write_bytes(data)
-        tmp.replace(output)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write the report to {output}: {exc.strerror or exc}") from exc
+        write_atomic(output, html)
+    except CheckpointError as exc:
+        why = getattr(exc.__cause__, "strerror", None) or exc
+        raise ConfigError(f"cannot write the report to {output}: {why}") from exc
     plots = html.count('type="application/json" data-plot=')
-    return ReportStats(path=output, bytes=len(data), plots=plots, seconds=time.perf_counter() - started)
+    return ReportStats(path=output, bytes=len(html.encode()), plots=plots, seconds=time.perf_counter() - started)

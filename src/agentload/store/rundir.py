@@ -14,7 +14,6 @@ with records but no result is a run that did not finish.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from pydantic import (
 from agentload.bench.results import RESULT_SCHEMA, RunResult, ServerSample
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import CheckpointError
+from agentload.store.atomic import write_atomic
 from agentload.store.jsonl import JsonlReader, JsonlWriter
 
 RESULT = "result.json"
@@ -87,20 +87,6 @@ def new_run_id(now: datetime | None = None, *, prefix: str = "") -> str:
     """A sortable, unique id such as ``20261101-142305-3f9a`` (the random tail tells apart runs in one second)."""
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     return check_run_id(f"{prefix}{stamp}-{secrets.token_hex(2)}")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file, fsync and rename, so a reader sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _validation_line(exc: ValidationError) -> str:
@@ -223,7 +209,7 @@ class RunWriter:
         if result.run_id != self.run_id:
             raise CheckpointError(f"result of run {result.run_id!r} written into the directory of {self.run_id!r}")
         self.close()
-        write_text_atomic(self.path / RESULT, result.model_dump_json(indent=2))
+        write_atomic(self.path / RESULT, result.model_dump_json(indent=2))
         run = RunDir(self.path)
         export_csv(run, result)
         # A run stopped early (its server was lost) keeps its files for `report PATH`, but the history indexes
