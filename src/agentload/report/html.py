@@ -36,8 +36,7 @@ from agentload.report.figures import (
 from agentload.report.levels import LevelTable, level_table
 from agentload.report.text import CAUSES, capacity_sentence, knee_sentence, knee_short, num
 from agentload.store.atomic import write_atomic
-from agentload.store.history import best_output_tps
-from agentload.store.rundir import RunDir
+from agentload.store.rundir import RunDir, best_output_tps
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ See ``store.rundir`` for the layout and ``store.history`` for the index.
 """
 
 from agentload.store.csvexport import export_csv
-from agentload.store.history import HistoryEntry, RunHistory, best_output_tps
+from agentload.store.history import HistoryEntry, RunHistory
 from agentload.store.jsonl import JsonlReader, JsonlWriter
-from agentload.store.rundir import LevelSample, RunDir, RunWriter, new_run_id
+from agentload.store.manifest import new_run_id
+from agentload.store.rundir import LevelSample, RunDir, RunWriter, best_output_tps
 from agentload.store.runstore import DEFAULT_ROOT, ROOT_ENV, RunStore, run_root
 
 __all__ = [
