@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -56,12 +55,13 @@ from agentload.fleet.checkpoint import (
 from agentload.fleet.config import AgentPlan, FleetConfig, expand, load_fleet
 from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.progress import LineProgress, LiveProgress
-from agentload.fleet.results import FleetResult, compile_result
+from agentload.fleet.results import FleetResult, compile_result, fleet_info
 from agentload.fleet.runner import FleetProgress, FleetRunner
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.atomic import write_atomic
-from agentload.store.runstore import run_root
+from agentload.store.manifest import RunInfo, now_iso, read_info, write_info
+from agentload.store.runstore import RunStore, run_root
 from agentload.vtime import LoopClock, run_virtual
 
 EXIT_AGENTS_FAILED = 1
@@ -111,24 +111,6 @@ async def embedded_simulator(profile: str, behaviour: str = "agent") -> AsyncIte
         server_log.setLevel(level)
 
 
-def _new_run_dir(out: Path, name: str) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")  # a name for people, not a measurement
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create {out}: {exc.strerror or exc}") from exc
-    for n in range(1000):
-        path = out / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from exc
-        return path
-    raise ConfigError(f"cannot find a free run directory name under {out}")
-
-
 def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
     """The run's manifest and directory; a new run gets its directory only once the server has answered."""
     if opts.resume is not None:
@@ -157,10 +139,22 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
 
 
 def _create_run(opts: RunOptions, manifest: RunManifest) -> tuple[RunManifest, Path]:
-    run_dir = _new_run_dir(run_root(opts.out), manifest.fleet.name)
+    """``<root>/<fleet name>-<stamp>-<tail>/`` through the store (its manifest.json), then the fleet's run.json."""
+    info = RunInfo(kind="fleet", run_id="", created=now_iso(), workload=manifest.fleet.name, model=opts.model or "")
+    run_dir, _ = RunStore(opts.out).new_dir(info, prefix=f"{manifest.fleet.name}-")
     manifest = manifest.model_copy(update={"run_id": run_dir.name})
     write_manifest(run_dir, manifest)
     return manifest, run_dir
+
+
+def _begin_segment(run_dir: Path, run_id: str) -> str:
+    """Mark a resumed run as running again (a run from before manifests gets one); returns its start date."""
+    info = read_info(run_dir)
+    if info is None:
+        info = RunInfo(kind="fleet", run_id=run_id, created=now_iso())
+    if info.status != "running":
+        write_info(run_dir, info.model_copy(update={"status": "running", "detail": ""}))
+    return info.created
 
 
 def start_width(
@@ -238,6 +232,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             opts.run_dir = run_dir
         else:
             run_dir = existing
+        created = _begin_segment(run_dir, manifest.run_id)
         state = load_log(run_dir / LOG)
         if state.torn_bytes:
             opts.notes.append(f"dropped a torn last line ({state.torn_bytes} bytes) from {run_dir / LOG}")
@@ -301,6 +296,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         server_failure=outcome.server_failure,
     )
     write_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
+    RunStore(run_dir.parent).finish(run_dir, fleet_info(result, created=created))
     return result
 
 

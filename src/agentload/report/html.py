@@ -73,7 +73,7 @@ def load_runs(dirs: Sequence[RunDir]) -> list[RunData]:
     return runs
 
 
-def _plot(fig: go.Figure, plot_id: str) -> Plot:
+def as_plot(fig: go.Figure, plot_id: str) -> Plot:
     return Plot(id=plot_id, json=fig.to_json(validate=False, pretty=False))
 
 
@@ -103,12 +103,12 @@ def _view(run: RunData, index: int) -> RunView:
         table=_one_line_headers(level_table(r)),
         settings=[(k, "—" if v is None else str(v)) for k, v in r.settings.items()],
     )
-    view.plots.append(_plot(token_split(run), f"run{index}-split"))
+    view.plots.append(as_plot(token_split(run), f"run{index}-split"))
     over_time = timeline(run)
     if over_time is None:
         view.no_samples = True
     else:
-        view.plots.append(_plot(over_time, f"run{index}-timeline"))
+        view.plots.append(as_plot(over_time, f"run{index}-timeline"))
     return view
 
 
@@ -149,7 +149,7 @@ def _comparison(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.PackageLoader("agentload.report", "templates"),
         autoescape=True,  # every string from a run (ids, targets, notes) is data, never markup
@@ -163,15 +163,15 @@ def render_report(runs: Sequence[RunData], *, title: str | None = None, generate
     """The report's HTML for ``runs`` (one or more; several are compared side by side)."""
     if not runs:
         raise ConfigError("a report needs at least one run")
-    overlay = [_plot(throughput_vs_agents(runs), "throughput"), _plot(ttft_vs_agents(runs), "ttft")]
+    overlay = [as_plot(throughput_vs_agents(runs), "throughput"), as_plot(ttft_vs_agents(runs), "ttft")]
     passes = pass_rate_vs_agents(runs)
     if passes is not None:
-        overlay.append(_plot(passes, "pass-rate"))
+        overlay.append(as_plot(passes, "pass-rate"))
     views = [_view(run, i) for i, run in enumerate(runs)]
     headers, rows = _comparison(runs)
     default_title = f"agentload · {runs[0].label}" if len(runs) == 1 else f"agentload · {len(runs)} runs compared"
     return (
-        _environment()
+        environment()
         .get_template("report.html.j2")
         .render(
             title=title or default_title,

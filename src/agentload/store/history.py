@@ -17,7 +17,7 @@ from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentload.bench.results import RunResult
 from agentload.errors import CheckpointError
@@ -81,6 +81,7 @@ class HistoryEntry(BaseModel):
     kind: RunKind = "bench"
     status: RunStatus = "finished"
     outcome: str = ""
+    detail: str = Field(default="", description="why a run was interrupted (listed from its manifest)")
 
     @classmethod
     def of(cls, info: RunInfo, path: Path) -> HistoryEntry:
@@ -98,6 +99,7 @@ class HistoryEntry(BaseModel):
             kind=info.kind,
             status=info.listed_status,
             outcome=info.outcome,
+            detail=info.detail,
         )
 
     @property
