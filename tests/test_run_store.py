@@ -188,7 +188,7 @@ def test_an_interrupted_fleet_is_listed_then_resumed_from_its_place_to_finished(
     assert "fleet · interrupted" in table.output
     assert f"{run_id}: interrupted — 3 agents left to resume" in table.output
 
-    again = invoke("run", "--resume", str(root / run_id), "--json")
+    again = invoke("run", "--resume", run_id, "--out", str(root), "--json")  # by its id, as `runs` lists it
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["totals"]["turns"] == 6
     assert _listed(root)[run_id]["status"] == "finished"

@@ -359,7 +359,9 @@ def run(
         int | None, typer.Option(min=1, help="parallel: agents live at once; auto: the width to start from.")
     ] = None,
     max_width: Annotated[int | None, typer.Option(min=1, help="auto: never wider than this.")] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue the run in this run directory.")] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Continue the run in this run directory (or of this run id under --out).")
+    ] = None,
     out: OutOption = None,
     url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (default: the embedded simulator).")] = (
         None
@@ -387,6 +389,8 @@ def run(
     if mode is Mode.PARALLEL and width is None:
         raise ConfigError("--mode parallel needs --width N (or use --mode auto to let the limiter choose)")
     resolve_key_env(api_key_env)  # a variable named but unset fails here, not as a 401 per request
+    if resume is not None and not resume.is_dir() and len(resume.parts) == 1 and (run_root(out) / resume).is_dir():
+        resume = run_root(out) / resume  # a run id, as `agentload runs` lists it, under the root of runs
     opts = RunOptions(
         fleet=fleet,
         mode=mode,

@@ -1,5 +1,6 @@
 """The run directory: a manifest, an append-only JSONL log of finished turns, and the results at the end.
 
+``RUN_DIR/manifest.json`` the store's manifest every run kind carries (kind, id, status, headline: ``store.manifest``)
 ``RUN_DIR/run.json``      what was asked: the fleet (whole, so a resume runs the very same agents), server, model
 ``RUN_DIR/turns.jsonl``   one line per event, appended, flushed and fsynced before the run goes on:
                           ``segment`` (a process started or resumed the run), ``turn`` (an agent finished a turn:

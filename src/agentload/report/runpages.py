@@ -119,7 +119,7 @@ def pass_rates(run: SuiteRun) -> go.Figure:
             line={"width": 4, "color": "black"},
         )
     )
-    fig.update_xaxes(title={"text": "agents at once"})
+    fig.update_xaxes(title={"text": "agents at once"}, tickmode="array", tickvals=agents)
     fig.update_yaxes(title={"text": "pass rate"}, range=[0, 1.05], tickformat=".0%")
     return _layout(fig, "Pass rate against agents")
 
