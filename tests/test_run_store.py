@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ from agentload.errors import CheckpointError
 from agentload.store import ROOT_ENV, RunStore
 from agentload.store.atomic import atomic_file, write_atomic
 from agentload.store.manifest import MANIFEST, RunInfo, read_info
+from agentload.store.suiterun import save_suite_run
+from agentload.suite.results import SuiteRun
 
 WIDE = {"COLUMNS": "250"}
 
@@ -210,7 +213,7 @@ def test_runs_without_a_result_are_listed_as_incomplete(tmp_path: Path) -> None:
     ]
     table = invoke("runs", "--root", str(tmp_path))
     assert "bench · incomplete" in table.output
-    assert "it wrote no result" in table.output
+    assert "its last process wrote no result" in table.output
     # report says why it cannot render them, in one line each.
     fleet_dir = next(p for p in tmp_path.iterdir() if p.name.startswith("w-"))
     result = _report(str(fleet_dir), "-o", str(tmp_path / "r.html"))
@@ -276,3 +279,26 @@ def test_the_atomic_writer_leaves_the_old_file_or_the_new_one(tmp_path: Path) ->
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary file left behind
     with pytest.raises(CheckpointError, match="cannot write"):
         write_atomic(tmp_path / "no-such-dir" / "x.json", "x")
+
+
+def test_a_suite_stopped_by_a_lost_server_is_listed_as_interrupted(tmp_path: Path) -> None:
+    why = "http://127.0.0.1:9 has not answered for 20 s: it refuses connections (the server is down)"
+    run = SuiteRun(
+        suite_version="1.1",
+        model="m",
+        endpoint="http://127.0.0.1:9/v1",
+        started_at=datetime(2026, 12, 1, 12, 0, tzinfo=UTC),
+        payload_tokens=1000,
+        levels=[],
+        incomplete=why,
+    )
+    saved = save_suite_run(run, tmp_path)
+    (entry,) = _listed(tmp_path).values()
+    assert (entry["id"], entry["kind"], entry["status"], entry["detail"]) == (
+        saved.parent.name,
+        "suite",
+        "interrupted",
+        why,
+    )
+    assert entry["outcome"] == "no level ran"
+    assert RunStore(tmp_path).runs() == []  # not among the finished runs of the history

@@ -52,5 +52,7 @@ def runs(
     console.print(history_table(entries, store.root))
     for e in entries:
         if e.status != "finished":
-            why = e.detail or ("it wrote no result: killed, or still running" if e.status == "incomplete" else "")
+            why = e.detail or (
+                "its last process wrote no result: killed, or still running" if e.status == "incomplete" else ""
+            )
             console.print(f"{e.id}: {e.status}" + (f" — {why}" if why else ""), style="dim", markup=False)
