@@ -138,9 +138,19 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
     return manifest, None
 
 
-def _create_run(opts: RunOptions, manifest: RunManifest) -> tuple[RunManifest, Path]:
+def _create_run(
+    opts: RunOptions, manifest: RunManifest, *, target: str = "", model: str = ""
+) -> tuple[RunManifest, Path]:
     """``<root>/<fleet name>-<stamp>-<tail>/`` through the store (its manifest.json), then the fleet's run.json."""
-    info = RunInfo(kind="fleet", run_id="", created=now_iso(), workload=manifest.fleet.name, model=opts.model or "")
+    info = RunInfo(
+        kind="fleet",
+        run_id="",
+        created=now_iso(),
+        target=target,
+        model=model,
+        workload=manifest.fleet.name,
+        mode=opts.mode.value,
+    )
     run_dir, _ = RunStore(opts.out).new_dir(info, prefix=f"{manifest.fleet.name}-")
     manifest = manifest.model_copy(update={"run_id": run_dir.name})
     write_manifest(run_dir, manifest)
@@ -228,7 +238,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         width, reason, warnings = start_width(opts.mode, opts.width, plans, probed)
         # Only now, with a server that answers and a width to start at, is there a run to record.
         if existing is None:
-            manifest, run_dir = _create_run(opts, manifest)
+            manifest, run_dir = _create_run(opts, manifest, target=server.label, model=model or "")
             opts.run_dir = run_dir
         else:
             run_dir = existing

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from agentload.errors import CheckpointError
-from agentload.store.catalog import dir_info, safe_dir_info
+from agentload.store.catalog import RESULT_FILES, dir_info, safe_dir_info
 from agentload.store.history import HistoryEntry, RunHistory
 from agentload.store.manifest import RunInfo, check_run_id, new_run_id, write_info
 from agentload.store.rundir import RESULT, RunDir, RunWriter
@@ -91,7 +91,7 @@ class RunStore:
     def resolve(self, ref: str) -> RunDir:
         """A run directory from what a user typed: its path, its ``result.json``, or its id in this root."""
         path = Path(ref)
-        if path.name == RESULT and path.is_file():
+        if path.name in RESULT_FILES and path.is_file():  # a run's result file: result.json, suite.json, ...
             return RunDir(path.parent)
         if path.is_dir():
             info = dir_info(path)
