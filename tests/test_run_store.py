@@ -20,11 +20,14 @@ from typer.testing import CliRunner, Result
 from agentload.cli.main import app
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import CheckpointError
+from agentload.fleet.checkpoint import CheckpointLog, SegmentLine, load_log
+from agentload.fleet.limiter import Mode
 from agentload.store import ROOT_ENV, RunStore
 from agentload.store.atomic import atomic_file, write_atomic
 from agentload.store.manifest import MANIFEST, RunInfo, read_info
 from agentload.store.suiterun import save_suite_run
 from agentload.suite.results import SuiteRun
+from tests.test_store import SyntheticRun, save, synthetic_run
 
 WIDE = {"COLUMNS": "250"}
 
@@ -302,3 +305,37 @@ def test_a_suite_stopped_by_a_lost_server_is_listed_as_interrupted(tmp_path: Pat
     )
     assert entry["outcome"] == "no level ran"
     assert RunStore(tmp_path).runs() == []  # not among the finished runs of the history
+
+
+def test_a_bench_stopped_by_a_lost_server_is_listed_as_interrupted_with_its_knee(tmp_path: Path) -> None:
+    why = "http://127.0.0.1:9 has not answered for 20 s: it refuses connections (the server is down)"
+    store = RunStore(tmp_path)
+    run = synthetic_run("lost-server")
+    save(store, SyntheticRun(run.result.model_copy(update={"incomplete": why}), run.records, run.samples))
+    save(store, synthetic_run("whole", created="2026-10-01T00:00:00+00:00"))
+    listed = _listed(tmp_path)
+    assert {i: (e["kind"], e["status"]) for i, e in listed.items()} == {
+        "lost-server": ("bench", "interrupted"),
+        "whole": ("bench", "finished"),
+    }
+    assert listed["lost-server"]["detail"] == why
+    assert listed["lost-server"]["knees"] == [{"agents": 24, "context": 40960, "cause": "preemption"}]
+    assert [e.id for e in store.runs()] == ["whole"]  # the history of finished measurements is unchanged
+
+
+async def test_the_fleet_log_opened_on_a_torn_file_starts_on_a_clean_line(tmp_path: Path) -> None:
+    """The checkpoint log appends through store.jsonl, whose writer cuts a torn tail when it opens the file —
+    even when nobody read the log first."""
+    path = tmp_path / "turns.jsonl"
+    segment = SegmentLine(segment=0, mode=Mode.AUTO, start_width=1, reason="r")
+    log = CheckpointLog(path, sync=False)
+    await log.append(segment)
+    log.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"kind": "seg')  # killed mid-line
+    log = CheckpointLog(path, sync=False)
+    await log.append(segment.model_copy(update={"segment": 1}))
+    log.close()
+    state = load_log(path, repair=False)
+    assert [s.segment for s in state.segments] == [0, 1]
+    assert state.torn_bytes == 0
