@@ -196,11 +196,8 @@ class ReportStats:
     seconds: float
 
 
-def write_report(dirs: Sequence[RunDir], output: Path, *, title: str | None = None) -> ReportStats:
-    """Render the runs in ``dirs`` into ``output`` (one file); returns its size, plot count and render time."""
-    started = time.perf_counter()
-    runs = load_runs(dirs)
-    html = render_report(runs, title=title)
+def save_page(output: Path, html: str, started: float) -> ReportStats:
+    """Write a rendered page atomically; its size, plot count and the seconds since ``started`` (perf_counter)."""
     try:
         write_atomic(output, html)
     except CheckpointError as exc:
@@ -208,3 +205,9 @@ def write_report(dirs: Sequence[RunDir], output: Path, *, title: str | None = No
         raise ConfigError(f"cannot write the report to {output}: {why}") from exc
     plots = html.count('type="application/json" data-plot=')
     return ReportStats(path=output, bytes=len(html.encode()), plots=plots, seconds=time.perf_counter() - started)
+
+
+def write_report(dirs: Sequence[RunDir], output: Path, *, title: str | None = None) -> ReportStats:
+    """Render the runs in ``dirs`` into ``output`` (one file); returns its size, plot count and render time."""
+    started = time.perf_counter()
+    return save_page(output, render_report(load_runs(dirs), title=title), started)

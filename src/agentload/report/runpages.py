@@ -24,13 +24,12 @@ from rich.console import Console
 from rich.table import Table
 
 from agentload import __version__
-from agentload.errors import CheckpointError, ConfigError
+from agentload.errors import CheckpointError
 from agentload.fleet.results import FleetResult
 from agentload.report.console import NaturalWidth
 from agentload.report.figures import FONT, HEIGHT, colours
-from agentload.report.html import Plot, ReportStats, as_plot, environment
+from agentload.report.html import Plot, ReportStats, as_plot, environment, save_page
 from agentload.report.text import DASH, num, pct, secs, tokens
-from agentload.store.atomic import write_atomic
 from agentload.store.catalog import FLEET_RESULTS
 from agentload.store.suiterun import SUITE_RESULT
 from agentload.suite.results import SuiteRun, load_run
@@ -286,14 +285,7 @@ def _sections(kind: str, paths: Sequence[Path]) -> list[Section]:
 def write_run_page(kind: str, paths: Sequence[Path], output: Path, *, title: str | None = None) -> ReportStats:
     """Render the fleet or suite runs in ``paths`` into ``output``; its size, plot count and render time."""
     started = time.perf_counter()
-    html = render_page(kind, _sections(kind, paths), title=title)
-    try:
-        write_atomic(output, html)
-    except CheckpointError as exc:
-        why = getattr(exc.__cause__, "strerror", None) or exc
-        raise ConfigError(f"cannot write the report to {output}: {why}") from exc
-    plots = html.count('type="application/json" data-plot=')
-    return ReportStats(path=output, bytes=len(html.encode()), plots=plots, seconds=time.perf_counter() - started)
+    return save_page(output, render_page(kind, _sections(kind, paths), title=title), started)
 
 
 def print_run_page(kind: str, paths: Sequence[Path], console: Console) -> None:
