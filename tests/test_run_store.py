@@ -153,7 +153,7 @@ def test_report_renders_a_fleet_run(tmp_path: Path) -> None:
     assert 'data-plot="run0-width"' in html
     # One row per agent (t.0, t.1, t.2), each with its 2 committed turns, in the page and in the printed tables.
     for agent in ("t.0", "t.1", "t.2"):
-        assert re.search(rf"<td>{re.escape(agent)}</td><td>t</td><td>0</td><td>done</td><td>2</td>", html), agent
+        assert re.search(rf"<td[^>]*>{re.escape(agent)}</td><td[^>]*>t</td><td>0</td><td[^>]*>done</td><td>2</td>", html), agent
         assert re.search(rf"{re.escape(agent)}\s+t\s+0\s+done\s+2\s", result.output), agent
 
 
@@ -167,9 +167,10 @@ def test_report_renders_a_suite_run(tmp_path: Path) -> None:
     assert 'data-kind="suite"' in html
     # The test × level matrix: each of T1, T2 passed by the one agent, then by both.
     for test in ("T1", "T2"):
-        assert re.search(rf"<td>{test}</td>.*?<td>100% \(1/1\)</td><td>100% \(2/2\)</td>", html, re.S), test
+        assert re.search(rf"<td[^>]*>{test}</td>.*?<td>100% \(1/1\)</td><td>100% \(2/2\)</td>", html, re.S), test
     assert re.search(r"T1\s+basic tool calling.*100% \(1/1\)\s+100% \(2/2\)", result.output)
     assert "<th>1 agent</th><th>2 agents</th>" in html
+    assert '<td class="text">basic tool calling</td>' in html  # words left-aligned, figures right
 
 
 def test_a_report_takes_runs_of_one_kind(tmp_path: Path) -> None:

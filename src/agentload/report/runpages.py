@@ -123,6 +123,12 @@ def pass_rates(run: SuiteRun) -> go.Figure:
     return _layout(fig, "Pass rate against agents")
 
 
+def text_columns(rows: Sequence[Sequence[str]]) -> list[bool]:
+    """Which columns hold words rather than figures (left-aligned; figures stay right-aligned to compare)."""
+    width = max((len(r) for r in rows), default=0)
+    return [not all(r[i][:1].isdigit() or r[i] in (DASH, "") for r in rows if i < len(r)) for i in range(width)]
+
+
 @dataclass
 class Section:
     """One run on the page: headline facts, tables (headers + rows), notes and plots."""
@@ -267,6 +273,7 @@ def render_page(
             agentload_version=__version__,
             generated=(generated or datetime.now().astimezone()).isoformat(timespec="seconds"),
             plot_count=len(plots),
+            text_columns=text_columns,
         )
     )
 
