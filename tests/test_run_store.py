@@ -153,7 +153,9 @@ def test_report_renders_a_fleet_run(tmp_path: Path) -> None:
     assert 'data-plot="run0-width"' in html
     # One row per agent (t.0, t.1, t.2), each with its 2 committed turns, in the page and in the printed tables.
     for agent in ("t.0", "t.1", "t.2"):
-        assert re.search(rf"<td[^>]*>{re.escape(agent)}</td><td[^>]*>t</td><td>0</td><td[^>]*>done</td><td>2</td>", html), agent
+        assert re.search(
+            rf"<td[^>]*>{re.escape(agent)}</td><td[^>]*>t</td><td>0</td><td[^>]*>done</td><td>2</td>", html
+        ), agent
         assert re.search(rf"{re.escape(agent)}\s+t\s+0\s+done\s+2\s", result.output), agent
 
 
