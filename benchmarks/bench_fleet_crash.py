@@ -85,7 +85,7 @@ def main() -> None:
         sim.wait()
         if not runs.exists():
             raise SystemExit(f"no run directory; the run said:\n{out.read_text(errors='replace')}")
-        (run_dir,) = list(runs.iterdir())
+        (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]  # the root may also hold history.sqlite
         when = f"{args.fault} {args.at:.0f} s after the first turn"
         print(f"{when}: the run exited {code} after {to_exit:.1f} s; {last_error(out)}")
         print(f"  saved in results.json: {counts(run_dir)}")

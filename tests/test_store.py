@@ -39,7 +39,7 @@ from agentload.errors import CheckpointError
 from agentload.report.console import history_table
 from agentload.store import JsonlReader, JsonlWriter, LevelSample, RunDir, RunStore
 from agentload.store.csvexport import level_columns
-from agentload.store.rundir import new_run_id
+from agentload.store.manifest import new_run_id
 
 
 @dataclass(frozen=True)

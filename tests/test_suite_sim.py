@@ -18,10 +18,11 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.retry import RetryingBackend
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
+from agentload.store.suiterun import save_suite_run as save_run
 from agentload.suite.cases import all_tests, by_id, select
 from agentload.suite.model import SuiteTest, failed
 from agentload.suite.oracle import STOP_EARLY_AFTER, WRONG_KEY_AT, scenarios
-from agentload.suite.results import AgentStatus, SuiteRun, load_run, rescore, save_run
+from agentload.suite.results import AgentStatus, SuiteRun, load_run, rescore
 from agentload.suite.runner import SuiteConfig, run_suite
 from agentload.suite.scoring import Status
 from tests.simserver import running_sim

@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -51,17 +50,18 @@ from agentload.fleet.checkpoint import (
     SegmentLine,
     load_log,
     read_manifest,
-    write_json_atomic,
     write_manifest,
 )
 from agentload.fleet.config import AgentPlan, FleetConfig, expand, load_fleet
 from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.progress import LineProgress, LiveProgress
-from agentload.fleet.results import FleetResult, compile_result
+from agentload.fleet.results import FleetResult, compile_result, fleet_info
 from agentload.fleet.runner import FleetProgress, FleetRunner
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.store.runstore import run_root
+from agentload.store.atomic import write_atomic
+from agentload.store.manifest import RunInfo, now_iso, read_info, write_info
+from agentload.store.runstore import RunStore, run_root
 from agentload.vtime import LoopClock, run_virtual
 
 EXIT_AGENTS_FAILED = 1
@@ -111,24 +111,6 @@ async def embedded_simulator(profile: str, behaviour: str = "agent") -> AsyncIte
         server_log.setLevel(level)
 
 
-def _new_run_dir(out: Path, name: str) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")  # a name for people, not a measurement
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create {out}: {exc.strerror or exc}") from exc
-    for n in range(1000):
-        path = out / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from exc
-        return path
-    raise ConfigError(f"cannot find a free run directory name under {out}")
-
-
 def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
     """The run's manifest and directory; a new run gets its directory only once the server has answered."""
     if opts.resume is not None:
@@ -156,11 +138,33 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
     return manifest, None
 
 
-def _create_run(opts: RunOptions, manifest: RunManifest) -> tuple[RunManifest, Path]:
-    run_dir = _new_run_dir(run_root(opts.out), manifest.fleet.name)
+def _create_run(
+    opts: RunOptions, manifest: RunManifest, *, target: str = "", model: str = ""
+) -> tuple[RunManifest, Path]:
+    """``<root>/<fleet name>-<stamp>-<tail>/`` through the store (its manifest.json), then the fleet's run.json."""
+    info = RunInfo(
+        kind="fleet",
+        run_id="",
+        created=now_iso(),
+        target=target,
+        model=model,
+        workload=manifest.fleet.name,
+        mode=opts.mode.value,
+    )
+    run_dir, _ = RunStore(opts.out).new_dir(info, prefix=f"{manifest.fleet.name}-")
     manifest = manifest.model_copy(update={"run_id": run_dir.name})
     write_manifest(run_dir, manifest)
     return manifest, run_dir
+
+
+def _begin_segment(run_dir: Path, run_id: str) -> str:
+    """Mark a resumed run as running again (a run from before manifests gets one); returns its start date."""
+    info = read_info(run_dir)
+    if info is None:
+        info = RunInfo(kind="fleet", run_id=run_id, created=now_iso())
+    if info.status != "running":
+        write_info(run_dir, info.model_copy(update={"status": "running", "detail": ""}))
+    return info.created
 
 
 def start_width(
@@ -234,10 +238,11 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         width, reason, warnings = start_width(opts.mode, opts.width, plans, probed)
         # Only now, with a server that answers and a width to start at, is there a run to record.
         if existing is None:
-            manifest, run_dir = _create_run(opts, manifest)
+            manifest, run_dir = _create_run(opts, manifest, target=server.label, model=model or "")
             opts.run_dir = run_dir
         else:
             run_dir = existing
+        created = _begin_segment(run_dir, manifest.run_id)
         state = load_log(run_dir / LOG)
         if state.torn_bytes:
             opts.notes.append(f"dropped a torn last line ({state.torn_bytes} bytes) from {run_dir / LOG}")
@@ -300,7 +305,8 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         stopped_early=outcome.stopped_early,
         server_failure=outcome.server_failure,
     )
-    write_json_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
+    write_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
+    RunStore(run_dir.parent).finish(run_dir, fleet_info(result, created=created))
     return result
 
 
@@ -363,7 +369,9 @@ def run(
         int | None, typer.Option(min=1, help="parallel: agents live at once; auto: the width to start from.")
     ] = None,
     max_width: Annotated[int | None, typer.Option(min=1, help="auto: never wider than this.")] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue the run in this run directory.")] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Continue the run in this run directory (or of this run id under --out).")
+    ] = None,
     out: OutOption = None,
     url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (default: the embedded simulator).")] = (
         None
@@ -391,6 +399,8 @@ def run(
     if mode is Mode.PARALLEL and width is None:
         raise ConfigError("--mode parallel needs --width N (or use --mode auto to let the limiter choose)")
     resolve_key_env(api_key_env)  # a variable named but unset fails here, not as a 401 per request
+    if resume is not None and not resume.is_dir() and len(resume.parts) == 1 and (run_root(out) / resume).is_dir():
+        resume = run_root(out) / resume  # a run id, as `agentload runs` lists it, under the root of runs
     opts = RunOptions(
         fleet=fleet,
         mode=mode,

@@ -1,4 +1,4 @@
-"""``agentload runs``: the run history — every finished run under a root, newest first."""
+"""``agentload runs``: every run under a root — bench, suite and fleet, finished or not — newest first."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from agentload.cli.common import console, reports_errors
+from agentload.cli.common import console, err_console, reports_errors
 from agentload.report.console import history_table
 from agentload.store import RunStore
 
@@ -33,18 +33,26 @@ def runs(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the history as JSON instead of a table.")] = False,
 ) -> None:
-    """List saved runs: date, target, model, workload, mode, knee, best output tok/s and where each lives."""
+    """List saved runs of every kind: status, date, target, model, workload, mode, knee or outcome, best tok/s."""
     store = RunStore(root)
     if rebuild:
         indexed, skipped = store.history.rebuild()
         console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {store.root}")
         for path, why in skipped:
             console.print(f"  skipped {path}: {why}", style="yellow")
-    entries = store.runs(limit)
+    entries, damaged = store.listing(limit)
     if as_json:
         typer.echo(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
         return
+    for path, why in damaged:
+        err_console.print(f"skipped {path}: {why}", style="yellow", markup=False)
     if not entries:
-        console.print(f"no runs in {store.history.path} (run `agentload bench`, or `agentload runs --rebuild`)")
+        console.print(f"no runs in {store.root} (run `agentload bench`, `suite` or `run`)")
         return
     console.print(history_table(entries, store.root))
+    for e in entries:
+        if e.status != "finished":
+            why = e.detail or (
+                "its last process wrote no result: killed, or still running" if e.status == "incomplete" else ""
+            )
+            console.print(f"{e.id}: {e.status}" + (f" — {why}" if why else ""), style="dim", markup=False)

@@ -43,10 +43,11 @@ from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreach
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.runstore import run_root
+from agentload.store.suiterun import save_suite_run
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.model import SuiteTest
-from agentload.suite.results import LevelResult, SuiteRun, TestResult, save_run
+from agentload.suite.results import LevelResult, SuiteRun, TestResult
 from agentload.suite.runner import SuiteConfig, check_agent_counts, run_suite
 from agentload.suite.scoring import Status
 from agentload.vtime import LoopClock
@@ -321,7 +322,7 @@ def suite(
     except KeyboardInterrupt:
         err_console.print("interrupted: no results written")
         raise typer.Exit(130) from None
-    path = save_run(run, root)
+    path = save_suite_run(run, root)
     err_console.print(f"[dim]results with every transcript: {path}[/]")
     if as_json:
         typer.echo(json.dumps(summary(run), indent=2))

@@ -1,5 +1,6 @@
 """The run directory: a manifest, an append-only JSONL log of finished turns, and the results at the end.
 
+``RUN_DIR/manifest.json`` the store's manifest every run kind carries (kind, id, status, headline: ``store.manifest``)
 ``RUN_DIR/run.json``      what was asked: the fleet (whole, so a resume runs the very same agents), server, model
 ``RUN_DIR/turns.jsonl``   one line per event, appended, flushed and fsynced before the run goes on:
                           ``segment`` (a process started or resumed the run), ``turn`` (an agent finished a turn:
@@ -13,14 +14,13 @@ A turn is committed when its line is on disk: the agent loop's ``on_turn`` hook 
 agent goes on, so after a SIGKILL every turn is either in the log (and is not sent again on resume) or was never
 acknowledged (and is sent again) — no turn lost, none repeated. A kill can tear only the line being written; it
 has no newline, and ``load_log`` drops it and truncates the file there so later appends start on a clean line.
+The appending, the reading and the cut are ``store.jsonl``'s, shared with the bench's records and samples.
 A complete line that does not parse is damage, not a kill, and stops the resume.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -32,6 +32,8 @@ from agentload.endpoint.records import RequestRecord
 from agentload.errors import CheckpointError
 from agentload.fleet.config import FleetConfig
 from agentload.fleet.limiter import LimitChange, Mode
+from agentload.store.atomic import write_atomic
+from agentload.store.jsonl import JsonlReader, JsonlWriter, cut_torn_tail
 
 MANIFEST = "run.json"
 LOG = "turns.jsonl"
@@ -147,98 +149,50 @@ class LogState:
         return turns[-1].elapsed_s if turns else 0.0
 
 
-def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, end offset including the newline, bytes) of every complete line."""
-    start = 0
-    number = 0
-    while True:
-        end = data.find(b"\n", start)
-        if end < 0:
-            return
-        number += 1
-        yield number, end + 1, data[start:end]
-        start = end + 1
-
-
 def load_log(path: Path, *, repair: bool = True) -> LogState:
     """Read a log; a torn last line (no newline: the process died mid-write) is dropped and, with ``repair``,
-    cut off the file."""
+    cut off the file (``store.jsonl``: the same reader and the same cut as every other run's logs)."""
     state = LogState()
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return state
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    good = 0
-    for number, end, raw in _lines(data):
-        if raw.strip():
-            try:
-                line = _LINE.validate_json(raw)
-            except ValidationError as exc:
-                raise CheckpointError(f"{path}:{number}: not a checkpoint line ({exc.errors()[0]['msg']})") from exc
-            state.add(line, f"{path}:{number}")
-        good = end
-    state.torn_bytes = len(data) - good
+    reader = JsonlReader(path, _LINE, what="checkpoint line")
+    for number, line in reader.numbered():
+        state.add(line, f"{path}:{number}")
+    state.torn_bytes = reader.torn_bytes
     if state.torn_bytes and repair:
-        try:
-            with path.open("r+b") as f:
-                f.truncate(good)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as exc:
-            raise CheckpointError(f"cannot repair the torn last line of {path}: {exc.strerror or exc}") from exc
+        cut_torn_tail(path)
     return state
 
 
 class CheckpointLog:
-    """Appends lines durably: one ``write`` per line (O_APPEND), then ``fsync`` off the event loop."""
+    """Appends lines durably through ``store.jsonl.JsonlWriter`` (one ``write`` per line on O_APPEND), then
+    ``fsync`` off the event loop."""
 
     def __init__(self, path: Path, *, sync: bool = True) -> None:
         self.path = path
         self.sync = sync
-        try:
-            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise CheckpointError(f"cannot open {path} for appending: {exc.strerror or exc}") from exc
-        self.lines_written = 0
+        self._writer: JsonlWriter[AnyLine] = JsonlWriter(path)
+
+    @property
+    def lines_written(self) -> int:
+        return self._writer.written
 
     async def append(self, line: AnyLine) -> None:
-        fd = self._fd
-        if fd is None:
-            raise CheckpointError(f"{self.path} is closed")
-        data = memoryview(line.model_dump_json().encode() + b"\n")
         # One synchronous write per line: no other coroutine can interleave bytes into it, and the kernel
         # completes a regular-file write even when the process is killed during it.
-        while data:
-            n = os.write(fd, data)
-            data = data[n:]
-        self.lines_written += 1
+        self._writer.write(line)
         if self.sync:
             # The caller (an agent) waits for the disk; the other agents keep running meanwhile.
-            await asyncio.to_thread(os.fsync, fd)
+            await asyncio.to_thread(self._writer.flush)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def write_json_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        if self.sync:
+            self._writer.close()
+        else:
+            # Simulated time: no fsync on the way out either (it would stall the loop for nothing measured).
+            self._writer.release()
 
 
 def write_manifest(run_dir: Path, manifest: RunManifest) -> None:
-    write_json_atomic(run_dir / MANIFEST, manifest.model_dump_json(indent=2))
+    write_atomic(run_dir / MANIFEST, manifest.model_dump_json(indent=2))
 
 
 def read_manifest(run_dir: Path) -> RunManifest:

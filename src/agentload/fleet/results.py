@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentload.fleet.checkpoint import LogState, RunManifest
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.limiter import LimitChange, LimiterStatistics, Mode, time_weighted_limit
+from agentload.store.manifest import RunInfo
 
 # An agent without an ``agent`` line has not ended: "interrupted" if it had begun (committed turns, or a turn the
 # server failed), else "unstarted". Both are resumable; only done / failed / skipped are final.
@@ -192,4 +193,35 @@ def compile_result(
         limiter=limiter,
         segments=seg_results,
         agents=agents,
+    )
+
+
+def fleet_info(result: FleetResult, *, created: str) -> RunInfo:
+    """The run's manifest after a segment: finished once no agent is left to run, else interrupted (resumable).
+
+    Output tok/s is given for a run of one segment only: the tokens are totals over every segment, the wall clock
+    is this segment's, and their ratio would overstate a resumed run.
+    """
+    t = result.totals
+    if result.server_failure is not None:
+        status, detail = "interrupted", f"the server failed: {result.server_failure}"
+    elif t.unfinished:
+        status = "interrupted"
+        detail = f"{t.unfinished} agents left to resume" + (" (stopped early)" if result.stopped_early else "")
+    else:
+        status, detail = "finished", ""
+    single = len(result.segments) == 1 and result.wall_s > 0
+    return RunInfo(
+        kind="fleet",
+        run_id=result.run_id,
+        created=created,
+        status=status,
+        detail=detail,
+        target=result.server,
+        model=result.model,
+        workload=result.fleet,
+        mode=result.mode.value,
+        levels=len(result.segments),
+        best_output_tps=t.completion_tokens / result.wall_s if single else None,
+        outcome=f"{t.done}/{t.agents} done, {t.failed} failed, {t.turns:,} turns, width {result.settled_width:.1f}",
     )

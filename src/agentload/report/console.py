@@ -131,34 +131,49 @@ def print_result(result: RunResult, console: Console) -> None:
 SHORT_CAUSES = {"cache_eviction": "eviction", "compute_saturation": "compute", "slo": "SLO"}
 
 
-def history_table(entries: Sequence[HistoryEntry], root: Path) -> Table:
-    """The history, newest first. Paths are shown only when some run lives outside ``<root>/<id>`` or is gone.
+STATUS_STYLE = {"finished": "green", "interrupted": "yellow", "incomplete": "red"}
 
-    Cells stack two short lines (date over time, model over target, workload over mode, agents over cause)
-    rather than widening the table: on an 80-column terminal rich would otherwise drop whole columns.
+
+def _outcome_cell(e: HistoryEntry) -> Text:
+    """Bench: the knee(s) and their causes. Suite and fleet: their headline, one figure per line."""
+    if e.kind != "bench":
+        return Text("\n".join(e.outcome.split(", ")) or DASH)
+    knee = Text("\n".join(f"{k.agents}" for k in e.knees) or DASH, style="bold")
+    if e.knees:
+        knee.append("\n" + ", ".join(SHORT_CAUSES.get(k.cause, k.cause) for k in e.knees), style="dim")
+    return knee
+
+
+def history_table(entries: Sequence[HistoryEntry], root: Path) -> Table:
+    """Every run, newest first, of every kind. Paths are shown only when some run lives outside ``<root>/<id>``
+    or is gone.
+
+    Cells stack two short lines (id over kind and status, date over time, model over target, workload over
+    mode, agents over cause) rather than widening the table: on an 80-column terminal rich would otherwise drop
+    whole columns.
     """
     show_paths = any(e.path != root / e.id or not e.path.is_dir() for e in entries)
     table = Table(title=f"agentload runs in {root}", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("id", no_wrap=True)
+    table.add_column("id\nkind · status", no_wrap=True)
     table.add_column("started", no_wrap=True)
     table.add_column("model\ntarget", overflow="fold")
     table.add_column("workload\nmode", no_wrap=True)
-    table.add_column("knee", justify="right", no_wrap=True)
+    table.add_column("knee or\noutcome", justify="right", no_wrap=True)
     table.add_column("best\ntok/s", justify="right")
     if show_paths:
         table.add_column("path", overflow="fold")
     for e in entries:
-        knee = Text("\n".join(f"{k.agents}" for k in e.knees) or DASH, style="bold")
-        if e.knees:
-            knee.append("\n" + ", ".join(SHORT_CAUSES.get(k.cause, k.cause) for k in e.knees), style="dim")
-        model = Text(e.model)
-        model.append("\n" + e.target, style="dim")
+        ident = Text(e.id)
+        ident.append(f"\n{e.kind} · ", style="dim")
+        ident.append(e.status, style=STATUS_STYLE.get(e.status, ""))
+        model = Text(e.model or DASH)
+        model.append("\n" + (e.target or DASH), style="dim")
         cells: list[str | Text] = [
-            e.id,
+            ident,
             e.created[:16].replace("T", "\n"),
             model,
-            f"{e.workload}\n{e.mode}",
-            knee,
+            f"{e.workload or DASH}\n{e.mode or DASH}",
+            _outcome_cell(e),
             num(e.best_output_tps, 0),
         ]
         if show_paths:

@@ -10,7 +10,6 @@ only (style.md §5), never from a live benchmark.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from agentload import __version__
-from agentload.errors import ConfigError
+from agentload.errors import CheckpointError, ConfigError
 from agentload.report.figures import (
     RunData,
     colours,
@@ -36,8 +35,8 @@ from agentload.report.figures import (
 )
 from agentload.report.levels import LevelTable, level_table
 from agentload.report.text import CAUSES, capacity_sentence, knee_sentence, knee_short, num
-from agentload.store.history import best_output_tps
-from agentload.store.rundir import RunDir
+from agentload.store.atomic import write_atomic
+from agentload.store.rundir import RunDir, best_output_tps
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ def load_runs(dirs: Sequence[RunDir]) -> list[RunData]:
     return runs
 
 
-def _plot(fig: go.Figure, plot_id: str) -> Plot:
+def as_plot(fig: go.Figure, plot_id: str) -> Plot:
     return Plot(id=plot_id, json=fig.to_json(validate=False, pretty=False))
 
 
@@ -104,12 +103,12 @@ def _view(run: RunData, index: int) -> RunView:
         table=_one_line_headers(level_table(r)),
         settings=[(k, "—" if v is None else str(v)) for k, v in r.settings.items()],
     )
-    view.plots.append(_plot(token_split(run), f"run{index}-split"))
+    view.plots.append(as_plot(token_split(run), f"run{index}-split"))
     over_time = timeline(run)
     if over_time is None:
         view.no_samples = True
     else:
-        view.plots.append(_plot(over_time, f"run{index}-timeline"))
+        view.plots.append(as_plot(over_time, f"run{index}-timeline"))
     return view
 
 
@@ -150,7 +149,7 @@ def _comparison(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.PackageLoader("agentload.report", "templates"),
         autoescape=True,  # every string from a run (ids, targets, notes) is data, never markup
@@ -164,15 +163,15 @@ def render_report(runs: Sequence[RunData], *, title: str | None = None, generate
     """The report's HTML for ``runs`` (one or more; several are compared side by side)."""
     if not runs:
         raise ConfigError("a report needs at least one run")
-    overlay = [_plot(throughput_vs_agents(runs), "throughput"), _plot(ttft_vs_agents(runs), "ttft")]
+    overlay = [as_plot(throughput_vs_agents(runs), "throughput"), as_plot(ttft_vs_agents(runs), "ttft")]
     passes = pass_rate_vs_agents(runs)
     if passes is not None:
-        overlay.append(_plot(passes, "pass-rate"))
+        overlay.append(as_plot(passes, "pass-rate"))
     views = [_view(run, i) for i, run in enumerate(runs)]
     headers, rows = _comparison(runs)
     default_title = f"agentload · {runs[0].label}" if len(runs) == 1 else f"agentload · {len(runs)} runs compared"
     return (
-        _environment()
+        environment()
         .get_template("report.html.j2")
         .render(
             title=title or default_title,
@@ -197,19 +196,18 @@ class ReportStats:
     seconds: float
 
 
+def save_page(output: Path, html: str, started: float) -> ReportStats:
+    """Write a rendered page atomically; its size, plot count and the seconds since ``started`` (perf_counter)."""
+    try:
+        write_atomic(output, html)
+    except CheckpointError as exc:
+        why = getattr(exc.__cause__, "strerror", None) or exc
+        raise ConfigError(f"cannot write the report to {output}: {why}") from exc
+    plots = html.count('type="application/json" data-plot=')
+    return ReportStats(path=output, bytes=len(html.encode()), plots=plots, seconds=time.perf_counter() - started)
+
+
 def write_report(dirs: Sequence[RunDir], output: Path, *, title: str | None = None) -> ReportStats:
     """Render the runs in ``dirs`` into ``output`` (one file); returns its size, plot count and render time."""
     started = time.perf_counter()
-    runs = load_runs(dirs)
-    html = render_report(runs, title=title)
-    data = html.encode("utf-8")
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        tmp.write_bytes(data)
-        tmp.replace(output)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write the report to {output}: {exc.strerror or exc}") from exc
-    plots = html.count('type="application/json" data-plot=')
-    return ReportStats(path=output, bytes=len(data), plots=plots, seconds=time.perf_counter() - started)
+    return save_page(output, render_report(load_runs(dirs), title=title), started)

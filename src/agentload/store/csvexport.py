@@ -9,14 +9,13 @@ without a change to this module.
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from agentload.bench.results import LevelSummary, Percentiles, RunResult, ServerSample
 from agentload.endpoint.records import RequestRecord
-from agentload.errors import CheckpointError
+from agentload.store.atomic import atomic_file
 from agentload.store.rundir import RunDir
 
 RECORDS_CSV = "records.csv"
@@ -110,20 +109,14 @@ def sample_columns() -> list[str]:
 
 
 def _write_csv(path: Path, header: list[str], rows: Iterable[list[Any]]) -> int:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     count = 0
-    try:
-        with tmp.open("w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            for row in rows:
-                # None → empty cell (csv would write "None").
-                writer.writerow(["" if v is None else v for v in row])
-                count += 1
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    with atomic_file(path, newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for row in rows:
+            # None → empty cell (csv would write "None").
+            writer.writerow(["" if v is None else v for v in row])
+            count += 1
     return count
 
 

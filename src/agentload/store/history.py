@@ -17,14 +17,16 @@ from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentload.bench.results import RunResult
 from agentload.errors import CheckpointError
-from agentload.store.rundir import RESULT, RunDir
+from agentload.store.catalog import RESULT_FILES, safe_dir_info
+from agentload.store.manifest import KneeEntry, RunInfo, RunKind, RunStatus
+from agentload.store.rundir import RESULT, bench_info
 
 HISTORY = "history.sqlite"
-HISTORY_SCHEMA = 1
+HISTORY_SCHEMA = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -39,18 +41,26 @@ CREATE TABLE IF NOT EXISTS runs (
     knees           TEXT NOT NULL,      -- JSON: every knee (a context x agents grid has one per context)
     best_output_tps REAL,               -- the highest output tok/s of any level
     path            TEXT NOT NULL,      -- relative to the root when inside it
-    indexed         TEXT NOT NULL       -- when this row was written (UTC)
+    indexed         TEXT NOT NULL,      -- when this row was written (UTC)
+    kind            TEXT NOT NULL DEFAULT 'bench',      -- bench | suite | fleet (schema 2)
+    status          TEXT NOT NULL DEFAULT 'finished',
+    outcome         TEXT NOT NULL DEFAULT ''            -- the headline of a suite or fleet run
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
 """
 
+# Schema 1 indexed bench runs only; its rows are bench runs that finished.
+_UPGRADE_FROM_1 = """
+ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'bench';
+ALTER TABLE runs ADD COLUMN status TEXT NOT NULL DEFAULT 'finished';
+ALTER TABLE runs ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
+"""
 
-class KneeEntry(BaseModel):
-    model_config = ConfigDict(frozen=True)
 
-    agents: int
-    context: int
-    cause: str
+_COLUMNS = (
+    "id, created, target, model, workload, mode, levels, knee_agents, knees, best_output_tps, path, indexed, "
+    "kind, status, outcome"
+)
 
 
 class HistoryEntry(BaseModel):
@@ -68,14 +78,33 @@ class HistoryEntry(BaseModel):
     knees: list[KneeEntry]
     best_output_tps: float | None
     path: Path  # absolute (resolved against the root)
+    kind: RunKind = "bench"
+    status: RunStatus = "finished"
+    outcome: str = ""
+    detail: str = Field(default="", description="why a run was interrupted (listed from its manifest)")
+
+    @classmethod
+    def of(cls, info: RunInfo, path: Path) -> HistoryEntry:
+        return cls(
+            id=info.run_id,
+            created=info.created,
+            target=info.target,
+            model=info.model,
+            workload=info.workload,
+            mode=info.mode,
+            levels=info.levels,
+            knees=info.knees,
+            best_output_tps=info.best_output_tps,
+            path=path,
+            kind=info.kind,
+            status=info.listed_status,
+            outcome=info.outcome,
+            detail=info.detail,
+        )
 
     @property
     def knee_agents(self) -> int | None:
         return self.knees[0].agents if self.knees else None
-
-
-def best_output_tps(result: RunResult) -> float | None:
-    return max((lv.output_tps for lv in result.levels), default=None)
 
 
 class RunHistory:
@@ -94,7 +123,11 @@ class RunHistory:
                     raise CheckpointError(
                         f"{self.path} is a run history of schema {version}; this agentload reads {HISTORY_SCHEMA}"
                     )
-                if version < HISTORY_SCHEMA:
+                if version == 1:
+                    with conn:
+                        conn.executescript(_UPGRADE_FROM_1)
+                        conn.execute(f"PRAGMA user_version = {HISTORY_SCHEMA}")
+                elif version < HISTORY_SCHEMA:
                     with conn:
                         conn.executescript(_SCHEMA)
                         conn.execute(f"PRAGMA user_version = {HISTORY_SCHEMA}")
@@ -111,28 +144,34 @@ class RunHistory:
             return str(resolved)
 
     def add(self, result: RunResult, path: Path) -> None:
-        """Index (or re-index) one finished run."""
+        """Index (or re-index) one finished bench run."""
+        self.index(bench_info(result), path)
+
+    def index(self, info: RunInfo, path: Path) -> None:
+        """Index (or re-index) one finished run of any kind."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(f"cannot create {self.root}: {exc.strerror or exc}") from exc
-        knees = [KneeEntry(agents=k.agents, context=k.context, cause=k.explanation.cause) for k in result.knee]
         row = (
-            result.run_id,
-            result.created,
-            result.target,
-            result.model,
-            result.workload,
-            result.mode,
-            len(result.levels),
-            knees[0].agents if knees else None,
-            json.dumps([k.model_dump() for k in knees]),
-            best_output_tps(result),
+            info.run_id,
+            info.created,
+            info.target,
+            info.model,
+            info.workload,
+            info.mode,
+            info.levels,
+            info.knees[0].agents if info.knees else None,
+            json.dumps([k.model_dump() for k in info.knees]),
+            info.best_output_tps,
             self._stored_path(path),
             datetime.now(UTC).isoformat(timespec="seconds"),
+            info.kind,
+            info.listed_status,
+            info.outcome,
         )
         with self._connect() as conn, conn:
-            conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            conn.execute(f"INSERT OR REPLACE INTO runs ({_COLUMNS}) VALUES ({', '.join('?' * len(row))})", row)
 
     def _entry(self, row: sqlite3.Row) -> HistoryEntry:
         path = Path(row["path"])
@@ -147,6 +186,9 @@ class RunHistory:
             knees=[KneeEntry.model_validate(k) for k in json.loads(row["knees"])],
             best_output_tps=row["best_output_tps"],
             path=path if path.is_absolute() else self.root / path,
+            kind=row["kind"],
+            status=row["status"],
+            outcome=row["outcome"],
         )
 
     def entries(self, limit: int | None = None) -> list[HistoryEntry]:
@@ -184,27 +226,27 @@ class RunHistory:
         skipped: list[tuple[Path, str]] = []
         if self.root.is_dir():
             for child in sorted(p for p in self.root.iterdir() if p.is_dir()):
-                run = RunDir(child)
-                if not run.finished:
-                    if any(child.glob("*.jsonl")):
-                        skipped.append((child, f"no {RESULT} (the run did not finish)"))
+                info, damage = safe_dir_info(child)
+                if damage is not None:
+                    skipped.append((child, damage))
                     continue
-                try:
-                    result = run.result()
-                except CheckpointError as exc:
-                    skipped.append((child, str(exc)))
+                if info is None:
                     continue
-                if result.incomplete is not None:
-                    skipped.append((child, f"incomplete: {result.incomplete}"))
+                if info.status == "running":
+                    done = f"no {RESULT}" if info.kind == "bench" else "no result"
+                    skipped.append((child, f"{done} (the run did not finish)"))
                     continue
-                if result.run_id != child.name:
+                if info.status == "interrupted":
+                    skipped.append((child, f"incomplete: {info.detail or 'it stopped early'}"))
+                    continue
+                if info.run_id != child.name:
                     # The history is keyed on the id, and `report ID` must find this directory: a copied run
                     # directory renamed on disk is indexed under its directory name's id only if they agree.
-                    skipped.append((child, f"its result is of run {result.run_id!r}, not {child.name!r}"))
+                    skipped.append((child, f"its result is of run {info.run_id!r}, not {child.name!r}"))
                     continue
-                self.add(result, child)
+                self.index(info, child)
                 indexed += 1
         for entry in self.entries():
-            if not (entry.path / RESULT).is_file():
+            if not any((entry.path / name).is_file() for name in RESULT_FILES):
                 self.remove(entry.id)
         return indexed, skipped

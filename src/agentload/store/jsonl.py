@@ -19,11 +19,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agentload.errors import CheckpointError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def cut_torn_tail(path: Path) -> int:
@@ -49,6 +50,9 @@ def cut_torn_tail(path: Path) -> int:
                 keep = 0
             if keep < size:
                 f.truncate(keep)
+                # Durable like the lines before it: a resume that cut a torn line must not see it come back.
+                f.flush()
+                os.fsync(f.fileno())
             return size - keep
     except FileNotFoundError:
         return 0
@@ -96,11 +100,17 @@ class JsonlWriter(Generic[M]):
             raise CheckpointError(f"cannot sync {self.path}: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
+        """Sync and close."""
         if self._fd is None:
             return
         try:
             self.flush()
         finally:
+            self.release()
+
+    def release(self) -> None:
+        """Close without syncing: every line is already in the kernel's hands (a process death loses none)."""
+        if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
@@ -117,15 +127,18 @@ class JsonlWriter(Generic[M]):
         self.close()
 
 
-class JsonlReader(Generic[M]):
-    """Iterates the models in a JSONL file; ``torn_bytes`` tells, after iterating, whether a torn tail was dropped."""
+class JsonlReader(Generic[T]):
+    """Iterates the items of a JSONL file, each line validated against ``schema`` (a model or a ``TypeAdapter``,
+    e.g. a discriminated union of line kinds); ``torn_bytes`` tells, after iterating, whether a torn tail was
+    dropped, and ``numbered`` gives each item with its line number (for errors that point at the file)."""
 
-    def __init__(self, path: Path, model: type[M]) -> None:
+    def __init__(self, path: Path, schema: type[T] | TypeAdapter[T], *, what: str | None = None) -> None:
         self.path = path
-        self.model = model
+        self._adapter: TypeAdapter[T] = schema if isinstance(schema, TypeAdapter) else TypeAdapter(schema)
+        self.what = what or getattr(schema, "__name__", "line")
         self.torn_bytes = 0
 
-    def __iter__(self) -> Iterator[M]:
+    def numbered(self) -> Iterator[tuple[int, T]]:
         self.torn_bytes = 0
         try:
             f = self.path.open("rb")
@@ -141,10 +154,12 @@ class JsonlReader(Generic[M]):
                 if not line.strip():
                     continue
                 try:
-                    yield self.model.model_validate_json(line)
+                    yield number, self._adapter.validate_json(line)
                 except ValidationError as exc:
                     first = exc.errors()[0]
                     where = ".".join(str(p) for p in first["loc"]) or "line"
-                    raise CheckpointError(
-                        f"{self.path}:{number}: not a {self.model.__name__} ({where}: {first['msg']})"
-                    ) from exc
+                    raise CheckpointError(f"{self.path}:{number}: not a {self.what} ({where}: {first['msg']})") from exc
+
+    def __iter__(self) -> Iterator[T]:
+        for _, item in self.numbered():
+            yield item

@@ -3,6 +3,7 @@
 ``<root>/<run_id>/``
     ``records.jsonl``  one ``RequestRecord`` per line, appended as requests finish (``RunWriter.record``)
     ``samples.jsonl``  one ``ServerSample`` per line, flat, with the ``level`` it was taken in
+    ``manifest.json``  the manifest every run kind carries (``store.manifest``): kind, id, status, headline
     ``result.json``    the ``RunResult``, written once at the end (atomically: a reader never sees half of it)
     ``records.csv``, ``levels.csv``, ``samples.csv``   the same data for spreadsheets, written at the end
 
@@ -14,11 +15,7 @@ with records but no result is a run that did not finish.
 from __future__ import annotations
 
 import json
-import os
-import re
-import secrets
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,14 +32,13 @@ from pydantic import (
 from agentload.bench.results import RESULT_SCHEMA, RunResult, ServerSample
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import CheckpointError
+from agentload.store.atomic import write_atomic
 from agentload.store.jsonl import JsonlReader, JsonlWriter
+from agentload.store.manifest import KneeEntry, RunInfo, check_run_id, now_iso, read_info, write_info
 
 RESULT = "result.json"
 RECORDS = "records.jsonl"
 SAMPLES = "samples.jsonl"
-
-# Run ids name directories and appear in URLs of a report; keep them to characters no shell or filesystem minds.
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 # Called once a run has finished writing (the store indexes it in the history with this).
 FinishHook = Callable[[RunResult, Path], None]
@@ -75,32 +71,27 @@ class LevelSample(BaseModel):
         return {"level": nested["level"], **nested["sample"]}
 
 
-def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.fullmatch(run_id) or run_id in (".", ".."):
-        raise CheckpointError(
-            f"run id {run_id!r} cannot name a directory: use letters, digits, '.', '_' and '-' (at most 128)"
-        )
-    return run_id
+def best_output_tps(result: RunResult) -> float | None:
+    return max((lv.output_tps for lv in result.levels), default=None)
 
 
-def new_run_id(now: datetime | None = None, *, prefix: str = "") -> str:
-    """A sortable, unique id such as ``20261101-142305-3f9a`` (the random tail tells apart runs in one second)."""
-    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return check_run_id(f"{prefix}{stamp}-{secrets.token_hex(2)}")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file, fsync and rename, so a reader sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
+def bench_info(result: RunResult) -> RunInfo:
+    """A bench result as the manifest and the history hold it."""
+    return RunInfo(
+        kind="bench",
+        run_id=result.run_id,
+        created=result.created,
+        agentload_version=result.agentload_version,
+        status="interrupted" if result.incomplete is not None else "finished",
+        detail=result.incomplete or "",
+        target=result.target,
+        model=result.model,
+        workload=result.workload,
+        mode=result.mode,
+        levels=len(result.levels),
+        knees=[KneeEntry(agents=k.agents, context=k.context, cause=k.explanation.cause) for k in result.knee],
+        best_output_tps=best_output_tps(result),
+    )
 
 
 def _validation_line(exc: ValidationError) -> str:
@@ -183,6 +174,9 @@ class RunWriter:
             raise CheckpointError(f"cannot create the run directory {path}: {exc.strerror or exc}") from exc
         if (path / RESULT).exists():
             raise CheckpointError(f"{path} already holds a finished run ({RESULT}); choose another run id")
+        if read_info(path) is None:
+            # Listed (as incomplete) from the start: a bench killed mid-level still shows in `agentload runs`.
+            write_info(path, RunInfo(kind="bench", run_id=path.name, created=now_iso()))
         self._records: JsonlWriter[RequestRecord] = JsonlWriter(path / RECORDS)
         self._samples: JsonlWriter[LevelSample] = JsonlWriter(path / SAMPLES)
         self._on_finish = on_finish
@@ -223,7 +217,8 @@ class RunWriter:
         if result.run_id != self.run_id:
             raise CheckpointError(f"result of run {result.run_id!r} written into the directory of {self.run_id!r}")
         self.close()
-        write_text_atomic(self.path / RESULT, result.model_dump_json(indent=2))
+        write_atomic(self.path / RESULT, result.model_dump_json(indent=2))
+        write_info(self.path, bench_info(result))
         run = RunDir(self.path)
         export_csv(run, result)
         # A run stopped early (its server was lost) keeps its files for `report PATH`, but the history indexes

@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 
 from agentload.errors import CheckpointError
+from agentload.store.catalog import RESULT_FILES, dir_info, safe_dir_info
 from agentload.store.history import HistoryEntry, RunHistory
-from agentload.store.rundir import RESULT, RunDir, RunWriter, check_run_id, new_run_id
+from agentload.store.manifest import RunInfo, check_run_id, new_run_id, write_info
+from agentload.store.rundir import RESULT, RunDir, RunWriter
 
 ROOT_ENV = "AGENTLOAD_RUNS"
 DEFAULT_ROOT = Path("agentload-runs")
@@ -37,13 +39,63 @@ class RunStore:
         run_id = check_run_id(run_id) if run_id is not None else new_run_id()
         return RunWriter(self.root / run_id, on_finish=self.history.add)
 
+    def new_dir(self, info: RunInfo, *, prefix: str = "") -> tuple[Path, RunInfo]:
+        """A new, empty run directory ``<root>/<prefix><stamp>-<tail>`` with ``info`` (its ``run_id`` set) as
+        its manifest, status ``running``. For the kinds that write their own files (suite, fleet)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create {self.root}: {exc.strerror or exc}") from exc
+        for _ in range(100):
+            run_id = new_run_id(prefix=prefix)
+            path = self.root / run_id
+            try:
+                path.mkdir()  # exclusive: two runs started in the same second never share a directory
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise CheckpointError(f"cannot create {path}: {exc.strerror or exc}") from exc
+            info = info.model_copy(update={"run_id": run_id, "status": "running"})
+            write_info(path, info)
+            return path, info
+        raise CheckpointError(f"cannot find a free run directory name under {self.root}")
+
+    def finish(self, path: Path, info: RunInfo) -> None:
+        """Record the end of a run (or of one segment of a resumable one): its manifest, and the history when it
+        finished — an interrupted run stays out of the index of finished measurements (listed, marked so)."""
+        write_info(path, info)
+        if info.status == "finished":
+            self.history.index(info, path)
+        elif self.history.get(info.run_id) is not None:
+            self.history.remove(info.run_id)  # an indexed run resumed and stopped again is no longer finished
+
+    def listing(self, limit: int | None = None) -> tuple[list[HistoryEntry], list[tuple[Path, str]]]:
+        """Every run under the root, newest first: the history's finished runs, then (merged by date) every run
+        directory the history does not index — incomplete, interrupted, or copied in — with its status.
+
+        Returns (entries, [(directory, why it cannot be read)]). Listing never creates anything.
+        """
+        entries = self.history.entries()
+        indexed = {e.id for e in entries}
+        damaged: list[tuple[Path, str]] = []
+        if self.root.is_dir():
+            for child in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name not in indexed):
+                info, why = safe_dir_info(child)
+                if why is not None:
+                    damaged.append((child, why))
+                elif info is not None:
+                    entries.append(HistoryEntry.of(info, child))
+        entries.sort(key=lambda e: (e.created, e.id), reverse=True)
+        return (entries if limit is None else entries[:limit]), damaged
+
     def resolve(self, ref: str) -> RunDir:
         """A run directory from what a user typed: its path, its ``result.json``, or its id in this root."""
         path = Path(ref)
-        if path.name == RESULT and path.is_file():
+        if path.name in RESULT_FILES and path.is_file():  # a run's result file: result.json, suite.json, ...
             return RunDir(path.parent)
         if path.is_dir():
-            if not (path / RESULT).is_file():
+            info = dir_info(path)
+            if info is None or (info.kind == "bench" and not (path / RESULT).is_file()):
                 # Let RunDir.result() say which: unfinished (records, no result) or not a run directory at all.
                 RunDir(path).result()
             return RunDir(path)

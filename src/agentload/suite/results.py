@@ -12,7 +12,6 @@ minute. Streaming adds what the seed's non-streaming requests could not give: ti
 
 from __future__ import annotations
 
-import secrets
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -234,25 +233,6 @@ def rescore(run: SuiteRun, tests: Mapping[str, SuiteTest] | None = None) -> Suit
         infos = [TestInfo(s.test_id, s.category, s.title) for s in level.per_test]
         levels.append(compile_level(level.agents, level.wall_clock_s, infos, agents))
     return run.model_copy(update={"levels": levels, "suite_version": SUITE_VERSION})
-
-
-SUITE_RESULT = "suite.json"
-
-
-def save_run(run: SuiteRun, root: Path) -> Path:
-    """Write ``run`` as ``<root>/suite-<start time>-<tail>/suite.json`` (created as needed); return the file.
-
-    A run directory of its own under the root of runs, beside bench and fleet runs (issue 10), rather than a
-    loose file; the random tail keeps two suites started in one second apart.
-    """
-    run_dir = root / f"suite-{run.started_at.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    try:
-        run_dir.mkdir(parents=True)
-        path = run_dir / SUITE_RESULT
-        path.write_text(run.model_dump_json(), encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write results to {run_dir}: {exc.strerror or exc}") from exc
-    return path
 
 
 def load_run(path: Path) -> SuiteRun:
