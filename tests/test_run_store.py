@@ -27,24 +27,13 @@ from agentload.store.atomic import atomic_file, write_atomic
 from agentload.store.manifest import MANIFEST, RunInfo, read_info
 from agentload.store.suiterun import save_suite_run
 from agentload.suite.results import SuiteRun
+from tests.test_cli_run import SMALL
 from tests.test_store import SyntheticRun, save, synthetic_run
 
 WIDE = {"COLUMNS": "250"}
 
 # Three agents, two rounds each with a forced tool call: 6 turns in all (the same fleet test_cli_run.py runs).
-FLEET = """
-[defaults]
-tools = ["search"]
-tool_choice = "required"
-max_rounds = 2
-max_tokens = 8
-context_tokens = 100
-
-[[tasks]]
-id = "t"
-prompt = "Task {replica}."
-count = 3
-"""
+FLEET = SMALL
 
 RUN_ID = re.compile(r"^(?:[a-z]+-)?\d{8}-\d{6}-[0-9a-f]{4}$")  # [label-]YYYYmmdd-HHMMSS-xxxx
 
