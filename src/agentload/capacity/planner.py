@@ -668,7 +668,7 @@ def _derivations(
         Derivation(
             figure="step times",
             kind="estimate",
-            how="datasheet bandwidth and FLOP/s at 45% MFU, plus fixed per-step and per-request costs (domain.md §6)",
+            how="datasheet bandwidth and FLOP/s at 45% MFU, plus fixed per-step and per-request costs",
         )
     )
     if offload is not None:
