@@ -75,13 +75,14 @@ class _StampingHandler(ResponseHandler):
     socket's ``data_received`` (a recv and aiohttp's C parser, a few µs each) before it wakes any of the tasks
     that parse the chunks (tens of µs each, JSON included). A stamp taken by the task would include every parse
     queued ahead of it — 10 ms at 256 streams — so the stamp is taken here, where the bytes arrive.
-    ``marks`` holds (body bytes received so far, loop time) per read, a fresh list per response, so a pooled
-    connection that moves on to the next request never rewrites a list a slow reader still holds.
+    ``marks`` holds, per read, the body bytes received so far and the loop time, flat (no tuple per read: a
+    thousand streams' worth of small tuples is work for the garbage collector), a fresh list per response, so a
+    pooled connection that moves on to the next request never rewrites a list a slow reader still holds.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
-        self.marks: list[tuple[int, float]] = []
+        self.marks: list[float] = []
         self.marked: aiohttp.StreamReader | None = None
 
     def data_received(self, data: bytes) -> None:
@@ -92,7 +93,7 @@ class _StampingHandler(ResponseHandler):
             if payload is not self.marked:
                 self.marked = payload
                 self.marks = []
-            self.marks.append((payload.total_bytes, t))
+            self.marks += (payload.total_bytes, t)
 
 
 class _StampingConnector(aiohttp.TCPConnector):
@@ -109,7 +110,7 @@ class _AiohttpResponse:
         self.headers: Mapping[str, str] = resp.headers
         proto = resp.connection.protocol if resp.connection is not None else None
         # The marks of this response's body, when the connection is ours and already parsing this body.
-        self._marks: list[tuple[int, float]] | None = None
+        self._marks: list[float] | None = None
         if isinstance(proto, _StampingHandler) and proto.marked is resp.content:
             self._marks = proto.marks
 
@@ -133,17 +134,17 @@ class _AiohttpResponse:
                     yield loop.time(), data
                     pos = end
                     continue
-                n = len(marks)
-                while i < n and marks[i][0] <= pos:
-                    i += 1
+                n = len(marks)  # marks[i] is a byte count, marks[i + 1] its time
+                while i < n and marks[i] <= pos:
+                    i += 2
                 start = pos
-                while i < n and marks[i][0] < end:
-                    cut = marks[i][0]
-                    yield marks[i][1], data[start - pos : cut - pos]
+                while i < n and marks[i] < end:
+                    cut = int(marks[i])
+                    yield marks[i + 1], data[start - pos : cut - pos]
                     start = cut
-                    i += 1
+                    i += 2
                 # Every byte read was counted by a mark; loop.time() only if aiohttp fed bytes some other way.
-                yield (marks[i][1] if i < n else loop.time()), data[start - pos :] if start > pos else data
+                yield (marks[i + 1] if i < n else loop.time()), data[start - pos :] if start > pos else data
                 pos = end
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise StreamBroken(str(exc) or type(exc).__name__) from exc
