@@ -264,7 +264,12 @@ def main() -> None:
     print(f"{'client':<14}" + " ".join(f"{k:>{len(fmt.format(0))}}" for k, fmt in COLUMNS) + "   (times in ms)")
     results: dict[str, list[dict[str, float]]] = {"agentload": [], "vllm bench": []}
     profile = fast_profile(args.step_ms / 1e3)
-    with sim_process(profile, "--stamp-chunks", "--served-model-name", MODEL) as (_, host, port):
+    # filler: every reply runs to max_tokens, as vLLM with --ignore-eos; the default agent behaviour is shorter.
+    with sim_process(profile, "--stamp-chunks", "--served-model-name", MODEL, "--behaviour", "filler") as (
+        _,
+        host,
+        port,
+    ):
         url = f"http://{host}:{port}"
         for r in range(args.rounds):
             order = ["agentload", "vllm bench"] if r % 2 == 0 else ["vllm bench", "agentload"]
