@@ -566,14 +566,7 @@ class Engine:
             extend_block_hashes(hashes, _Tokens(req), bs, after)
         self.kv.register(req.blocks, hashes, req.num_hashed, full)
         req.num_hashed = full
-        # self._at(t + bs, _REGISTER, req), inlined: this runs once per decoded block of every stream.
-        events = self._events
-        entry = (_REGISTER, req, req.cohort_epoch)
-        due = events.get(t + bs)
-        if due is None:
-            events[t + bs] = [entry]
-        else:
-            due.append(entry)
+        self._at(t + bs, _REGISTER, req)
 
     def _finish(self, req: SimRequest, end: float) -> None:
         req.finished_at = end

@@ -616,11 +616,21 @@ class KVCacheManager:
         """Cache the full blocks ``start..stop-1`` of a request under their chained hashes."""
         if not self.prefix_caching or stop <= start:
             return
-        if stop - start == 1:
-            self._register_one(held, hashes[start], start)
-            return
         for gi in self.full_groups:
             index = self._index[gi]
+            if stop - start == 1:
+                h, b = hashes[start], held[gi][start]
+                if not index.room_for(1):
+                    self._rebuild(gi)
+                slot, had_slot = index.place_one(h)
+                if had_slot:
+                    owner = index.block_at(slot)
+                    if self._key_group_one[owner] == gi and self._key_hash_one[owner] == h:
+                        continue  # the first block cached under a hash keeps it
+                index.set_block(slot, b)
+                self._key_group_one[b] = gi
+                self._key_hash_one[b] = h
+                continue
             blocks = held[gi].view()[start:stop]
             mine = np.array(hashes[start:stop], dtype=np.int64)
             if not index.room_for(len(mine)):
@@ -636,36 +646,6 @@ class KVCacheManager:
             index.blocks[slots] = blocks
             self._key_group[blocks] = gi
             self._key_hash[blocks] = mine
-
-    def _register_one(self, held: BlockTable, h: int, position: int) -> None:
-        """``register`` of one block (a decoding request's, every block_size steps): ``_HashIndex.place_one``
-        and the key checks inlined, since this runs once per block of every decoded token stream."""
-        key_group, key_hash = self._key_group_one, self._key_hash_one
-        for gi in self.full_groups:
-            index = self._index[gi]
-            b: int = held[gi]._one[position]
-            if (index.used + 1) * _MAX_LOAD > len(index.keys):  # not index.room_for(1)
-                self._rebuild(gi)
-            keys, mask = index._keys_one, index._mask
-            slot = ((h & _MASK64) * _GOLDEN & _MASK64) >> (64 - index._bits)
-            while True:
-                k = keys[slot]
-                if k == h:
-                    owner = index._blocks_one[slot]
-                    if key_group[owner] == gi and key_hash[owner] == h:
-                        break  # the first block cached under a hash keeps it
-                    index._blocks_one[slot] = b
-                    key_group[b] = gi
-                    key_hash[b] = h
-                    break
-                if k == _EMPTY:
-                    keys[slot] = h
-                    index.used += 1
-                    index._blocks_one[slot] = b
-                    key_group[b] = gi
-                    key_hash[b] = h
-                    break
-                slot = (slot + 1) & mask
 
     def _rebuild(self, gi: int) -> None:
         keyed = np.flatnonzero(self._key_group == gi).astype(np.int32)
