@@ -1,6 +1,7 @@
 """The streaming chat client: one OpenAI-compatible request in, one ``RequestRecord`` out, never an exception.
 
-SSE is parsed by us (``sse.py``) on top of a ``Transport``; every token-bearing chunk's arrival is timed; tool
+SSE is parsed by us (``sse.py``) on top of a ``Transport``; every token-bearing chunk's arrival is timed (where the
+bytes came off the socket, not when the parse reached them, so a burst of chunks is not stamped in parse order); tool
 calls are assembled from their streamed deltas; usage comes from the server's final chunk
 (``stream_options.include_usage``) or is counted and marked as counted. Every field read from a chunk or body is
 type- and range-checked as it is read (``fields``, issue 15): a hostile chunk, a body that is not HTTP or an event
@@ -20,7 +21,7 @@ import asyncio
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -209,6 +210,11 @@ def _error_message(body: bytes) -> str:
     return str(data)[:200]
 
 
+async def _stamped(resp: Response, clock: LoopClock) -> AsyncIterator[tuple[float, bytes]]:
+    async for data in resp.chunks():
+        yield clock.now(), data
+
+
 class ChatClient:
     """Streams chat completions from one OpenAI-compatible base URL (``.../v1``)."""
 
@@ -300,11 +306,13 @@ class ChatClient:
         self, resp: Response, acc: _Acc, guard: _Guard, policy: StallPolicy, prompt_hint: int
     ) -> None:
         parser = SSEParser()
-        clock = self.clock
         idle = policy.budget(Phase.IDLE, prompt_hint)
+        # Arrival stamps taken where the bytes come off the socket (transport._StampingHandler), on the loop's
+        # clock; a transport without them, or a client on another clock, is stamped here as each read is taken.
+        timed = getattr(resp, "timed_chunks", None)
+        pieces = timed() if timed is not None and type(self.clock) is LoopClock else _stamped(resp, self.clock)
         try:
-            async for data in resp.chunks():
-                t = clock.now()
+            async for t, data in pieces:
                 if acc.t_first_byte is None:
                     acc.t_first_byte = t
                 for event in parser.feed(data):

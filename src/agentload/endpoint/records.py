@@ -76,7 +76,8 @@ class RequestRecord(BaseModel):
     t_first_byte: float | None = None
     t_first_token: float | None = None  # first content or tool-call token (a role-only chunk does not count)
     t_done: float
-    chunk_times: list[float] = Field(default_factory=list)  # arrival of every token-bearing chunk
+    # Arrival of every token-bearing chunk: when its bytes came off the socket, not when it was parsed.
+    chunk_times: list[float] = Field(default_factory=list)
     # Tokens.
     prompt_tokens: int = 0
     completion_tokens: int = 0

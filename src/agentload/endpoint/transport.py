@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 
 from agentload.endpoint.redact import SECRETS, ServerUrl, UrlCredentials, split_url
 
@@ -66,16 +68,84 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
+class _StampingHandler(ResponseHandler):
+    """aiohttp's connection protocol, also noting when each read of a response body came off the socket.
+
+    A vLLM engine step writes one chunk to every running stream at once; the event loop then runs every
+    socket's ``data_received`` (a recv and aiohttp's C parser, a few µs each) before it wakes any of the tasks
+    that parse the chunks (tens of µs each, JSON included). A stamp taken by the task would include every parse
+    queued ahead of it — 10 ms at 256 streams — so the stamp is taken here, where the bytes arrive.
+    ``marks`` holds, per read, the body bytes received so far and the loop time, flat (no tuple per read: a
+    thousand streams' worth of small tuples is work for the garbage collector), a fresh list per response, so a
+    pooled connection that moves on to the next request never rewrites a list a slow reader still holds.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.marks: list[float] = []
+        self.marked: aiohttp.StreamReader | None = None
+
+    def data_received(self, data: bytes) -> None:
+        t = self._loop.time()
+        super().data_received(data)
+        payload = self._payload
+        if payload is not None:
+            if payload is not self.marked:
+                self.marked = payload
+                self.marks = []
+            self.marks += (payload.total_bytes, t)
+
+
+class _StampingConnector(aiohttp.TCPConnector):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        # aiohttp has no public hook for its connection protocol; _factory is what its own connect paths call.
+        self._factory = functools.partial(_StampingHandler, loop=self._loop)  # type: ignore[assignment]
+
+
 class _AiohttpResponse:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
+        proto = resp.connection.protocol if resp.connection is not None else None
+        # The marks of this response's body, when the connection is ours and already parsing this body.
+        self._marks: list[float] | None = None
+        if isinstance(proto, _StampingHandler) and proto.marked is resp.content:
+            self._marks = proto.marks
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        async for _, data in self.timed_chunks():
+            yield data
+
+    async def timed_chunks(self) -> AsyncIterator[tuple[float, bytes]]:
+        """The body as it arrives, each piece with the loop time its bytes came off the socket.
+
+        One piece per read in the common case; a read that gathered several socket reads (the reader fell
+        behind) is cut at their boundaries, so each piece keeps its own arrival time.
+        """
+        loop = asyncio.get_running_loop()
+        marks = self._marks
+        pos = i = 0
         try:
             async for data in self._resp.content.iter_any():
-                yield data
+                end = pos + len(data)
+                if marks is None:
+                    yield loop.time(), data
+                    pos = end
+                    continue
+                n = len(marks)  # marks[i] is a byte count, marks[i + 1] its time
+                while i < n and marks[i] <= pos:
+                    i += 2
+                start = pos
+                while i < n and marks[i] < end:
+                    cut = int(marks[i])
+                    yield marks[i + 1], data[start - pos : cut - pos]
+                    start = cut
+                    i += 2
+                # Every byte read was counted by a mark; loop.time() only if aiohttp fed bytes some other way.
+                yield (marks[i + 1] if i < n else loop.time()), data[start - pos :] if start > pos else data
+                pos = end
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise StreamBroken(str(exc) or type(exc).__name__) from exc
         except aiohttp.ClientResponseError as exc:
@@ -103,7 +173,7 @@ class AiohttpTransport:
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False),
+                connector=_StampingConnector(limit=0, limit_per_host=0, force_close=False),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 auto_decompress=False,
             )

@@ -1,0 +1,88 @@
+"""Chunk arrival stamps come from where the bytes arrive, not from when the reading task got to them (issue 16).
+
+A loopback server writes SSE events with pauses between them and notes the loop time of each write; the reader
+waits until all of them have arrived before it reads. Stamps taken at read time would all equal that late read;
+the transport's stamps must instead fall between each event's write and the next one. asyncio runs socket
+callbacks before due timers in a loop iteration, so an event's ``data_received`` runs before the server's next
+write however loaded the machine is: the bounds below do not depend on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from agentload.endpoint.client import ChatClient
+from agentload.endpoint.sse import SSEParser
+from agentload.endpoint.transport import AiohttpTransport
+
+
+def _event(text: str) -> bytes:
+    return b'data: {"choices":[{"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
+
+
+@asynccontextmanager
+async def paced_server(events: list[bytes], gap_s: float, sent: list[float]) -> AsyncIterator[str]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        for ev in events:
+            sent.append(loop.time())
+            await resp.write(ev)
+            await asyncio.sleep(gap_s)
+        sent.append(loop.time())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}/v1"
+    finally:
+        await server.close()
+
+
+async def test_a_reader_that_falls_behind_still_gets_each_event_its_arrival_time() -> None:
+    events = [_event(t) for t in ("a", "b", "c")]
+    sent: list[float] = []
+    async with paced_server(events, 0.15, sent) as url:
+        transport = AiohttpTransport()
+        try:
+            resp = await transport.send("POST", f"{url}/chat/completions", b"{}", {})
+            await asyncio.sleep(0.8)  # every event is in aiohttp's buffer before the first read
+            read_at = asyncio.get_running_loop().time()
+            parser = SSEParser()
+            stamped: list[tuple[float, bytes]] = []
+            async for t, data in resp.timed_chunks():  # type: ignore[attr-defined]
+                stamped += [(t, ev) for ev in parser.feed(data)]
+            resp.close()
+        finally:
+            await transport.aclose()
+    assert [ev for _, ev in stamped][:3] == [e[6:-2] for e in events]
+    for i in range(3):
+        assert sent[i] <= stamped[i][0] < sent[i + 1], (i, sent, stamped)
+        assert stamped[i][0] < read_at
+
+
+async def test_the_chat_client_records_the_transport_arrival_stamps() -> None:
+    events = [_event(t) for t in ("x", "y", "z")]
+    sent: list[float] = []
+    async with paced_server(events, 0.05, sent) as url:
+        client = ChatClient(url, api_key_env=None)
+        try:
+            record = await client.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        finally:
+            await client.aclose()
+    assert record.ok, record.error_message
+    assert record.content == "xyz"
+    assert len(record.chunk_times) == 3
+    for i, t in enumerate(record.chunk_times):
+        assert sent[i] <= t < sent[i + 1]
+    assert record.t_first_token == record.chunk_times[0]
