@@ -45,6 +45,17 @@ def _malformed(exc: aiohttp.ClientResponseError) -> MalformedResponse:
     return MalformedResponse(" ".join(lines[:2]) if lines else type(exc).__name__)
 
 
+def refused(exc: BaseException) -> bool:
+    """True when a chain of causes ends in a refused connection (for a plainer message than aiohttp's)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or isinstance(getattr(seen, "os_error", None),
+                                                                  ConnectionRefusedError):  # fmt: skip
+            return True
+        seen = seen.__cause__
+    return False
+
+
 class Response(Protocol):
     status: int
     headers: Mapping[str, str]
