@@ -30,7 +30,6 @@ from agentload.cli.common import (
     reports_errors,
     resolve_key_env,
 )
-from agentload.clock import RealClock
 from agentload.endpoint.connection import Connection, open_connection
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
@@ -167,7 +166,8 @@ async def suite_over(
     costing the agent a test, the stall watchdog gives up a request on a frozen server within ~22 s and waits out
     a cold start, and the liveness watch stops the whole run when the server is gone (issue 15).
     """
-    return await run_suite(conn.backend, tests, config, counts, RealClock(), endpoint=endpoint, on_level=on_level,
+    # The connection's clock: wall time on a normal loop, simulated time when the target is in process.
+    return await run_suite(conn.backend, tests, config, counts, conn.clock, endpoint=endpoint, on_level=on_level,
                            on_test=on_test, liveness=conn.liveness)  # fmt: skip
 
 
