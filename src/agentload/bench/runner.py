@@ -136,12 +136,12 @@ async def run_level(
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
     # One /metrics poller (the connection's monitor) feeds the watchdog, the liveness rule and the level's timeline.
+    drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
     conn = await connect(target.base_url, target.transport, clock=clock)  # the target's transport stays open
     poller = conn.monitor
     gate = QuiesceGate(clock)
     backend = RecordingBackend(conn.backend, data.records, sink, gate=gate, engine=exact_output_engine)
     ctx = _Context(backend, target.model, run_id, level, data, sizing)
-    drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()
 

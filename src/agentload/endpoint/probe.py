@@ -53,6 +53,7 @@ from agentload.endpoint.transport import (
     ConnectFailed,
     Transport,
     TransportError,
+    get,
     refused,
     signed_transport,
 )
@@ -153,14 +154,10 @@ class _Answer:
 
 async def _get(transport: Transport, url: str, headers: Mapping[str, str], timeout_s: float) -> _Answer | BaseException:
     try:
-        async with asyncio.timeout(timeout_s):
-            resp = await transport.send("GET", url, None, headers)
-            try:
-                return _Answer(resp.status, dict(resp.headers), await resp.read())
-            finally:
-                resp.close()
+        status, got, body = await get(transport, url, timeout_s, headers)
     except (TransportError, TimeoutError) as exc:
         return exc
+    return _Answer(status, dict(got), body)
 
 
 # -- reading ----------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from agentload.endpoint.transport import (
     MalformedResponse,
     Transport,
     TransportError,
+    get,
     refused,
     signed_transport,
 )
@@ -425,12 +426,8 @@ class ServerProbe:
     async def get(self, path: str) -> tuple[int, bytes]:
         """Status and body of ``GET path``; every status is returned, connection failures raise."""
         with self._translate(f"GET {path}"):
-            async with asyncio.timeout(self._read_timeout):
-                resp = await self._transport.send("GET", self._url(path), None, {"Accept": "*/*"})
-                try:
-                    return resp.status, await resp.read()
-                finally:
-                    resp.close()
+            status, _, body = await get(self._transport, self._url(path), self._read_timeout)
+        return status, body
 
     async def _get_json(self, path: str) -> Any | None:
         """The JSON body of ``GET path``, or None when the server has no such endpoint (404/405)."""

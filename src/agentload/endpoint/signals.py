@@ -41,7 +41,7 @@ from agentload.clock import Clock, RealClock
 from agentload.endpoint.fields import MalformedField, loads
 from agentload.endpoint.scrape import EndpointResponseError, MetricsSnapshot, parse_metrics
 from agentload.endpoint.scrape import base_url as server_root
-from agentload.endpoint.transport import AiohttpTransport, Transport, TransportError
+from agentload.endpoint.transport import AiohttpTransport, Transport, TransportError, get
 from agentload.errors import EndpointTimeoutError
 
 ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "agentload-sim", "openai-compatible")
@@ -275,14 +275,10 @@ class SignalPoller:
 
     async def _get(self, path: str) -> _Answer | None:
         try:
-            async with asyncio.timeout(self.timeout_s):
-                resp = await self.transport.send("GET", self.url + path, None, {"Accept": "*/*"})
-                try:
-                    return resp.status, await resp.read()
-                finally:
-                    resp.close()
+            status, _, body = await get(self.transport, self.url + path, self.timeout_s)
         except (TransportError, TimeoutError):
             return None
+        return status, body
 
     async def poll_once(self) -> ServerSignals:
         """Ask every endpoint of the engine's adapter once, concurrently, and record the reading."""

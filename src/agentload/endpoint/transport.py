@@ -104,6 +104,22 @@ class _AiohttpResponse:
         self._resp.close()
 
 
+async def get(
+    transport: Transport, url: str, timeout_s: float, headers: Mapping[str, str] | None = None
+) -> tuple[int, Mapping[str, str], bytes]:
+    """Status, headers and whole body of ``GET url`` within ``timeout_s`` (TimeoutError past it).
+
+    The one way the pollers, the probe and the calibration probe read a small endpoint, so each has a deadline
+    (a frozen server accepts the connection and answers nothing) and closes its response.
+    """
+    async with asyncio.timeout(timeout_s):
+        resp = await transport.send("GET", url, None, headers or {"Accept": "*/*"})
+        try:
+            return resp.status, resp.headers, await resp.read()
+        finally:
+            resp.close()
+
+
 class AiohttpTransport:
     """HTTP over aiohttp with an unbounded connection pool (one connection per live stream)."""
 
