@@ -138,4 +138,5 @@ def test_the_suite_command_over_http_survives_resets_503s_and_a_cold_start() -> 
     data = json.loads(out)
     assert data.get("incomplete") is None
     assert _passes(data) == {t.id: 2 for t in select(tests.split(","))}
-    assert data["levels"][0]["requests_failed"] == 0
+    # The faults reached the suite's requests (each failed attempt is recorded) and were resent, not scored.
+    assert data["levels"][0]["requests_failed"] >= 2
