@@ -83,7 +83,8 @@ class _Dead:
 async def test_a_scrape_of_a_frozen_server_gives_up_instead_of_hanging() -> None:
     async with frozen_server() as url:
         transport = AiohttpTransport()
-        sampler = MetricsSampler(transport, url, timeout_s=0.5)
+        # The level's timeline scrapes through the connection's one monitor, whose deadline is the poll's.
+        sampler = MetricsSampler(SignalPoller(url, transport=transport, timeout_s=0.5))
         try:
             got = await asyncio.wait_for(sampler.sample_once(), timeout=30.0)
         finally:

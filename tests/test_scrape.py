@@ -288,7 +288,7 @@ async def test_connection_pool_is_raised_above_aiohttps_default() -> None:
         await release.wait()
         return web.json_response({"data": [{"id": "m"}]})
 
-    async with fake_server({"/v1/models": hold}) as url, ServerProbe(url, connections=200) as probe:
+    async with fake_server({"/v1/models": hold}) as url, ServerProbe(url) as probe:
         results = await asyncio.wait_for(asyncio.gather(*(probe.models() for _ in range(150))), timeout=10)
     assert len(results) == 150
 

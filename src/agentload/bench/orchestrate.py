@@ -19,12 +19,8 @@ from agentload.bench.runner import RecordSink, run_level
 from agentload.bench.search import Search, Slo, find_knee, sweep
 from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
-from agentload.endpoint.backend import SingleAttemptBackend
-from agentload.endpoint.client import ChatClient
-from agentload.endpoint.liveness import ServerLiveness
+from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.output import can_force_length
-from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.watchdog import Watchdog
 from agentload.errors import EndpointError, ServerLostError
 from agentload.vtime import LoopClock
 from agentload.workload.agentic import AgenticWorkload
@@ -124,20 +120,15 @@ async def measure_token_sizing(target: Target, seed: int) -> tuple[TokenSizing, 
     Its requests go through the stall watchdog, so a server that froze since the probe is given up within ~25 s
     rather than the 300 s a plain first-token deadline would wait, and that is a lost server, not a note.
     """
-    clock = LoopClock()
-    poller = SignalPoller(target.base_url, transport=target.transport, clock=clock)
-    await poller.start()
-    policy = Watchdog(signals=poller, clock=clock, first_token_floor_s=300.0)
-    client = ChatClient(target.base_url, transport=target.transport, policy=policy)
-    try:
-        return await measure_sizing(SingleAttemptBackend(client), target.model, seed=seed), None
-    except EndpointError as exc:
-        if policy.server_dead():
-            lost = await ServerLiveness(policy, poller, clock).describe()
-            raise ServerLostError(f"before the first level: {lost}") from exc
-        return SIMULATOR_SIZING, f"text sized at one token per word: {exc}"
-    finally:
-        await poller.stop()
+    options = ConnectionOptions(first_token_floor_s=300.0, single_attempt=True)
+    async with open_connection(target.base_url, target.transport, options=options) as conn:
+        try:
+            return await measure_sizing(conn.backend, target.model, seed=seed), None
+        except EndpointError as exc:
+            if conn.watchdog.server_dead():
+                lost = await conn.liveness.describe()
+                raise ServerLostError(f"before the first level: {lost}") from exc
+            return SIMULATOR_SIZING, f"text sized at one token per word: {exc}"
 
 
 async def run_bench(

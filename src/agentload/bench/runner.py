@@ -20,13 +20,10 @@ from agentload.bench.analysis import LevelData
 from agentload.bench.gate import QuiesceGate
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
-from agentload.endpoint.client import ChatClient
-from agentload.endpoint.liveness import ServerLiveness
+from agentload.endpoint.connection import connect
 from agentload.endpoint.output import exact_output
 from agentload.endpoint.records import RequestIds, RequestRecord
-from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.watchdog import Watchdog
 from agentload.vtime import LoopClock
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
@@ -138,16 +135,14 @@ async def run_level(
                      t0=run_t0, min_turns=wanted, output_controlled=exact_output_engine is not None)  # fmt: skip
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
-    poller = SignalPoller(target.base_url, transport=target.transport, clock=clock)
-    await poller.start()
-    policy = Watchdog(signals=poller, clock=clock)
-    client = ChatClient(target.base_url, transport=target.transport, policy=policy)
-    gate = QuiesceGate(clock)
-    backend = RecordingBackend(RetryingBackend(client, policy=policy, clock=clock), data.records, sink, gate=gate,
-                               engine=exact_output_engine)  # fmt: skip
-    ctx = _Context(backend, target.model, run_id, level, data, sizing)
+    # One /metrics poller (the connection's monitor) feeds the watchdog, the liveness rule and the level's timeline.
     drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
-    sampler = MetricsSampler(target.transport, target.base_url, t0=run_t0)
+    conn = await connect(target.base_url, target.transport, clock=clock)  # the target's transport stays open
+    poller = conn.monitor
+    gate = QuiesceGate(clock)
+    backend = RecordingBackend(conn.backend, data.records, sink, gate=gate, engine=exact_output_engine)
+    ctx = _Context(backend, target.model, run_id, level, data, sizing)
+    sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()
 
     async def start_later(i: int) -> None:
@@ -193,7 +188,7 @@ async def run_level(
     # The level races the watchdog's dead-server rule (``endpoint.liveness``): a killed or frozen server stops it
     # within ~25 s, wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the window.
     body = asyncio.ensure_future(measure_level())
-    watch = asyncio.ensure_future(ServerLiveness(policy, poller, clock).wait_lost())
+    watch = asyncio.ensure_future(conn.liveness.wait_lost())
     try:
         await asyncio.wait({body, watch}, return_when=asyncio.FIRST_COMPLETED)
         if body.done():
@@ -208,7 +203,7 @@ async def run_level(
             t.cancel()
         await asyncio.gather(body, watch, *tasks, return_exceptions=True)
         await sampler.stop()
-        await poller.stop()
+        await conn.aclose()
     if data.lost is None and not any(r.ok for r in data.records) and _warming_seen(poller, run_t0 + data.start):
         data.notes.append(
             "the server said it was still warming up (/health not ready) during this level and no turn completed: "

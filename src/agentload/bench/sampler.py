@@ -1,4 +1,4 @@
-"""Samples the server's /metrics through the whole run (default 1 Hz), normalised across engines.
+"""The server's /metrics through the whole run (the connection's monitor, default 1 Hz), normalised across engines.
 
 The server's own counters are the ground truth for throughput, prefix-cache reuse and preemptions; sampling
 them during the run (not only before and after, as the source benchmark did) is what shows *when* the KV cache
@@ -7,16 +7,14 @@ filled and the hit rate fell. Histogram buckets (queue time) are kept raw for pe
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentload.bench.results import ServerSample
-from agentload.endpoint.scrape import MetricsSnapshot, parse_metrics
-from agentload.endpoint.transport import Transport, TransportError
-from agentload.errors import EndpointError
-from agentload.vtime import LoopClock
+from agentload.endpoint.scrape import MetricsSnapshot
+from agentload.endpoint.signals import ServerSignals, SignalPoller
 
 QUEUE_HISTOGRAM = "vllm:request_queue_time_seconds_bucket"
 
@@ -57,56 +55,49 @@ def to_sample(snapshot: MetricsSnapshot, t: float) -> RawSample:
 
 
 class MetricsSampler:
-    """Background scraper; ``samples`` grows as the run goes. A server without /metrics yields no samples.
+    """The level's timeline of /metrics samples; ``samples`` grows as the run goes.
 
-    Every scrape has a deadline (``timeout_s``): a frozen server accepts the connection and never answers, and a
-    scrape without one hung the whole bench — the window's edges wait for their sample (issue 15, item 1).
+    It scrapes nothing itself: it subscribes to the connection's one server monitor (``endpoint.signals.
+    SignalPoller``), whose periodic /metrics poll also feeds the stall watchdog, so a level asks the server once a
+    second, not twice. ``sample_once`` asks for a scrape now (the window's quiesced edges need their counters at
+    that instant) and returns that scrape's sample. A poll whose /metrics gave no usable answer counts as a failure
+    and adds no sample; the poller's deadline keeps a frozen server from hanging an edge (issue 15, item 1).
     """
 
-    def __init__(
-        self, transport: Transport, server_url: str, *, interval_s: float = 1.0, t0: float = 0.0, timeout_s: float = 5.0
-    ) -> None:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        self._transport = transport
-        self._url = server_url.rstrip("/").removesuffix("/v1") + "/metrics"
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
+    def __init__(self, monitor: SignalPoller, *, t0: float = 0.0) -> None:
+        self.monitor = monitor
         self.t0 = t0
         self.samples: list[RawSample] = []
         self.failures = 0
-        self._task: asyncio.Task[None] | None = None
-        self._clock = LoopClock()
+        # The last few readings with what each gave, so ``sample_once`` returns its own scrape's sample even when a
+        # background poll lands while it waits.
+        self._recent: deque[tuple[ServerSignals, RawSample | None]] = deque(maxlen=8)
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def _on_scrape(self, sig: ServerSignals, snapshot: MetricsSnapshot | None) -> None:
+        raw = None if snapshot is None else to_sample(snapshot, sig.t - self.t0)
+        if raw is None:
+            self.failures += 1
+        else:
+            self.samples.append(raw)
+        self._recent.append((sig, raw))
 
     async def sample_once(self) -> RawSample | None:
+        subscribed = self._unsubscribe is not None
+        if not subscribed:
+            self.start()
         try:
-            async with asyncio.timeout(self.timeout_s):
-                resp = await self._transport.send("GET", self._url, None, {})
-                try:
-                    body = await resp.read()
-                finally:
-                    resp.close()
-            if resp.status != 200:
-                self.failures += 1
-                return None
-            raw = to_sample(parse_metrics(body.decode("utf-8", "replace"), self._url), self._clock.now() - self.t0)
-        except (TransportError, EndpointError, TimeoutError):
-            self.failures += 1
-            return None
-        self.samples.append(raw)
-        return raw
-
-    async def _loop(self) -> None:
-        while True:
-            await self.sample_once()
-            await asyncio.sleep(self.interval_s)
+            sig = await self.monitor.poll_once()
+        finally:
+            if not subscribed:
+                await self.stop()
+        return next((raw for s, raw in reversed(self._recent) if s is sig), None)
 
     def start(self) -> None:
-        self._task = asyncio.ensure_future(self._loop())
+        if self._unsubscribe is None:
+            self._unsubscribe = self.monitor.subscribe(self._on_scrape)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None

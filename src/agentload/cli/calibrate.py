@@ -48,7 +48,7 @@ async def _run(url: str, api_key: str | None, model: str | None, plan: Calibrati
         transient=True,  # the summary replaces the bars; an error leaves one clean line
         disable=quiet,
     )
-    async with ServerProbe(url, api_key=api_key, connections=max(plan.batch_sizes) + 8) as probe:
+    async with ServerProbe(url, api_key=api_key) as probe:
         with progress:
             return await calibration.calibrate(
                 probe, url=str(probe.url), model=model, plan=plan, name=name, progress=_RichProgress(progress)

@@ -33,13 +33,10 @@ from agentload.cli.common import (
     resolve_key_env,
 )
 from agentload.cli.sim import make_behaviour
-from agentload.endpoint.client import ChatClient, StallPolicy
+from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
 from agentload.endpoint.redact import MASK, redact_url
-from agentload.endpoint.retry import RetryingBackend
-from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import Transport, signed_transport
-from agentload.endpoint.watchdog import Watchdog
 from agentload.errors import ConfigError, EndpointError
 from agentload.fleet.checkpoint import (
     LOG,
@@ -247,14 +244,11 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         if state.torn_bytes:
             opts.notes.append(f"dropped a torn last line ({state.torn_bytes} bytes) from {run_dir / LOG}")
         segment = len(state.segments)
-        poller = SignalPoller(url, engine=probed.engine, interval_s=1.0, transport=server.transport, clock=clock)
-        await poller.start()
-        stack.push_async_callback(poller.stop)
-        policy: StallPolicy = Watchdog(signals=poller, clock=clock)
-        client = ChatClient(url, transport=server.transport, policy=policy)
-        if server.transport is None:
-            stack.push_async_callback(client.aclose)  # a given transport is closed by whoever opened it
-        backend = RetryingBackend(client)
+        # A given transport is closed by whoever opened it (the stack); without one the connection makes its own.
+        conn = await stack.enter_async_context(
+            open_connection(url, server.transport, options=ConnectionOptions(engine=probed.engine), clock=clock)
+        )
+        poller, backend = conn.monitor, conn.backend
         max_width = min(opts.max_width or len(plans), len(plans))
         limiter = Limiter(make_policy(opts.mode, width, max_width=max_width))
         # Simulated runs skip fsync: a thread's fsync would let virtual time run ahead while it is on disk.

@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Annotated, Any
 
 import typer
@@ -30,15 +30,10 @@ from agentload.cli.common import (
     reports_errors,
     resolve_key_env,
 )
-from agentload.clock import RealClock
-from agentload.endpoint.client import ChatClient
-from agentload.endpoint.liveness import ServerLiveness
+from agentload.endpoint.connection import Connection, open_connection
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
-from agentload.endpoint.retry import RetryingBackend
-from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import AiohttpTransport, Transport, signed_transport
-from agentload.endpoint.watchdog import Watchdog
+from agentload.endpoint.transport import Transport, signed_transport
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError, ServerLostError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
@@ -48,9 +43,8 @@ from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.model import SuiteTest
 from agentload.suite.results import LevelResult, SuiteRun, TestResult
-from agentload.suite.runner import SuiteConfig, check_agent_counts, run_suite
+from agentload.suite.runner import LevelStart, SuiteConfig, TestDone, check_agent_counts, run_suite
 from agentload.suite.scoring import Status
-from agentload.vtime import LoopClock
 
 EMBEDDED_PROFILE = "qwen3-235b-gb300"  # the source benchmark's deployment, and short simulated steps
 
@@ -146,35 +140,36 @@ async def _run(
     show_progress: bool,
 ) -> SuiteRun:
     key = os.environ.get(key_env) or None
-    async with _endpoint(url, model, profile, key) as (base, served, label, transport):
-        # The same stall watchdog and dead-server rule as `agentload run`: a request on a frozen server is given
-        # up within ~22 s, and the liveness watch stops the whole run when the server is gone (issue 15). The
-        # polls carry the same credentials as the requests, so a server that guards /metrics is still read.
-        clock = LoopClock()
-        poll_transport = signed_transport(url, key)[1] if url is not None else AiohttpTransport()
-        poller = SignalPoller(base, transport=poll_transport, clock=clock)
-        await poller.start()
-        policy = Watchdog(signals=poller, clock=clock)
-        client = ChatClient(base, transport=transport, api_key_env=key_env, policy=policy)
+    async with AsyncExitStack() as stack:
+        base, served, label, transport = await stack.enter_async_context(_endpoint(url, model, profile, key))
+        # One connection for the load, the polls and the liveness check; it closes the transport on the way out.
+        conn = await stack.enter_async_context(open_connection(base, transport, close_transport=True))
         bar = _Bar()
-        try:
-            with bar.progress if show_progress else contextlib.nullcontext():
-                return await run_suite(
-                    # A passing 503 or reset is resent (same turn, same body) rather than costing the agent a test.
-                    RetryingBackend(client, policy=policy),
-                    tests,
-                    SuiteConfig(model=served, max_tokens=max_tokens, payload_tokens=payload_tokens),
-                    counts,
-                    RealClock(),
-                    endpoint=label,
-                    on_level=bar.level,
-                    on_test=bar.test_done,
-                    liveness=ServerLiveness(policy, poller, clock),
-                )
-        finally:
-            await poller.stop()
-            await poll_transport.aclose()
-            await client.aclose()
+        with bar.progress if show_progress else contextlib.nullcontext():
+            config = SuiteConfig(model=served, max_tokens=max_tokens, payload_tokens=payload_tokens)
+            return await suite_over(conn, tests, config, counts, endpoint=label, on_level=bar.level,
+                                    on_test=bar.test_done)  # fmt: skip
+
+
+async def suite_over(
+    conn: Connection,
+    tests: list[SuiteTest],
+    config: SuiteConfig,
+    counts: list[int],
+    *,
+    endpoint: str,
+    on_level: LevelStart | None = None,
+    on_test: TestDone | None = None,
+) -> SuiteRun:
+    """The suite's levels through ``conn``, as ``agentload suite`` runs them on any target.
+
+    The same stack as bench and ``run``: a passing 503 or reset is resent (same turn, same body) rather than
+    costing the agent a test, the stall watchdog gives up a request on a frozen server within ~22 s and waits out
+    a cold start, and the liveness watch stops the whole run when the server is gone (issue 15).
+    """
+    # The connection's clock: wall time on a normal loop, simulated time when the target is in process.
+    return await run_suite(conn.backend, tests, config, counts, conn.clock, endpoint=endpoint, on_level=on_level,
+                           on_test=on_test, liveness=conn.liveness)  # fmt: skip
 
 
 @asynccontextmanager

@@ -48,7 +48,15 @@ from agentload.endpoint.scrape import (
     parse_metrics,
 )
 from agentload.endpoint.scrape import base_url as server_root
-from agentload.endpoint.transport import AiohttpTransport, ConnectFailed, Transport, TransportError, signed_transport
+from agentload.endpoint.transport import (
+    AiohttpTransport,
+    ConnectFailed,
+    Transport,
+    TransportError,
+    get,
+    refused,
+    signed_transport,
+)
 from agentload.errors import ConfigError, EndpointTimeoutError, EndpointUnreachableError
 
 Engine = Literal["vllm", "sglang", "llamacpp", "ollama", "agentload-sim", "openai-compatible"]
@@ -144,27 +152,12 @@ class _Answer:
             return None
 
 
-def _refused(exc: BaseException) -> bool:
-    """True when a chain of causes ends in a refused connection (for a plainer message)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError) or isinstance(getattr(seen, "os_error", None),
-                                                                  ConnectionRefusedError):  # fmt: skip
-            return True
-        seen = seen.__cause__
-    return False
-
-
 async def _get(transport: Transport, url: str, headers: Mapping[str, str], timeout_s: float) -> _Answer | BaseException:
     try:
-        async with asyncio.timeout(timeout_s):
-            resp = await transport.send("GET", url, None, headers)
-            try:
-                return _Answer(resp.status, dict(resp.headers), await resp.read())
-            finally:
-                resp.close()
+        status, got, body = await get(transport, url, timeout_s, headers)
     except (TransportError, TimeoutError) as exc:
         return exc
+    return _Answer(status, dict(got), body)
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
@@ -359,7 +352,7 @@ async def probe(
         failures = [a for a in fetched if isinstance(a, BaseException)]
         if len(failures) == len(_PATHS):
             if all(isinstance(f, ConnectFailed) for f in failures):
-                reason = "connection refused" if any(_refused(f) for f in failures) else str(failures[0])
+                reason = "connection refused" if any(refused(f) for f in failures) else str(failures[0])
                 raise EndpointUnreachableError(f"cannot reach {root}: {reason}")
             raise EndpointTimeoutError(f"{root} accepted the connection but answered nothing within {timeout_s:g} s")
         answers = {p: a for p, a in zip(_PATHS, fetched, strict=True) if isinstance(a, _Answer) and a.status != 404}

@@ -16,31 +16,42 @@
 * ``ServerProbe.stream_completion`` times one streamed ``/v1/completions`` request chunk by chunk (what
   calibration measures). It is deliberately minimal; the fleet's streaming client should take it over.
 
-aiohttp's exceptions never leave this module: they become the ``EndpointError`` branch of ``agentload.errors``
-(httpx's mapping of transport errors is the model; the error classes are re-exported here for callers).
+``ServerProbe`` sends through the ``Transport`` seam like every other component (no HTTP session of its own), so
+calibration signs its requests the same way and can run against the simulator in process. The transport's errors
+never leave this module: they become the ``EndpointError`` branch of ``agentload.errors`` (the error classes are
+re-exported here for callers).
 Server-info bodies can carry secrets (SGLang echoes its own API key), so only the numbers needed are taken from
 them and no body is ever quoted in an error.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
 from agentload.endpoint.fields import MAX_TOKENS, MalformedField, loads
-from agentload.endpoint.redact import SECRETS, redact_url, split_url
+from agentload.endpoint.redact import redact_url
+from agentload.endpoint.transport import (
+    AiohttpTransport,
+    ConnectFailed,
+    MalformedResponse,
+    Transport,
+    TransportError,
+    get,
+    refused,
+    signed_transport,
+)
 from agentload.errors import (
     ConfigError,
     EndpointError,
@@ -353,86 +364,70 @@ def _llamacpp_pool(props: Mapping[str, Any]) -> ServerPool | None:
 
 
 class ServerProbe:
-    """One aiohttp session to one server; use as ``async with ServerProbe(url) as probe``."""
+    """One server's models, pool, metrics and timed streams through the ``Transport`` seam.
+
+    Use as ``async with ServerProbe(url) as probe``. Without a ``transport`` it makes an HTTP one (and closes it);
+    either way the URL's credentials and ``api_key`` sign every request — /metrics included — through
+    ``transport.signed_transport``, and the probe names only the bare URL in results and errors. A given transport
+    (the simulator in process, a scripted one in tests) is left open for its owner.
+    """
 
     def __init__(
         self,
         url: str,
         *,
         api_key: str | None = None,
-        connections: int = 512,
+        transport: Transport | None = None,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 900.0,
     ) -> None:
-        # The URL's credentials are taken out of it (endpoint.redact): the probe names the bare URL in results and
-        # errors, and signs every request — /metrics included — with the key or the userinfo and the query.
-        server = split_url(url)
+        if read_timeout_s <= 0:
+            raise ValueError("read_timeout_s must be positive")
+        self._owns_transport = transport is None
+        # The transport's connection pool is unbounded (one connection per live stream): a pool smaller than the
+        # largest batch would queue streams inside the client and corrupt inter-token timings.
+        server, self._transport = signed_transport(
+            url, api_key, transport or AiohttpTransport(connect_timeout_s=connect_timeout_s)
+        )
         self.url = base_url(server.base)
-        self._credentials = server.credentials
-        SECRETS.add(api_key)
-        self._api_key = api_key
-        self._connections = connections
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._read_timeout = read_timeout_s
 
     def __repr__(self) -> str:  # never show the key
         return f"ServerProbe({str(self.url)!r})"
 
     async def __aenter__(self) -> ServerProbe:
-        # aiohttp's default pool of 100 connections would queue concurrent streams inside the client and
-        # corrupt inter-token timings at high batch sizes, so the pool is sized for the largest batch.
-        connector = aiohttp.TCPConnector(limit=self._connections, limit_per_host=self._connections)
-        headers: dict[str, str] = {}
-        creds = self._credentials
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        elif creds.user is not None:
-            token = base64.b64encode(f"{creds.user}:{creds.password or ''}".encode()).decode("ascii")
-            headers["Authorization"] = f"Basic {token}"
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=headers)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._owns_transport:
+            await self._transport.aclose()
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("ServerProbe used outside 'async with'")
-        return self._session
-
-    def _url(self, path: str) -> URL:
-        url = self.url.with_path(self.url.path.rstrip("/") + path)
-        return url.with_query(self._credentials.params) if self._credentials.params else url
+    def _url(self, path: str) -> str:
+        return str(self.url.with_path(self.url.path.rstrip("/") + path))
 
     @contextmanager
     def _translate(self, what: str) -> Iterator[None]:
-        """aiohttp's exceptions → ours, naming the request and the server."""
+        """The transport's errors → ours, naming the request and the server."""
         where = f"{what} on {self.url}"
         try:
             yield
-        except aiohttp.ClientConnectorError as exc:
-            os_error = exc.os_error
-            reason = "connection refused" if isinstance(os_error, ConnectionRefusedError) else str(os_error)
+        except ConnectFailed as exc:
+            reason = "connection refused" if refused(exc) else str(exc)
             raise EndpointUnreachableError(f"cannot reach {self.url}: {reason}") from exc
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise EndpointUnreachableError(f"cannot reach {self.url}: connection timed out") from exc
-        except TimeoutError as exc:  # aiohttp's read timeouts subclass TimeoutError
+        except TimeoutError as exc:  # the read deadline below
             raise EndpointTimeoutError(f"{where}: the server stopped answering (read timeout)") from exc
-        except aiohttp.ClientResponseError as exc:
-            raise EndpointResponseError(f"{where}: HTTP {exc.status} {exc.message}", status=exc.status) from exc
-        except aiohttp.ClientError as exc:
+        except MalformedResponse as exc:
+            raise EndpointResponseError(f"{where}: not valid HTTP: {exc}") from exc
+        except TransportError as exc:
             raise EndpointError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
     async def get(self, path: str) -> tuple[int, bytes]:
         """Status and body of ``GET path``; every status is returned, connection failures raise."""
         with self._translate(f"GET {path}"):
-            async with self.session.get(self._url(path)) as resp:
-                return resp.status, await resp.read()
+            status, _, body = await get(self._transport, self._url(path), self._read_timeout)
+        return status, body
 
     async def _get_json(self, path: str) -> Any | None:
         """The JSON body of ``GET path``, or None when the server has no such endpoint (404/405)."""
@@ -526,30 +521,34 @@ class ServerProbe:
         usage: Mapping[str, Any] | None = None
         times: list[float] = []
         where = f"POST /v1/completions on {self.url}"
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         with self._translate("POST /v1/completions"):
-            sent = time.perf_counter()
-            async with self.session.post(
-                self._url("/v1/completions"), data=data, headers={"Content-Type": "application/json"}
-            ) as resp:
-                if resp.status != 200:
-                    _raise_for_status(where, resp.status, await resp.read())
-                async for raw in resp.content:
-                    now = time.perf_counter()
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        break
-                    event = _event(payload, where)
-                    choices = event.get("choices")
-                    first = choices[0] if isinstance(choices, list) and choices else None
-                    if isinstance(first, Mapping) and first.get("text"):
-                        times.append(now)
-                        if stop is not None and stop(len(times), now):
-                            break
-                    if isinstance(event.get("usage"), Mapping):
-                        usage = event["usage"]
+            # The read deadline is per read, as a socket's would be: moved on by every chunk that arrives.
+            async with asyncio.timeout(self._read_timeout) as deadline:
+                sent = time.perf_counter()
+                resp = await self._transport.send("POST", self._url("/v1/completions"), data, headers)
+                try:
+                    if resp.status != 200:
+                        _raise_for_status(where, resp.status, await resp.read())
+                    async with aclosing(_lines(resp.chunks(), deadline, self._read_timeout)) as lines:
+                        async for raw, now in lines:
+                            line = raw.strip()
+                            if not line.startswith(b"data:"):
+                                continue
+                            payload = line[5:].strip()
+                            if payload == b"[DONE]":
+                                break
+                            event = _event(payload, where)
+                            choices = event.get("choices")
+                            first = choices[0] if isinstance(choices, list) and choices else None
+                            if isinstance(first, Mapping) and first.get("text"):
+                                times.append(now)
+                                if stop is not None and stop(len(times), now):
+                                    break
+                            if isinstance(event.get("usage"), Mapping):
+                                usage = event["usage"]
+                finally:
+                    resp.close()  # before the stream's end: the server aborts the request
         details = usage.get("prompt_tokens_details") if usage else None
         return StreamTiming(
             sent_at=sent,
@@ -558,6 +557,22 @@ class ServerProbe:
             cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, Mapping) else None,
             completion_tokens=_int(usage.get("completion_tokens")) if usage else None,
         )
+
+
+async def _lines(
+    chunks: AsyncIterator[bytes], deadline: asyncio.Timeout, read_timeout_s: float
+) -> AsyncGenerator[tuple[bytes, float]]:
+    """The body's lines, each with the ``perf_counter`` time its chunk arrived; every chunk moves the deadline."""
+    loop = asyncio.get_running_loop()
+    rest = b""
+    async for block in chunks:
+        now = time.perf_counter()
+        deadline.reschedule(loop.time() + read_timeout_s)
+        *lines, rest = (rest + block).split(b"\n")
+        for line in lines:
+            yield line, now
+    if rest:
+        yield rest, time.perf_counter()
 
 
 def _positive(value: int | None) -> int | None:

@@ -32,16 +32,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from agentload.clock import Clock, RealClock
 from agentload.endpoint.fields import MalformedField, loads
-from agentload.endpoint.scrape import EndpointResponseError, parse_metrics
+from agentload.endpoint.scrape import EndpointResponseError, MetricsSnapshot, parse_metrics
 from agentload.endpoint.scrape import base_url as server_root
-from agentload.endpoint.transport import AiohttpTransport, Transport, TransportError
+from agentload.endpoint.transport import AiohttpTransport, Transport, TransportError, get
 from agentload.errors import EndpointTimeoutError
 
 ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "agentload-sim", "openai-compatible")
@@ -92,6 +92,10 @@ class ServerSignals(BaseModel):
 
 _Answer = tuple[int, bytes]
 
+# Called after every poll that asked /metrics, with the reading and the parsed scrape (None: no usable answer).
+# The bench's level timeline (``bench.sampler``) is one: the server is scraped by one poller, not two.
+MetricsListener = Callable[[ServerSignals, MetricsSnapshot | None], None]
+
 
 def _health(status: int) -> bool | None:
     if 200 <= status < 300:
@@ -101,11 +105,17 @@ def _health(status: int) -> bool | None:
     return False  # 503 while loading (llama.cpp, SGLang, the simulator); 5xx when the engine died (vLLM)
 
 
-def _metrics(body: bytes) -> dict[str, Any]:
+def _snapshot(answer: _Answer | None) -> MetricsSnapshot | None:
+    """The /metrics answer parsed once (for the signals and for every subscriber), or None without one."""
+    if answer is None or answer[0] != 200:
+        return None
     try:
-        snapshot = parse_metrics(body.decode("utf-8", errors="replace"))
+        return parse_metrics(answer[1].decode("utf-8", errors="replace"))
     except EndpointResponseError:
-        return {}
+        return None
+
+
+def _metrics(snapshot: MetricsSnapshot) -> dict[str, Any]:
     values = snapshot.normalised()  # NaN, infinite and negative readings are already left out there
 
     def count(key: str) -> int | None:
@@ -184,7 +194,18 @@ class SignalPoller:
         self._last_answer: ServerSignals | None = None
         self._ready_since_up = False
         self._task: asyncio.Task[None] | None = None
+        self._listeners: list[MetricsListener] = []
         self.polls = 0
+
+    def subscribe(self, listener: MetricsListener) -> Callable[[], None]:
+        """Hand every /metrics scrape to ``listener`` as well; returns the call that stops it."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
 
     @property
     def latest(self) -> ServerSignals | None:
@@ -254,32 +275,31 @@ class SignalPoller:
 
     async def _get(self, path: str) -> _Answer | None:
         try:
-            async with asyncio.timeout(self.timeout_s):
-                resp = await self.transport.send("GET", self.url + path, None, {"Accept": "*/*"})
-                try:
-                    return resp.status, await resp.read()
-                finally:
-                    resp.close()
+            status, _, body = await get(self.transport, self.url + path, self.timeout_s)
         except (TransportError, TimeoutError):
             return None
+        return status, body
 
     async def poll_once(self) -> ServerSignals:
         """Ask every endpoint of the engine's adapter once, concurrently, and record the reading."""
         paths = _PATHS[self.engine]
         answers = dict(zip(paths, await asyncio.gather(*(self._get(p) for p in paths)), strict=True))
-        sig = self._read(answers)
+        snapshot = _snapshot(answers.get("/metrics"))
+        sig = self._read(answers, snapshot)
         self._record(sig)
+        if "/metrics" in answers:
+            for listener in list(self._listeners):
+                listener(sig, snapshot)
         return sig
 
-    def _read(self, answers: Mapping[str, _Answer | None]) -> ServerSignals:
+    def _read(self, answers: Mapping[str, _Answer | None], snapshot: MetricsSnapshot | None) -> ServerSignals:
         fields: dict[str, Any] = {"engine": self.engine}
         responding = any(a is not None for a in answers.values())
         health = answers.get("/health")
         if health is not None:
             fields["ready"] = _health(health[0])
-        metrics = answers.get("/metrics")
-        if metrics is not None and metrics[0] == 200:
-            found = _metrics(metrics[1])
+        if snapshot is not None:
+            found = _metrics(snapshot)
             detected = found.pop("engine", None)
             if self.engine is None and detected is not None:
                 # Auto mode learns the engine from its metric prefix; llama.cpp adds /slots from the next poll on.

@@ -47,6 +47,17 @@ def _malformed(exc: aiohttp.ClientResponseError) -> MalformedResponse:
     return MalformedResponse(" ".join(lines[:2]) if lines else type(exc).__name__)
 
 
+def refused(exc: BaseException) -> bool:
+    """True when a chain of causes ends in a refused connection (for a plainer message than aiohttp's)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or isinstance(getattr(seen, "os_error", None),
+                                                                  ConnectionRefusedError):  # fmt: skip
+            return True
+        seen = seen.__cause__
+    return False
+
+
 class Response(Protocol):
     status: int
     headers: Mapping[str, str]
@@ -161,6 +172,22 @@ class _AiohttpResponse:
 
     def close(self) -> None:
         self._resp.close()
+
+
+async def get(
+    transport: Transport, url: str, timeout_s: float, headers: Mapping[str, str] | None = None
+) -> tuple[int, Mapping[str, str], bytes]:
+    """Status, headers and whole body of ``GET url`` within ``timeout_s`` (TimeoutError past it).
+
+    The one way the pollers, the probe and the calibration probe read a small endpoint, so each has a deadline
+    (a frozen server accepts the connection and answers nothing) and closes its response.
+    """
+    async with asyncio.timeout(timeout_s):
+        resp = await transport.send("GET", url, None, headers or {"Accept": "*/*"})
+        try:
+            return resp.status, resp.headers, await resp.read()
+        finally:
+            resp.close()
 
 
 class AiohttpTransport:
