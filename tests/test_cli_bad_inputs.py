@@ -9,6 +9,7 @@ allocation) or run on, so exit 2 with an ``error:`` line proves the input was re
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -208,3 +209,23 @@ def test_the_installed_command_reports_a_bad_flag_as_one_error_line(args: list[s
     assert lines[0].startswith("error: "), run.stderr
     assert "╭" not in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_url_whose_host_does_not_resolve_fails_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A mistyped host used to be waited for like a loading server (--wait-ready, 120 s). The resolver is faked, so
+    # the test asks no DNS server anything.
+    real = socket.getaddrinfo
+
+    def fake(host: object, *args: object, **kwargs: object) -> object:
+        if host == "vlm-typo.internal":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", "http://vlm-typo.internal:8000", "--model", "m", "--agents", "1", "--out", str(tmp_path)],
+    )
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == ["error: vlm-typo.internal does not resolve (Name or service not known): check the URL's host name"]

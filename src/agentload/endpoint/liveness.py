@@ -17,13 +17,19 @@ load instead of only its requests:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 from collections.abc import Callable
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from agentload.clock import Clock
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import ConnectFailed, TransportError
-from agentload.errors import EndpointTimeoutError
+from agentload.errors import EndpointTimeoutError, EndpointUnreachableError
+
+# How long the start waits for the resolver: a name that does not resolve in this long is not coming.
+RESOLVE_TIMEOUT_S = 10.0
 
 # How long ``describe`` waits for its own answer: a live server's /health answers in milliseconds.
 DESCRIBE_TIMEOUT_S = 3.0
@@ -75,8 +81,11 @@ async def wait_until_up(
 ) -> None:
     """Wait until the server answers and says it is ready, up to ``timeout_s``; ``report`` a line every ``every_s``.
 
-    Raises ``EndpointTimeoutError`` (which names the state it was left in) when the bound passes.
+    Raises ``EndpointTimeoutError`` (which names the state it was left in) when the bound passes, and
+    ``EndpointUnreachableError`` at once when the host name does not resolve: a server that is loading refuses
+    connections, but a mistyped name would only be waited for in vain.
     """
+    await _check_resolves(poller.url)
     try:
         await poller.wait_until_ready(0.0)  # one poll: a server that is up is not kept waiting for a message
         return
@@ -96,6 +105,24 @@ async def wait_until_up(
                     f"{poller.url} is still {_state(poller)} after {timeout_s:g} s of waiting for it to come up"
                 ) from exc
         report(f"still waiting for {poller.url}: {_state(poller)} ({waited:.0f} s of at most {timeout_s:g} s)")
+
+
+async def _check_resolves(url: str) -> None:
+    parts = urlsplit(url)
+    host = parts.hostname
+    if not host:
+        return
+    try:
+        ipaddress.ip_address(host)
+        return  # a literal address needs no resolver
+    except ValueError:
+        pass
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, parts.port), RESOLVE_TIMEOUT_S)
+    except socket.gaierror as exc:
+        raise EndpointUnreachableError(f"{host} does not resolve ({exc.strerror}): check the URL's host name") from exc
+    except TimeoutError:
+        return  # a slow resolver is the connection's problem, and waited for as such
 
 
 def _state(poller: SignalPoller) -> str:
