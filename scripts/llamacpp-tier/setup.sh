@@ -4,15 +4,18 @@
 #
 #   scripts/llamacpp-tier/setup.sh        # idempotent: a finished build is reused (stamp file)
 #
+# Then the tier's model: build_model.py writes a small random-weight llama GGUF (no download).
+#
 # Everything goes under $AGENTLOAD_LLAMACPP_TIER_DIR (default ~/.cache/agentload-llamacpp-tier), outside the
-# repository. Exit codes: 0 ready (the binary's path is the last line of stdout), 3 the download or build is
-# impossible here (the tier skips on that, printing why).
+# repository. Exit codes: 0 ready (stdout: the binary's path, then the model's), 3 the download, install or build
+# is impossible here (the tier skips on that, printing why), 4 the model build failed (a bug: the tier fails).
 #
 # Why the sdist: PyPI is the only registry that ships llama.cpp's C++ sources; the package's own binding is not
 # used, only the vendored tree. Why only the llama-server target: the full build takes several times as long.
 set -euo pipefail
 
 version="${AGENTLOAD_LLAMACPP_PYPI_VERSION:-0.3.36}"
+GGUF_VERSION=0.19.0
 tier="${AGENTLOAD_LLAMACPP_TIER_DIR:-$HOME/.cache/agentload-llamacpp-tier}"
 dir="$tier/$version"
 bin="$dir/build/bin/llama-server"
@@ -57,5 +60,29 @@ if [[ ! -f "$dir/.built" ]]; then
     touch "$dir/.built"
     say "built in $((SECONDS - started)) s"
 fi
-say "ready: $bin (built in $(cat "$dir/build-seconds") s)"
+
+# The model: written by build_model.py with the gguf package (PyPI) in a venv of its own, so the project's locked
+# environment does not carry it. Keyed by the script's content, so a change to the model rebuilds it.
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+key="$(cat "$here/build_model.py" "$here/../../src/agentload/workload/words.py" | sha256sum | cut -c1-12)"
+model="$tier/model-$key.gguf"
+if [[ ! -f "$model" ]]; then
+    started=$SECONDS
+    if [[ ! -f "$tier/venv/.installed" ]]; then
+        rm -rf "$tier/venv"
+        { python3 -m venv "$tier/venv" &&
+            "$tier/venv/bin/pip" install --disable-pip-version-check "gguf==$GGUF_VERSION" "numpy<3"; } \
+            >"$tier/venv.log" 2>&1 || {
+            tail -5 "$tier/venv.log" >&2
+            echo "cannot build the model: the gguf package could not be installed" >&2
+            exit 3
+        }
+        touch "$tier/venv/.installed"
+    fi
+    "$tier/venv/bin/python" "$here/build_model.py" "$model.tmp" >&2 || exit 4
+    mv "$model.tmp" "$model"
+    say "model built in $((SECONDS - started)) s"
+fi
+say "ready: $bin (built in $(cat "$dir/build-seconds") s), model $model"
 echo "$bin"
+echo "$model"

@@ -82,6 +82,11 @@ def capacity_for(
             target_context=target_context,
             slots=p.slots,
         )
+    if pool is None and slots is not None:
+        # llama.cpp states slots, not a paged pool (probe gives no exact block size): the slots are the capacity.
+        return CapacityEstimate(pool_tokens=None, block_size=None, context=context, sessions=float(slots),
+                                source=f"{slots} parallel slots (a slot server runs at most that many requests)",
+                                target_context=target_context, slots=slots)  # fmt: skip
     if pool is None:
         return CapacityEstimate(pool_tokens=None, block_size=None, context=context, sessions=None,
                                 source="the server does not report its KV pool",
