@@ -7,11 +7,19 @@ llama.cpp never decodes), and nothing is found in another slot.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
+import tomli_w
 
 from agentload.bench.analysis import explain_knee
+from agentload.bench.orchestrate import capacity_for
 from agentload.bench.results import LevelSummary, Percentiles
+from agentload.bench.target import Target
+from agentload.capacity.calibrate import _profile_doc
 from agentload.capacity.profile import ServingProfile, load_profile, parse_profile
+from agentload.endpoint.scrape import ServedModel, ServerPool
+from agentload.endpoint.transport import Transport
 from agentload.errors import SimulationError
 from agentload.sim.engine import Engine, SimRequest
 from agentload.sim.slots import SlotCache
@@ -183,3 +191,28 @@ def test_a_slot_server_knee_is_explained_as_slots_full_not_eviction() -> None:
     assert "95.0% to 60.0%" in why.summary
     # The same levels on a server not known to be slot-based keep the paged-pool reading (vLLM unchanged).
     assert explain_knee(good, bad).cause == "cache_eviction"
+
+
+def target(profile: ServingProfile | None) -> Target:
+    return Target(cast(Transport, None), "http://127.0.0.1:1", "m", "test", virtual=False, profile=profile)
+
+
+def test_a_slot_servers_capacity_is_its_slots_not_its_pool() -> None:
+    # llama.cpp's probe gives slots and an equivalent pool without an exact block size, so bench has no pool:
+    # the estimate is the slots. A profile in slot mode: the pool (4 × 32,768 tokens) would hold 8 agents of
+    # 16,384, but only 4 run at once.
+    real = capacity_for(target(None), 2048, None, slots=3)
+    assert (real.sessions, real.predicted, real.slots) == (3.0, 3.0, 3)
+    sim = capacity_for(target(load_profile("llamacpp-8b-l40s")), 16384, None)
+    assert sim.sessions == pytest.approx(8.0)
+    assert sim.predicted == 4.0
+
+
+def test_calibrating_a_llamacpp_server_writes_a_slot_profile() -> None:
+    pool = ServerPool(engine="llamacpp", num_blocks=3 * 4096 // 16, block_size=16, source="/props", exact=False,
+                      max_num_seqs=3, max_model_len=4096)  # fmt: skip
+    doc = _profile_doc("x", "http://127.0.0.1:1", ServedModel(id="m"), None, pool, 4096, "auto")
+    assert doc["slots"] == 3
+    text = tomli_w.dumps(doc)
+    profile = parse_profile(text, "calibrated")
+    assert (profile.slots, profile.max_num_seqs, profile.pool_tokens) == (3, 3, 3 * 4096)
