@@ -186,9 +186,14 @@ def test_a_slot_server_knee_is_explained_as_slots_full_not_eviction() -> None:
     bad = level(5, tps=80.0, hit=0.6, running=4.0, waiting=0.9, kv=0.45)
     why = explain_knee(good, bad, slots=4)
     assert why.cause == "slots_full"
-    assert "all 4 slots are busy" in why.summary
-    assert "waiting for a slot" in why.summary
+    assert "more agents than the server's 4 slots" in why.summary
+    assert "turns queue for a slot (0.90 requests waiting" in why.summary
     assert "95.0% to 60.0%" in why.summary
+    # A knee below the slot count is not the slots filling up.
+    below = level(3, tps=80.0, hit=0.95, running=3.0, waiting=0.9, kv=0.45)
+    assert explain_knee(level(2, tps=100.0, hit=0.95, running=2.0, waiting=0.0, kv=0.4), below, slots=4).cause == (
+        "compute_saturation"
+    )
     # The same levels on a server not known to be slot-based keep the paged-pool reading (vLLM unchanged).
     assert explain_knee(good, bad).cause == "cache_eviction"
 

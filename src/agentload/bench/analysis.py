@@ -240,22 +240,31 @@ def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | N
         ev["mean_waiting_past_knee"] = round(bad.mean_waiting, 2)
     if slots is not None:
         ev["slots"] = slots
-    # Slots full: requests wait for a slot past the knee (a slot server defers what it cannot place) while no
-    # preemption happened. The hit rate may fall too: a turn that waited takes whichever slot frees first, whose
-    # cache holds another agent's prompt, so it re-prefills; that is the queueing's cost, not a pool overflow.
-    waited = (bad.mean_waiting or 0.0) >= 0.25 or (bad.queue_wait_s.p50 or 0.0) > 0
-    if slots is not None and waited and pre_up <= 0.5 and not pool_full:
+    # Slots full: a slot server (llama.cpp) with more agents than slots. A turn then waits for a slot when all are
+    # busy, and the slot it gets holds another agent's prompt (each slot caches only its last one), so it
+    # re-prefills: the hit rate falls with no pool overflow and no preemption. Only between the levels that
+    # straddle the slot count; a drop below it is something else (compute).
+    waited = (bad.mean_waiting or 0.0) >= 0.05 or (bad.queue_wait_s.p50 or 0.0) > 0
+    if slots is not None and good.agents <= slots < bad.agents and pre_up <= 0.5 and not pool_full:
         cause = "slots_full"
-        summary = (
-            f"past {good.agents} agents all {slots} slots are busy (mean running {bad.mean_running or 0:.1f}, "
-            f"{bad.mean_waiting or 0:.1f} requests waiting for a slot): turns queue instead of running; nothing is "
-            f"evicted (peak KV {bad.peak_kv_usage or 0:.0%}, no preemption)"
-        )
-        if h_good is not None and h_bad is not None and hit_drop >= 0.01:
-            summary += (
-                f", but a turn that waited lands in a slot another agent used, so the per-slot prompt-cache hit "
-                f"rate falls from {h_good:.1%} to {h_bad:.1%} and it re-prefills its context"
+        parts = []
+        if waited:
+            parts.append(
+                f"turns queue for a slot ({bad.mean_waiting or 0:.2f} requests waiting on average, "
+                f"{bad.mean_running or 0:.1f} running)"
             )
+        if h_good is not None and h_bad is not None and hit_drop >= 0.01:
+            parts.append(
+                f"a turn takes whichever slot is idle, whose cache holds another agent's prompt, so the per-slot "
+                f"prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} and the turn re-prefills its context"
+            )
+        if not parts:
+            parts.append("every slot is busy")
+        summary = (
+            f"past {good.agents} agents there are more agents than the server's {slots} slots: "
+            + "; ".join(parts)
+            + f"; no shared pool overflows (peak KV {bad.peak_kv_usage or 0:.0%}, no preemption)"
+        )
     elif hit_drop >= 0.10 or (hit_drop >= 0.01 and miss_ratio >= 1.5 and pool_full):
         cause = "cache_eviction"
         summary = (
