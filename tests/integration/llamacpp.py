@@ -72,7 +72,7 @@ class LlamaServer:
     """One running llama-server: where it listens, its PID (= its process group), its log and its shape."""
 
     port: int
-    pid: int
+    proc: subprocess.Popen[bytes]
     log: Path
     slots: int
     slot_context: int
@@ -84,12 +84,12 @@ class LlamaServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return self.proc.poll() is None
 
     def health(self) -> int | None:
         """/health's status: 200 ready, 503 loading, None no answer (not listening yet)."""
@@ -113,21 +113,13 @@ class LlamaServer:
         try:
             os.killpg(self.pid, signal.SIGTERM)
         except ProcessLookupError:
+            self.proc.wait()
             return
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done:
-                return
-            time.sleep(0.2)
         try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
             os.killpg(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+            self.proc.wait()
 
 
 def launch(tier: Tier, name: str, *, slots: int = SLOTS, slot_context: int = SLOT_CONTEXT,
@@ -141,27 +133,19 @@ def launch(tier: Tier, name: str, *, slots: int = SLOTS, slot_context: int = SLO
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # fmt: skip
-    return LlamaServer(port=port, pid=proc.pid, log=log, slots=slots, slot_context=slot_context)
+    return LlamaServer(port=port, proc=proc, log=log, slots=slots, slot_context=slot_context)
 
 
 def wait_healthy(server: LlamaServer, timeout_s: float = START_TIMEOUT_S) -> None:
     began = time.monotonic()
     while server.health() != 200:
-        if not server.alive() or _exited(server):
+        if not server.alive():
             pytest.fail(f"llama-server exited during startup:\n{tail(server.log)}")
         if time.monotonic() - began > timeout_s:
             server.stop()
             pytest.fail(f"llama-server not healthy after {timeout_s:g} s:\n{tail(server.log)}")
         time.sleep(0.2)
     server.started_s = time.monotonic() - began
-
-
-def _exited(server: LlamaServer) -> bool:
-    try:
-        done, _ = os.waitpid(server.pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return bool(done)
 
 
 @pytest.fixture(scope="session")

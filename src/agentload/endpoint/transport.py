@@ -112,7 +112,16 @@ class AiohttpTransport:
     async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
         session = self._get_session()
         try:
-            resp = await session.request(method, url, data=body, headers=dict(headers))
+            try:
+                resp = await session.request(method, url, data=body, headers=dict(headers))
+            except aiohttp.ClientConnectorError:
+                raise  # no connection at all (refused, unreachable): nothing to retry here
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # A pooled keep-alive connection the server had already closed: llama-server closes it after a
+                # streamed reply while still sending "Keep-Alive", and the next request on it fails before any
+                # byte of a response ("Server disconnected", "Can not write request body"). Nothing was
+                # processed, so the request goes once more, on a fresh connection.
+                resp = await session.request(method, url, data=body, headers=dict(headers))
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError) as exc:
             raise ConnectFailed(str(exc) or type(exc).__name__) from exc
         except TimeoutError as exc:
