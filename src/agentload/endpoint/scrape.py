@@ -381,7 +381,10 @@ class ServerProbe:
     async def __aenter__(self) -> ServerProbe:
         # aiohttp's default pool of 100 connections would queue concurrent streams inside the client and
         # corrupt inter-token timings at high batch sizes, so the pool is sized for the largest batch.
-        connector = aiohttp.TCPConnector(limit=self._connections, limit_per_host=self._connections)
+        # keepalive_timeout under llama-server's 5 s idle close (see endpoint.transport.AiohttpTransport).
+        connector = aiohttp.TCPConnector(
+            limit=self._connections, limit_per_host=self._connections, keepalive_timeout=4.0
+        )
         headers: dict[str, str] = {}
         creds = self._credentials
         if self._api_key:
