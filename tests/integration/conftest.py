@@ -31,6 +31,9 @@ from typer.testing import CliRunner
 
 from agentload.bench.results import RunResult
 from agentload.cli.main import app
+from tests.integration.llamacpp import FIGURES as LLAMACPP_FIGURES
+from tests.integration.llamacpp import TIMINGS as LLAMACPP_TIMINGS
+from tests.integration.llamacpp import llamacpp, llamacpp_tier  # noqa: F401  # the llama.cpp tier's fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "vllm-tier"
@@ -61,17 +64,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.vllm)
+            # test_llamacpp_*.py are the llama.cpp tier (tests/integration/llamacpp.py); the rest are vLLM's.
+            llamacpp = Path(str(item.path)).name.startswith("test_llamacpp")
+            item.add_marker(pytest.mark.llamacpp if llamacpp else pytest.mark.vllm)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not TIMINGS and not FIGURES:
-        return
-    terminalreporter.section("real-vLLM tier")
-    for name, seconds in TIMINGS.items():
-        terminalreporter.write_line(f"{name}: {seconds:.1f} s")
-    for name, text in FIGURES.items():
-        terminalreporter.write_line(f"{name}: {text}")
+    for title, timings, figures in (("real-vLLM tier", TIMINGS, FIGURES),
+                                    ("llama.cpp tier", LLAMACPP_TIMINGS, LLAMACPP_FIGURES)):  # fmt: skip
+        if not timings and not figures:
+            continue
+        terminalreporter.section(title)
+        for name, seconds in timings.items():
+            terminalreporter.write_line(f"{name}: {seconds:.1f} s")
+        for name, text in figures.items():
+            terminalreporter.write_line(f"{name}: {text}")
 
 
 @dataclass(frozen=True)

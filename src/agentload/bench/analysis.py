@@ -187,8 +187,12 @@ def summarise(data: LevelData) -> LevelSummary:
     )
 
 
-def explain_knee(good: LevelSummary, bad: LevelSummary | None) -> KneeExplanation:
-    """Attribute the drop from ``good`` (at the knee) to ``bad`` (just past it), with the numbers."""
+def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | None = None) -> KneeExplanation:
+    """Attribute the drop from ``good`` (at the knee) to ``bad`` (just past it), with the numbers.
+
+    ``slots``: the server is slot-based (llama.cpp ``-np``), so a knee where every slot is busy and requests wait
+    for one, with the pool not full, is the slots filling up (``slots_full``), not the pool overflowing.
+    """
     if bad is None:
         return KneeExplanation(cause="none", summary=f"no drop up to {good.agents} agents")
     ev: dict[str, float] = {
@@ -229,7 +233,39 @@ def explain_knee(good: LevelSummary, bad: LevelSummary | None) -> KneeExplanatio
     miss_ratio = (1.0 - h_bad) / max(1e-9, 1.0 - h_good) if (h_good is not None and h_bad is not None) else 1.0
     pool_full = (bad.peak_kv_usage or 0.0) >= 0.9
     pre_up = pre_rate(bad) - pre_rate(good)
-    if hit_drop >= 0.10 or (hit_drop >= 0.01 and miss_ratio >= 1.5 and pool_full):
+    if good.mean_running is not None and bad.mean_running is not None:
+        ev["mean_running_at_knee"] = round(good.mean_running, 2)
+        ev["mean_running_past_knee"] = round(bad.mean_running, 2)
+    if bad.mean_waiting is not None:
+        ev["mean_waiting_past_knee"] = round(bad.mean_waiting, 2)
+    if slots is not None:
+        ev["slots"] = slots
+    # Slots full: a slot server (llama.cpp) with more agents than slots. A turn then waits for a slot when all are
+    # busy, and the slot it gets holds another agent's prompt (each slot caches only its last one), so it
+    # re-prefills: the hit rate falls with no pool overflow and no preemption. Only between the levels that
+    # straddle the slot count; a drop below it is something else (compute).
+    waited = (bad.mean_waiting or 0.0) >= 0.05 or (bad.queue_wait_s.p50 or 0.0) > 0
+    if slots is not None and good.agents <= slots < bad.agents and pre_up <= 0.5 and not pool_full:
+        cause = "slots_full"
+        parts = []
+        if waited:
+            parts.append(
+                f"turns queue for a slot ({bad.mean_waiting or 0:.2f} requests waiting on average, "
+                f"{bad.mean_running or 0:.1f} running)"
+            )
+        if h_good is not None and h_bad is not None and hit_drop >= 0.01:
+            parts.append(
+                f"a turn takes whichever slot is idle, whose cache holds another agent's prompt, so the per-slot "
+                f"prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} and the turn re-prefills its context"
+            )
+        if not parts:
+            parts.append("every slot is busy")
+        summary = (
+            f"past {good.agents} agents there are more agents than the server's {slots} slots: "
+            + "; ".join(parts)
+            + f"; no shared pool overflows (peak KV {bad.peak_kv_usage or 0:.0%}, no preemption)"
+        )
+    elif hit_drop >= 0.10 or (hit_drop >= 0.01 and miss_ratio >= 1.5 and pool_full):
         cause = "cache_eviction"
         summary = (
             f"past {good.agents} agents the live contexts outgrow the KV pool: the prefix-cache hit rate falls from "

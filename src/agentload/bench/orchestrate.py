@@ -57,9 +57,13 @@ class BenchPlan:
 
 
 def capacity_for(
-    target: Target, context: int, pool: tuple[int, int, str] | None, target_context: int | None = None
+    target: Target,
+    context: int,
+    pool: tuple[int, int, str] | None,
+    target_context: int | None = None,
+    slots: int | None = None,
 ) -> CapacityEstimate:
-    """Pool ÷ context per session, in whole blocks as vLLM counts them.
+    """Pool ÷ context per session, in whole blocks as vLLM counts them; capped at ``slots`` on a slot server.
 
     ``context`` is the realised context (server tokens) when the run measured it, ``target_context`` the asked one.
     """
@@ -72,7 +76,13 @@ def capacity_for(
             sessions=p.layout.naive_sessions(p.num_blocks, context),
             source=f"simulator profile {p.name} ({p.pool_source})",
             target_context=target_context,
+            slots=p.slots,
         )
+    if pool is None and slots is not None:
+        # llama.cpp states slots, not a paged pool (probe gives no exact block size): the slots are the capacity.
+        return CapacityEstimate(pool_tokens=None, block_size=None, context=context, sessions=float(slots),
+                                source=f"{slots} parallel slots (a slot server runs at most that many requests)",
+                                target_context=target_context, slots=slots)  # fmt: skip
     if pool is None:
         return CapacityEstimate(pool_tokens=None, block_size=None, context=context, sessions=None,
                                 source="the server does not report its KV pool",
@@ -80,7 +90,7 @@ def capacity_for(
     tokens, block, source = pool
     sessions = (tokens // block) / -(-context // block)
     return CapacityEstimate(pool_tokens=tokens, block_size=block, context=context, sessions=sessions, source=source,
-                            target_context=target_context)  # fmt: skip
+                            target_context=target_context, slots=slots)  # fmt: skip
 
 
 def realised_context(levels: list[LevelSummary], context: int, knee: int | None) -> int | None:
@@ -135,6 +145,7 @@ async def run_bench(
     plan: BenchPlan,
     *,
     pool: tuple[int, int, str] | None = None,
+    slots: int | None = None,
     on_level: LevelHook | None = None,
     sink: RecordSink | None = None,
     run_id: str | None = None,
@@ -151,6 +162,8 @@ async def run_bench(
     model = ""
 
     probe_target = plan.make_target()
+    if slots is None and probe_target.profile is not None:
+        slots = probe_target.profile.slots
     sizing, sizing_note = await measure_token_sizing(probe_target, plan.seed)
     if sizing_note:
         notes.append(sizing_note)
@@ -206,10 +219,11 @@ async def run_bench(
     def estimate_at(context: int, knee: int | None) -> CapacityEstimate:
         real = realised_context(levels, context, knee) if holds else None
         if real is None:
-            estimate = capacity_for(probe_target, context, pool)
+            estimate = capacity_for(probe_target, context, pool, slots=slots)
         else:
-            estimate = capacity_for(probe_target, real, pool, target_context=context)
-        if isinstance(plan.workload, AgenticWorkload) and probe_target.profile is None:
+            estimate = capacity_for(probe_target, real, pool, target_context=context, slots=slots)
+        # A slot server shares no prefix across slots, so the shared system prompt is stored once per slot.
+        if isinstance(plan.workload, AgenticWorkload) and probe_target.profile is None and slots is None:
             # The system prompt every agent shares, in server tokens (the workload sizes it so; its template
             # header is left out, a few tokens that only ever round a block down). The simulator's profile
             # layouts (hybrid groups) have their own arithmetic, so this refinement is for real servers.
@@ -226,7 +240,7 @@ async def run_bench(
             async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
                 return await measure_with(plan.workload, agents, context, scale)
 
-            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo)
+            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots)
             if plan.mode == "find-knee":
                 knee = await find_knee(search, context, max_agents=plan.max_agents)
             elif plan.mode in ("sweep", "grid"):

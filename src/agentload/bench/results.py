@@ -116,10 +116,16 @@ class CapacityEstimate(BaseModel):
     # shared) sessions fit. The prediction a measured knee is compared with when the workload shares a prefix.
     shared_prefix_tokens: int | None = None
     sessions_shared_prefix: float | None = None
+    # A slot-based server (llama.cpp -np N) runs at most this many requests at once, however large its pool: the
+    # prediction is the smaller of the two.
+    slots: int | None = None
 
     @property
     def predicted(self) -> float | None:
-        return self.sessions_shared_prefix if self.sessions_shared_prefix is not None else self.sessions
+        pool = self.sessions_shared_prefix if self.sessions_shared_prefix is not None else self.sessions
+        if self.slots is None or pool is None:
+            return pool
+        return min(pool, float(self.slots))
 
     label: str = "dense-attention estimate; a lower bound for sliding-window / sparse attention"
 
@@ -127,7 +133,7 @@ class CapacityEstimate(BaseModel):
 class KneeExplanation(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    cause: Literal["preemption", "cache_eviction", "compute_saturation", "slo", "none"]
+    cause: Literal["preemption", "cache_eviction", "slots_full", "compute_saturation", "slo", "none"]
     summary: str  # one sentence a person can read
     evidence: dict[str, float] = Field(default_factory=dict)  # the numbers behind it, before vs at the knee
 

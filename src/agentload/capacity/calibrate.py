@@ -666,6 +666,10 @@ def _profile_doc(
     }
     if pool.max_num_seqs:
         doc["max_num_seqs"] = pool.max_num_seqs
+    if pool.engine == "llamacpp" and pool.max_num_seqs:
+        # llama.cpp's slots (its pool is total_slots × per-slot n_ctx): the simulator's slot mode (sim/slots.py),
+        # each slot caching only its own last prompt, not vLLM's shared prefix cache.
+        doc["slots"] = pool.max_num_seqs
     if pool.prefix_caching is not None:
         doc["enable_prefix_caching"] = pool.prefix_caching
     if coefficients is not None:

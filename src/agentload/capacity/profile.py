@@ -128,6 +128,13 @@ class ProfileFile(BaseModel):
     max_num_batched_tokens: int = Field(default=8192, gt=0, le=MAX_BATCHED_TOKENS)
     max_num_seqs: int = Field(default=1024, gt=0, le=MAX_NUM_SEQS)
     enable_prefix_caching: bool = True
+    slots: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_NUM_SEQS,
+        description="slot-based serving (llama.cpp -np N): N slots of max_model_len tokens each, each caching only "
+        "its own last prompt (sim/slots.py); the pool is slots × max_model_len and at most N requests run",
+    )
     kv_pool: KVPoolSpec = Field(default_factory=KVPoolSpec)
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
     step: StepSpec = Field(default_factory=StepSpec)
@@ -162,6 +169,7 @@ class ServingProfile:
     coefficients: StepCoefficients
     gpu_memory_utilization: float
     pool_source: str  # how the pool was obtained, for honest reporting
+    slots: int | None = None  # slot-based serving (llama.cpp): this many slots, each its own prompt cache
 
     @property
     def block_size(self) -> int:
@@ -232,7 +240,11 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         max_num_batched_tokens=spec.max_num_batched_tokens,
     )
     pool = spec.kv_pool
-    if pool.num_blocks is not None:
+    if spec.slots is not None:
+        # llama.cpp allocates -c tokens of KV up front and splits them evenly over the slots; no memory estimate.
+        num_blocks = spec.slots * layout.blocks_per_request(spec.max_model_len)
+        pool_source = f"{spec.slots} slots × {spec.max_model_len:,} tokens (llama.cpp -np × per-slot context)"
+    elif pool.num_blocks is not None:
         num_blocks, pool_source = pool.num_blocks, "stated in blocks by the profile"
     elif pool.tokens is not None:
         num_blocks = layout.num_blocks_for_logged_tokens(pool.tokens)
@@ -306,7 +318,7 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         num_blocks=num_blocks,
         max_model_len=spec.max_model_len,
         max_num_batched_tokens=spec.max_num_batched_tokens,
-        max_num_seqs=spec.max_num_seqs,
+        max_num_seqs=spec.slots or spec.max_num_seqs,
         enable_prefix_caching=spec.enable_prefix_caching,
         # vLLM's --kv-offloading-size is the total over all ranks; each rank loads its share over its own link.
         offload_blocks=int(spec.offload.gib * 2**30 // layout.stored_page_bytes),
@@ -314,6 +326,7 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         coefficients=coefficients,
         gpu_memory_utilization=pool.gpu_memory_utilization,
         pool_source=pool_source,
+        slots=spec.slots,
     )
 
 

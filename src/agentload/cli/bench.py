@@ -82,8 +82,10 @@ def parse_duration(text: str, flag: str) -> float:
 
 async def probe_server(
     url: str, model: str, contexts: list[int], key_env: str | None = None
-) -> tuple[tuple[int, int, str] | None, str]:
-    """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props) and its engine.
+) -> tuple[tuple[int, int, str] | None, str, int | None]:
+    """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props), engine and slots.
+
+    Slots are llama.cpp's parallel slots (``-np``): a server with them runs at most that many requests at once.
 
     Through the same probe as ``agentload probe``; a context the model cannot hold is refused here, before any
     load is sent.
@@ -98,8 +100,9 @@ async def probe_server(
                 )
     if found.pool_tokens is None or found.block_size is None:
         err_console.print(f"[yellow]note:[/] no capacity estimate: {ENGINE_LABELS[found.engine]} reports no KV pool")
-        return None, found.engine
-    return (found.pool_tokens, found.block_size, found.pool_source or "the server"), found.engine
+        return None, found.engine, found.parallel_slots
+    pool = (found.pool_tokens, found.block_size, found.pool_source or "the server")
+    return pool, found.engine, found.parallel_slots
 
 
 @reports_errors
@@ -201,6 +204,7 @@ def bench(
 
     behaviour: Behaviour | None = OracleBehaviour(default_book()) if workload == "suite" else None
     pool: tuple[int, int, str] | None = None
+    slots: int | None = None  # llama.cpp's parallel slots, from the probe
     if sim:
         profile = load_profile(sim)  # fail early on a bad name
         for c in contexts:
@@ -215,7 +219,7 @@ def bench(
         assert model is not None
         key = read_api_key(api_key_env)
         asyncio.run(wait_for_server(url, key, wait_ready_s))
-        pool, engine = asyncio.run(probe_server(url, model, contexts, api_key_env))
+        pool, engine, slots = asyncio.run(probe_server(url, model, contexts, api_key_env))
         shared = http_target(url, model, engine, api_key=key)
 
         def make_target() -> Target:
@@ -263,7 +267,9 @@ def bench(
 
     async def go() -> tuple[RunResult, list[LevelData]]:
         try:
-            return await run_bench(plan, pool=pool, on_level=on_level, sink=writer.record, run_id=writer.run_id)
+            return await run_bench(
+                plan, pool=pool, slots=slots, on_level=on_level, sink=writer.record, run_id=writer.run_id
+            )
         finally:
             if not sim:
                 await make_target().transport.aclose()

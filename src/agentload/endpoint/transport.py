@@ -190,6 +190,9 @@ async def get(
             resp.close()
 
 
+_STALE_RETRIES = 4  # tries of a request whose pooled connection turns out closed (see AiohttpTransport.send)
+
+
 class AiohttpTransport:
     """HTTP over aiohttp with an unbounded connection pool (one connection per live stream)."""
 
@@ -200,7 +203,9 @@ class AiohttpTransport:
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=_StampingConnector(limit=0, limit_per_host=0, force_close=False),
+                # Idle connections are dropped after 4 s, before the 5 s after which llama-server (cpp-httplib)
+                # closes them itself: aiohttp's 15 s default reused connections the server had already closed.
+                connector=_StampingConnector(limit=0, limit_per_host=0, force_close=False, keepalive_timeout=4.0),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 auto_decompress=False,
             )
@@ -209,7 +214,25 @@ class AiohttpTransport:
     async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
         session = self._get_session()
         try:
-            resp = await session.request(method, url, data=body, headers=dict(headers))
+            try:
+                resp = await session.request(method, url, data=body, headers=dict(headers))
+            except aiohttp.ClientConnectorError:
+                raise  # no connection at all (refused, unreachable): nothing to retry here
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # A pooled keep-alive connection the server had already closed (its idle timeout, or a close
+                # after a reply): the request fails before any byte of a response ("Server disconnected", "Can
+                # not write request body"). Nothing was processed, so it is sent again; each failure discards
+                # that connection, and the pool may hold a few such, hence a few tries.
+                for _ in range(_STALE_RETRIES - 1):
+                    try:
+                        resp = await session.request(method, url, data=body, headers=dict(headers))
+                        break
+                    except aiohttp.ClientConnectorError:
+                        raise
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                        continue
+                else:
+                    resp = await session.request(method, url, data=body, headers=dict(headers))
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError) as exc:
             raise ConnectFailed(str(exc) or type(exc).__name__) from exc
         except TimeoutError as exc:

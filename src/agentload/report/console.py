@@ -128,7 +128,7 @@ def print_result(result: RunResult, console: Console) -> None:
     console.print(result_panel(result))
 
 
-SHORT_CAUSES = {"cache_eviction": "eviction", "compute_saturation": "compute", "slo": "SLO"}
+SHORT_CAUSES = {"cache_eviction": "eviction", "slots_full": "slots", "compute_saturation": "compute", "slo": "SLO"}
 
 
 STATUS_STYLE = {"finished": "green", "interrupted": "yellow", "incomplete": "red"}

@@ -12,6 +12,7 @@ DASH = "—"  # a value the run did not measure (as opposed to a measured zero)
 CAUSES = {
     "preemption": "preemption",
     "cache_eviction": "prefix-cache eviction",
+    "slots_full": "slots full (queueing for a slot)",
     "compute_saturation": "compute saturation",
     "slo": "the SLO",
     "none": "no drop",

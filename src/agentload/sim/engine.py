@@ -44,6 +44,7 @@ from agentload.capacity.profile import ServingProfile
 from agentload.capacity.steptime import BatchShape
 from agentload.errors import SimulationError
 from agentload.sim.kvcache import BlockTable, KVCacheManager, Lookup
+from agentload.sim.slots import SlotCache
 from agentload.sim.tokens import ROOT_HASH, chain_hash, extend_block_hashes
 
 
@@ -163,10 +164,14 @@ class Engine:
     def __init__(self, profile: ServingProfile, *, fast: bool = False) -> None:
         self.profile = profile
         self.block_size = profile.block_size
+        # Slot-based serving (llama.cpp, sim/slots.py): each slot caches its own last prompt; no shared prefix cache.
+        self.slots = (
+            SlotCache(profile.slots, profile.block_size, reuse=profile.enable_prefix_caching) if profile.slots else None
+        )
         self.kv = KVCacheManager(
             profile.layout,
             profile.num_blocks,
-            prefix_caching=profile.enable_prefix_caching,
+            prefix_caching=profile.enable_prefix_caching and self.slots is None,
             offload_blocks=profile.offload_blocks,
             remember_walks=fast,
         )
@@ -209,6 +214,7 @@ class Engine:
         else:
             return
         self.kv.free(req.blocks)
+        self._release_slot(req)
         req.finish_reason = reason
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
 
@@ -274,6 +280,7 @@ class Engine:
         if victim.cohort_tick >= 0:
             self._leave(victim)
         self.kv.free(victim.blocks)
+        self._release_slot(victim)
         victim.num_computed = 0
         victim.num_hashed = 0
         victim.preemptions += 1
@@ -356,13 +363,19 @@ class Engine:
                 req = self.waiting[0]
                 total = req.total_tokens
                 lookup: Lookup | None = None
+                slot_hit: int | None = None
                 start = req.num_computed
                 if start == 0:
                     extend_block_hashes(req.hashes, _Tokens(req), bs, total)
-                    lookup = kv.lookup(req.hashes, (total - 1) // bs)
-                    start = (lookup.num_hit_blocks + lookup.offload_blocks) * bs
+                    if self.slots is None:
+                        lookup = kv.lookup(req.hashes, (total - 1) // bs)
+                        start = (lookup.num_hit_blocks + lookup.offload_blocks) * bs
+                    else:
+                        start = slot_hit = min(self.slots.claim(req, _Tokens(req), req.hashes), total - 1)
                 n = min(total - start, budget)
                 if not kv.allocate(req.blocks, start + n, lookup):
+                    if self.slots is not None:
+                        self.slots.cancel(req)
                     break
                 self.waiting.popleft()
                 running.append(req)
@@ -377,6 +390,10 @@ class Engine:
                         load_blocks += lookup.offload_blocks
                         self.stats.offload_hit_tokens += lookup.offload_blocks * bs
                     req.num_hashed = lookup.num_hit_blocks
+                elif slot_hit is not None:
+                    self.stats.prefix_queries += total
+                    self.stats.prefix_hits += slot_hit
+                if lookup is not None or slot_hit is not None:
                     req.num_computed = start
                     if req.cached_tokens is None:
                         req.cached_tokens = start
@@ -456,6 +473,7 @@ class Engine:
         for req in finished:
             running.remove(req)
             kv.free(req.blocks)
+            self._release_slot(req)
             reason = req.finish_reason or "length"
             stats.finished[reason] = stats.finished.get(reason, 0) + 1
         if self.fast:
@@ -567,6 +585,13 @@ class Engine:
         self.kv.register(req.blocks, hashes, req.num_hashed, full)
         req.num_hashed = full
         self._at(t + bs, _REGISTER, req)
+
+    def _release_slot(self, req: SimRequest) -> None:
+        """Slot mode: the request's slot keeps what it computed (prompt and reply so far) and is idle again."""
+        if self.slots is not None:
+            k, n = req.num_computed, req.prompt_len
+            tokens = req.prompt[:k] if k <= n else [*req.prompt, *req.output[: k - n]]
+            self.slots.release(req, tokens, req.hashes)
 
     def _finish(self, req: SimRequest, end: float) -> None:
         req.finished_at = end

@@ -1,0 +1,223 @@
+"""Slot-based serving in the simulator (sim/slots.py): llama.cpp's N slots, each caching only its own last prompt.
+
+The expected figures are hand arithmetic on tiny prompts, written as literals: a slot reuses the common prefix of
+the new prompt with the tokens it holds (prompt + reply of its last request, less the last reply token, which
+llama.cpp never decodes), and nothing is found in another slot.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+import tomli_w
+
+from agentload.bench.analysis import explain_knee
+from agentload.bench.orchestrate import capacity_for
+from agentload.bench.results import LevelSummary, Percentiles
+from agentload.bench.target import Target
+from agentload.capacity.calibrate import _profile_doc
+from agentload.capacity.profile import ServingProfile, load_profile, parse_profile
+from agentload.endpoint.scrape import ServedModel, ServerPool
+from agentload.endpoint.transport import Transport
+from agentload.errors import SimulationError
+from agentload.sim.engine import Engine, SimRequest
+from agentload.sim.slots import SlotCache
+from agentload.sim.tokens import block_hashes
+
+BS = 16
+
+
+def slot_profile(slots: int, max_model_len: int = 512) -> ServingProfile:
+    text = f"""
+name = "slots"
+model = "qwen2.5-0.5b"
+gpu = "h100"
+max_model_len = {max_model_len}
+max_num_batched_tokens = 4096
+slots = {slots}
+"""
+    return parse_profile(text, "test")
+
+
+def seq(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def claim(cache: SlotCache, key: object, prompt: list[int]) -> int:
+    return cache.claim(key, prompt, block_hashes(prompt, BS))
+
+
+def test_a_slot_reuses_its_own_last_prompt_and_reply() -> None:
+    cache = SlotCache(2, BS)
+    a1 = seq(0, 100)
+    assert claim(cache, "a1", a1) == 0  # empty slots
+    cache.release("a1", a1 + seq(1000, 10))  # the slot now holds 110 tokens
+    a2 = a1 + seq(1000, 10) + seq(2000, 20)
+    assert claim(cache, "a2", a2) == 110  # all of them, token-exact (110 is not a multiple of 16)
+
+
+def test_a_prompt_that_diverges_mid_block_reuses_up_to_the_divergence() -> None:
+    cache = SlotCache(1, BS)
+    first = seq(0, 64)
+    claim(cache, "x", first)
+    cache.release("x", first)
+    second = seq(0, 37) + seq(500, 40)  # equal for 37 tokens: two whole blocks and 5 tokens of the third
+    assert claim(cache, "y", second) == 37
+
+
+def test_nothing_is_shared_across_slots() -> None:
+    cache = SlotCache(2, BS)
+    shared_system = seq(0, 48)
+    claim(cache, "a", shared_system + seq(100, 10))
+    claim(cache, "b", shared_system + seq(200, 10))  # the other slot: a's tokens are not visible to it
+    cache.release("a", shared_system + seq(100, 10))
+    cache.release("b", shared_system + seq(200, 10))
+    # A third agent with the same system prompt finds it in whichever slot it gets, but only there: 48 tokens,
+    # the system prompt, from the slot it shares most with (both share 48 / 58 > 0.1; the first best is kept).
+    assert claim(cache, "c", shared_system + seq(300, 10)) == 48
+
+
+def test_past_the_slot_count_an_agent_loses_its_slot_to_another() -> None:
+    cache = SlotCache(2, BS)
+    a, b, c = seq(0, 200), seq(1000, 200), seq(2000, 200)
+    claim(cache, "a", a)
+    claim(cache, "b", b)
+    cache.release("a", a)
+    cache.release("b", b)
+    # c shares nothing with either slot: the least recently used one (a's) is taken and overwritten.
+    assert claim(cache, "c", c) == 0
+    cache.release("c", c)
+    # a's next turn: its slot now holds c; b's slot is the only other and shares nothing either: a re-prefills.
+    assert claim(cache, "a2", a + seq(5000, 20)) == 0
+
+
+def test_more_claims_than_slots_is_an_engine_bug() -> None:
+    cache = SlotCache(1, BS)
+    claim(cache, "a", seq(0, 10))
+    with pytest.raises(SimulationError, match="no idle slot"):
+        claim(cache, "b", seq(0, 10))
+
+
+def test_no_reuse_when_prompt_caching_is_off() -> None:
+    cache = SlotCache(1, BS, reuse=False)
+    claim(cache, "a", seq(0, 100))
+    cache.release("a", seq(0, 100))
+    assert claim(cache, "b", seq(0, 120)) == 0
+
+
+def test_the_slot_profile_sizes_the_pool_and_caps_running_requests() -> None:
+    p = slot_profile(4, max_model_len=8192)
+    assert p.slots == 4
+    assert p.max_num_seqs == 4
+    assert p.pool_tokens == 4 * 8192  # llama.cpp's -c: the slots' contexts added up
+    builtin = load_profile("llamacpp-8b-l40s")
+    assert (builtin.slots, builtin.max_num_seqs, builtin.pool_tokens) == (4, 4, 131_072)
+
+
+def run_turns(engine: Engine, turns: list[list[tuple[str, list[int], int]]]) -> dict[str, int]:
+    """Each inner list is sent at once and run to completion; returns each request's cached tokens."""
+    cached: dict[str, int] = {}
+    now = 0.0
+    for wave in turns:
+        reqs = [SimRequest(rid, prompt, seq(9000 + 10 * i, n_out), arrival=now) for i, (rid, prompt, n_out) in
+                enumerate(wave)]  # fmt: skip
+        for r in reqs:
+            engine.add(r)
+        while engine.has_work():
+            res = engine.step(now)
+            now = res.end
+        engine.sync()
+        for r in reqs:
+            assert r.finished_at is not None
+            assert r.cached_tokens is not None
+            cached[r.request_id] = r.cached_tokens
+    return cached
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_engine_reuses_a_slot_per_agent_while_agents_fit(fast: bool) -> None:
+    engine = Engine(slot_profile(2), fast=fast)
+    a, b = seq(0, 100), seq(1000, 100)
+    out_a, out_b = seq(9000, 8), seq(9010, 8)  # run_turns' replies: 8 tokens from 9000 + 10 × position
+    second = [("a2", a + out_a + seq(300, 30), 8), ("b2", b + out_b + seq(400, 30), 8)]
+    cached = run_turns(engine, [[("a1", a, 8), ("b1", b, 8)], second])
+    assert cached["a1"] == cached["b1"] == 0
+    # The slot holds the prompt and 7 of the 8 reply tokens (the last is sampled, never decoded): 107 tokens.
+    assert cached["a2"] == cached["b2"] == 107
+    assert engine.stats.prefix_hits == 2 * 107
+    assert engine.stats.prefix_queries == 2 * 100 + 2 * 138
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_engine_queues_past_the_slots_and_an_agent_loses_its_cache(fast: bool) -> None:
+    engine = Engine(slot_profile(2), fast=fast)
+    a, b, c = seq(0, 100), seq(1000, 100), seq(2000, 100)
+    # Three at once on two slots: c waits for a slot (it is admitted only when a or b finishes).
+    first = [SimRequest(rid, p, seq(9000, 8), arrival=0.0) for rid, p in (("a", a), ("b", b), ("c", c))]
+    for r in first:
+        engine.add(r)
+    res = engine.step(0.0)
+    assert len(engine.running) == 2
+    assert len(engine.waiting) == 1
+    now = res.end
+    while engine.has_work():
+        now = engine.step(now).end
+    assert [r.cached_tokens for r in first] == [0, 0, 0]
+    # c took a's slot (the least recently used idle one): a's next turn finds a slot holding c or b, not its own.
+    a2 = SimRequest("a2", a + seq(9000, 8) + seq(300, 30), seq(9000, 8), arrival=now)
+    engine.add(a2)
+    while engine.has_work():
+        now = engine.step(now).end
+    assert a2.cached_tokens == 0
+
+
+def level(agents: int, *, tps: float, hit: float, running: float, waiting: float, kv: float) -> LevelSummary:
+    return LevelSummary(level=0, agents=agents, context=2048, workload="agentic-hold", window_s=60.0, warmup_s=10.0,
+                        sessions_completed=0, sessions_failed=0, requests_ok=100, requests_failed=0, turns=100,
+                        output_tps=tps, prefill_tps=100.0, throughput_source="server", prefix_hit_rate_server=hit,
+                        ttft_s=Percentiles(p50=0.1), itl_s=Percentiles(p50=0.01), queue_wait_s=Percentiles(),
+                        peak_kv_usage=kv, mean_running=running, mean_waiting=waiting, preemptions=0.0,
+                        turns_per_s=1.0)  # fmt: skip
+
+
+def test_a_slot_server_knee_is_explained_as_slots_full_not_eviction() -> None:
+    good = level(4, tps=100.0, hit=0.95, running=3.2, waiting=0.0, kv=0.4)
+    bad = level(5, tps=80.0, hit=0.6, running=4.0, waiting=0.9, kv=0.45)
+    why = explain_knee(good, bad, slots=4)
+    assert why.cause == "slots_full"
+    assert "more agents than the server's 4 slots" in why.summary
+    assert "turns queue for a slot (0.90 requests waiting" in why.summary
+    assert "95.0% to 60.0%" in why.summary
+    # A knee below the slot count is not the slots filling up.
+    below = level(3, tps=80.0, hit=0.95, running=3.0, waiting=0.9, kv=0.45)
+    assert explain_knee(level(2, tps=100.0, hit=0.95, running=2.0, waiting=0.0, kv=0.4), below, slots=4).cause == (
+        "compute_saturation"
+    )
+    # The same levels on a server not known to be slot-based keep the paged-pool reading (vLLM unchanged).
+    assert explain_knee(good, bad).cause == "cache_eviction"
+
+
+def target(profile: ServingProfile | None) -> Target:
+    return Target(cast(Transport, None), "http://127.0.0.1:1", "m", "test", virtual=False, profile=profile)
+
+
+def test_a_slot_servers_capacity_is_its_slots_not_its_pool() -> None:
+    # llama.cpp's probe gives slots and an equivalent pool without an exact block size, so bench has no pool:
+    # the estimate is the slots. A profile in slot mode: the pool (4 × 32,768 tokens) would hold 8 agents of
+    # 16,384, but only 4 run at once.
+    real = capacity_for(target(None), 2048, None, slots=3)
+    assert (real.sessions, real.predicted, real.slots) == (3.0, 3.0, 3)
+    sim = capacity_for(target(load_profile("llamacpp-8b-l40s")), 16384, None)
+    assert sim.sessions == pytest.approx(8.0)
+    assert sim.predicted == 4.0
+
+
+def test_calibrating_a_llamacpp_server_writes_a_slot_profile() -> None:
+    pool = ServerPool(engine="llamacpp", num_blocks=3 * 4096 // 16, block_size=16, source="/props", exact=False,
+                      max_num_seqs=3, max_model_len=4096)  # fmt: skip
+    doc = _profile_doc("x", "http://127.0.0.1:1", ServedModel(id="m"), None, pool, 4096, "auto")
+    assert doc["slots"] == 3
+    text = tomli_w.dumps(doc)
+    profile = parse_profile(text, "calibrated")
+    assert (profile.slots, profile.max_num_seqs, profile.pool_tokens) == (3, 3, 3 * 4096)
