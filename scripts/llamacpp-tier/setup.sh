@@ -46,7 +46,9 @@ if [[ ! -f "$dir/.built" ]]; then
     src="$dir/vendor/llama.cpp"
     say "configuring and building llama-server with -j$jobs (CPU, no CURL, native)"
     # LLAMA_BUILD_TESTS/EXAMPLES off and only the one target: the rest of llama.cpp is not needed here.
-    if ! { cmake -S "$src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+    generator=()
+    command -v ninja >/dev/null && generator=(-G Ninja)  # faster; make is cmake's fallback
+    if ! { cmake -S "$src" -B "$dir/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
         -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
         -DBUILD_SHARED_LIBS=OFF &&
         cmake --build "$dir/build" --target llama-server -j "$jobs"; } >"$dir/build.log" 2>&1; then
