@@ -179,13 +179,20 @@ def render_report(runs: Sequence[RunData], *, title: str | None = None, generate
             overlay=overlay,
             comparison_headers=headers,
             comparison_rows=rows,
-            plotly_js=plotly.offline.get_plotlyjs(),
-            plotly_version=plotly.__version__,
-            agentload_version=__version__,
-            generated=(generated or datetime.now().astimezone()).isoformat(timespec="seconds"),
             plot_count=len(overlay) + sum(len(v.plots) for v in views),
+            **page_frame(generated),
         )
     )
+
+
+def page_frame(generated: datetime | None) -> dict[str, str]:
+    """What every page's frame (templates/base.html.j2) needs: the inlined plotly, the versions, the time."""
+    return {
+        "plotly_js": plotly.offline.get_plotlyjs(),
+        "plotly_version": plotly.__version__,
+        "agentload_version": __version__,
+        "generated": (generated or datetime.now().astimezone()).isoformat(timespec="seconds"),
+    }
 
 
 @dataclass(frozen=True)

@@ -16,19 +16,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import plotly
 import plotly.graph_objects as go
-import plotly.offline
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from agentload import __version__
 from agentload.errors import CheckpointError
 from agentload.fleet.results import FleetResult
 from agentload.report.console import NaturalWidth
 from agentload.report.figures import FONT, HEIGHT, colours
-from agentload.report.html import Plot, ReportStats, as_plot, environment, save_page
+from agentload.report.html import Plot, ReportStats, as_plot, environment, page_frame, save_page
 from agentload.report.text import DASH, num, pct, secs, tokens
 from agentload.store.catalog import FLEET_RESULTS
 from agentload.store.suiterun import SUITE_RESULT
@@ -268,12 +265,9 @@ def render_page(
             kind=kind,
             runs=sections,
             plots=plots,
-            plotly_js=plotly.offline.get_plotlyjs(),
-            plotly_version=plotly.__version__,
-            agentload_version=__version__,
-            generated=(generated or datetime.now().astimezone()).isoformat(timespec="seconds"),
             plot_count=len(plots),
             text_columns=text_columns,
+            **page_frame(generated),
         )
     )
 
