@@ -190,7 +190,7 @@ async def get(
             resp.close()
 
 
-_STALE_RETRIES = 4  # tries of a request whose pooled connection turns out closed (see AiohttpTransport.send)
+_STALE_TRIES = 5  # sends of a request whose pooled connection turns out closed, in all (AiohttpTransport.send)
 
 
 class AiohttpTransport:
@@ -214,25 +214,19 @@ class AiohttpTransport:
     async def send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
         session = self._get_session()
         try:
-            try:
-                resp = await session.request(method, url, data=body, headers=dict(headers))
-            except aiohttp.ClientConnectorError:
-                raise  # no connection at all (refused, unreachable): nothing to retry here
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                # A pooled keep-alive connection the server had already closed (its idle timeout, or a close
-                # after a reply): the request fails before any byte of a response ("Server disconnected", "Can
-                # not write request body"). Nothing was processed, so it is sent again; each failure discards
-                # that connection, and the pool may hold a few such, hence a few tries.
-                for _ in range(_STALE_RETRIES - 1):
-                    try:
-                        resp = await session.request(method, url, data=body, headers=dict(headers))
-                        break
-                    except aiohttp.ClientConnectorError:
-                        raise
-                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                        continue
-                else:
+            for attempt in range(_STALE_TRIES):
+                try:
                     resp = await session.request(method, url, data=body, headers=dict(headers))
+                    break
+                except aiohttp.ClientConnectorError:
+                    raise  # no connection at all (refused, unreachable): nothing to resend
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                    # A pooled keep-alive connection the server had already closed (its idle timeout, or a close
+                    # after a reply): the request fails before any byte of a response ("Server disconnected", "Can
+                    # not write request body"). Nothing was processed, so it is sent again; each failure discards
+                    # that connection, and the pool may hold a few such, hence a few tries.
+                    if attempt == _STALE_TRIES - 1:
+                        raise
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError) as exc:
             raise ConnectFailed(str(exc) or type(exc).__name__) from exc
         except TimeoutError as exc:
