@@ -5,7 +5,7 @@ simulator, compiled into one RunResult with capacity estimates and the explained
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -21,7 +21,7 @@ from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
 from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.output import can_force_length
-from agentload.errors import EndpointError, ServerLostError
+from agentload.errors import CheckpointError, EndpointError, ServerLostError
 from agentload.vtime import LoopClock
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
@@ -29,6 +29,7 @@ from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, measure_siz
 
 Mode = Literal["sweep", "find-knee", "grid", "soak", "single"]
 LevelHook = Callable[[LevelSummary], None]
+DataHook = Callable[[LevelData], None]
 
 
 @dataclass
@@ -149,9 +150,19 @@ async def run_bench(
     on_level: LevelHook | None = None,
     sink: RecordSink | None = None,
     run_id: str | None = None,
+    on_data: DataHook | None = None,
+    resumed: Sequence[LevelSummary] = (),
+    created: str | None = None,
 ) -> tuple[RunResult, list[LevelData]]:
+    """Run the plan's levels and compile the result; the levels' raw data is returned beside it.
+
+    ``on_data`` gets each level's raw data as it ends (its server samples are written then), ``on_level`` its
+    summary. ``resumed``: the levels an interrupted run of the same plan finished, in order; the plan retraces its
+    steps (a knee search decides from the same figures the same way) and takes those instead of measuring them
+    again, so a resumed run measures only what the interrupted one had not.
+    """
     run_id = run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    created = datetime.now(UTC).isoformat(timespec="seconds")
+    created = created or datetime.now(UTC).isoformat(timespec="seconds")
     t0 = LoopClock().now()
     all_data: list[LevelData] = []
     levels: list[LevelSummary] = []
@@ -162,6 +173,7 @@ async def run_bench(
     model = ""
 
     probe_target = plan.make_target()
+    description, model = probe_target.description, probe_target.model
     if slots is None and probe_target.profile is not None:
         slots = probe_target.profile.slots
     sizing, sizing_note = await measure_token_sizing(probe_target, plan.seed)
@@ -177,6 +189,16 @@ async def run_bench(
 
     async def measure_with(workload: Workload, agents: int, context: int, scale: float = 1.0) -> LevelSummary:
         nonlocal description, model
+        if len(levels) < len(resumed):
+            done = resumed[len(levels)]
+            if (done.workload, done.agents, done.context) != (workload.name, agents, context):
+                raise CheckpointError(
+                    f"the interrupted run's level {done.level} measured {done.agents} agents × {done.context:,} "
+                    f"tokens of {done.workload}, but resuming asks for {agents} × {context:,} of {workload.name}: "
+                    "the run was started with other settings or another agentload"
+                )
+            levels.append(done)
+            return done
         target = plan.make_target()
         description, model = target.description, target.model
         try:
@@ -187,7 +209,7 @@ async def run_bench(
                 workload,
                 agents=agents,
                 context=context,
-                level=len(all_data),
+                level=len(levels),
                 run_id=run_id,
                 run_t0=t0,
                 warmup_s=plan.warmup_s * (0.5 if scale < 1.0 else 1.0),
@@ -203,6 +225,8 @@ async def run_bench(
             if target.virtual:
                 await target.transport.aclose()
         all_data.append(data)
+        if on_data is not None:
+            on_data(data)
         summary = summarise(data)
         levels.append(summary)
         if on_level is not None:
@@ -250,8 +274,10 @@ async def run_bench(
                 gpus.start()
                 try:
                     for n in plan.agents:
+                        kept = len(all_data)
                         await measure(n)
-                        notes.extend(drift_notes(all_data[-1]))
+                        if len(all_data) > kept:  # measured here, not taken from an interrupted run
+                            notes.extend(drift_notes(all_data[-1]))
                 finally:
                     gpu_notes = await gpus.stop()  # also when the server was lost: no sampler left running
                 notes.extend(gpu_notes)

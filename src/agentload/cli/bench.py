@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -34,6 +35,7 @@ from agentload.endpoint.redact import redact_url
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import signed_transport
 from agentload.errors import (
+    CheckpointError,
     ConfigError,
     EndpointError,
     EndpointResponseError,
@@ -42,7 +44,9 @@ from agentload.errors import (
 )
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
-from agentload.store.runstore import RunStore
+from agentload.store.manifest import read_info
+from agentload.store.rundir import RunDir, RunWriter
+from agentload.store.runstore import RunStore, run_root
 from agentload.vtime import run_virtual
 from agentload.workload.registry import get_workload
 
@@ -153,12 +157,97 @@ def bench(
         str,
         typer.Option(help="With --url: how long to wait for a server still starting (refusing, or /health 503)."),
     ] = "120s",
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            help="Continue an interrupted bench (its directory, or its id under --out) with the flags it was started "
+            "with; the levels it finished are kept, the rest are measured."
+        ),
+    ] = None,
 ) -> None:
     """Measure agents, not tokens: throughput, TTFT, prefix reuse and KV pressure across agent counts, and the knee.
 
     Without --url or --sim it runs the default simulated scenario: Qwen3-235B on a DGX Station GB300
     (the source article's 997,753-token pool) with agents holding ~40k tokens of context, and finds the knee.
     """
+    flags: dict[str, Any] = {k: v for k, v in locals().items() if k in INVOCATION_FLAGS}
+    resume_dir: Path | None = None
+    if resume is not None:
+        resume_dir, flags = resumed_flags(resume, out, flags)
+    run(**flags, out=out, json_out=json_out, resume_dir=resume_dir)
+
+
+# The flags a bench run is started with and resumed with (``bench.json``); --out, --json and --resume are not
+# the run's but the invocation's.
+INVOCATION_FLAGS = (
+    "url", "model", "api_key_env", "sim", "workload", "context", "sweep", "find_knee", "slo", "soak", "agents",
+    "warmup", "window", "tolerance", "max_agents", "compare_synthetic", "seed", "natural_output", "min_turns",
+    "wait_ready",
+)  # fmt: skip
+# Flags a resume may give again: how to reach the server, which a run directory does not keep whole.
+RESUME_MAY_REPEAT = ("url", "api_key_env", "wait_ready")
+
+
+def resumed_flags(ref: str, out: Path | None, given: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """The run directory to continue and the flags it was started with (plus how to reach the server again)."""
+    path = Path(ref)
+    if not path.is_dir() and len(path.parts) == 1 and (run_root(out) / ref).is_dir():
+        path = run_root(out) / ref  # a run id, as `agentload runs` lists it
+    if not path.is_dir():
+        raise ConfigError(f"--resume {ref}: no such run directory (nor a run id under {run_root(out)})")
+    run = RunDir(path)
+    if run.finished and run.result().incomplete is None:
+        raise ConfigError(f"--resume {ref}: that run finished; there is nothing to continue")
+    stored = run.invocation()
+    unknown = sorted(set(stored) - {*INVOCATION_FLAGS, "url_redacted"})
+    if unknown:
+        raise CheckpointError(f"{path}/bench.json has flags this agentload does not know ({', '.join(unknown)})")
+    defaults = {name: p.default for name, p in inspect.signature(bench).parameters.items()}
+    extra = [k for k in INVOCATION_FLAGS if k not in RESUME_MAY_REPEAT and given[k] != defaults[k]]
+    if extra:
+        named = ", ".join("--" + k.replace("_", "-") for k in extra)
+        raise ConfigError(f"--resume continues the run with the flags it was started with; drop {named}")
+    flags = {**given, **stored}
+    if stored.get("url_redacted"):
+        # The URL held credentials, which the run directory does not keep: the same server, given again.
+        if given["url"] is None or redact_url(given["url"]) != stored["url"]:
+            raise ConfigError(f"the run was started against {stored['url']}; give that --url again to resume it")
+        flags["url"] = given["url"]
+    flags.pop("url_redacted", None)
+    for k in ("api_key_env", "wait_ready"):
+        if given[k] != defaults[k]:
+            flags[k] = given[k]
+    return path, flags
+
+
+def run(
+    *,
+    url: str | None,
+    model: str | None,
+    api_key_env: str | None,
+    sim: str | None,
+    workload: str,
+    context: str,
+    sweep: str | None,
+    find_knee: bool,
+    slo: str | None,
+    soak: str | None,
+    agents: int | None,
+    warmup: str,
+    window: str,
+    tolerance: float,
+    max_agents: int,
+    compare_synthetic: bool,
+    seed: int,
+    natural_output: bool,
+    min_turns: int | None,
+    wait_ready: str,
+    out: Path | None,
+    json_out: bool,
+    resume_dir: Path | None,
+) -> None:
+    """The bench command after its flags are settled (``resume_dir``: continue that run directory)."""
+    invocation = {k: v for k, v in locals().items() if k in INVOCATION_FLAGS}
     if url and sim:
         raise ConfigError("use --url (a real server) or --sim (the simulator), not both")
     if url and not model:
@@ -243,9 +332,31 @@ def bench(
         settings={"workload": workload, "contexts": context},
     )
     store = RunStore(out)
-    writer = store.create()
+    resumed: list[LevelSummary] = []
+    created: str | None = None
+    if resume_dir is None:
+        writer = store.create()
+        if url is not None and redact_url(url) != url:
+            invocation.update(url=redact_url(url), url_redacted=True)  # credentials stay out of the run directory
+        writer.invocation(invocation)
+    else:
+        previous = RunDir(resume_dir)
+        resumed = previous.levels()
+        info = read_info(resume_dir)
+        created = info.created if info is not None else None
+        moved = previous.set_aside_unfinished(len(resumed))
+        writer = RunWriter(resume_dir, on_finish=store.history.add)
+        kept = f"{len(resumed)} finished level(s) kept"
+        aside = f"; the interrupted level's {moved} record(s) moved to records.interrupted.jsonl" if moved else ""
+        err_console.print(f"[dim]resuming {resume_dir}: {kept}{aside}[/]")
+
+    def on_data(data: LevelData) -> None:
+        # Written as each level ends, so a run killed later keeps every finished level's timeline.
+        for raw in data.samples:
+            writer.sample(data.level, raw.sample)
 
     def on_level(s: LevelSummary) -> None:
+        writer.level(s)
         hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
         ttft = s.ttft_s.p50
         ctx = "-" if s.context_mean is None else f"{s.context_mean:,.0f}"
@@ -267,22 +378,23 @@ def bench(
 
     async def go() -> tuple[RunResult, list[LevelData]]:
         try:
-            return await run_bench(
-                plan, pool=pool, slots=slots, on_level=on_level, sink=writer.record, run_id=writer.run_id
-            )
+            return await run_bench(plan, pool=pool, slots=slots, on_level=on_level, on_data=on_data, sink=writer.record,
+                                   run_id=writer.run_id, resumed=resumed, created=created)  # fmt: skip
         finally:
             if not sim:
                 await make_target().transport.aclose()
 
     try:
         result, data = run_virtual(go()) if sim else asyncio.run(go())
+    except KeyboardInterrupt:
+        writer.close()  # the records and finished levels gathered so far stay on disk
+        err_console.print(f"interrupted; continue with: agentload bench --resume {writer.path}", markup=False)
+        raise typer.Exit(130) from None
     except BaseException:
         writer.close()  # the records gathered so far stay on disk
         raise
-    for level in data:
-        for raw in level.samples:
-            writer.sample(level.level, raw.sample)
-    if result.incomplete is None and not any(r.ok for level in data for r in level.records):
+    measured_nothing = not resumed and not any(r.ok for level in data for r in level.records)
+    if result.incomplete is None and measured_nothing:
         # Not one turn succeeded: the run measured nothing about the server, so it gets no result and no history
         # row (the records stay on disk to say what failed).
         writer.close()

@@ -3,6 +3,8 @@
 ``<root>/<run_id>/``
     ``records.jsonl``  one ``RequestRecord`` per line, appended as requests finish (``RunWriter.record``)
     ``samples.jsonl``  one ``ServerSample`` per line, flat, with the ``level`` it was taken in
+    ``levels.jsonl``   one ``LevelSummary`` per finished level, appended as each ends (``bench --resume`` reuses them)
+    ``bench.json``     the invocation (flags, never a key), so ``agentload bench --resume RUN`` can continue it
     ``manifest.json``  the manifest every run kind carries (``store.manifest``): kind, id, status, headline
     ``result.json``    the ``RunResult``, written once at the end (atomically: a reader never sees half of it)
     ``records.csv``, ``levels.csv``, ``samples.csv``   the same data for spreadsheets, written at the end
@@ -29,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from agentload.bench.results import RESULT_SCHEMA, RunResult, ServerSample
+from agentload.bench.results import RESULT_SCHEMA, LevelSummary, RunResult, ServerSample
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import CheckpointError
 from agentload.store.atomic import write_atomic
@@ -39,6 +41,11 @@ from agentload.store.manifest import KneeEntry, RunInfo, check_run_id, now_iso, 
 RESULT = "result.json"
 RECORDS = "records.jsonl"
 SAMPLES = "samples.jsonl"
+LEVELS = "levels.jsonl"
+INVOCATION = "bench.json"
+# Where a resumed run moves what the interrupted level had collected (kept, but out of the run's own records).
+INTERRUPTED_RECORDS = "records.interrupted.jsonl"
+INTERRUPTED_SAMPLES = "samples.interrupted.jsonl"
 
 # Called once a run has finished writing (the store indexes it in the history with this).
 FinishHook = Callable[[RunResult, Path], None]
@@ -153,6 +160,55 @@ class RunDir:
     def samples(self) -> list[LevelSample]:
         return list(JsonlReader(self.path / SAMPLES, LevelSample))
 
+    def levels(self) -> list[LevelSummary]:
+        """The levels that finished, in the order they ran (a run from before ``levels.jsonl`` has none)."""
+        path = self.path / LEVELS
+        return list(JsonlReader(path, LevelSummary)) if path.exists() else []
+
+    def invocation(self) -> dict[str, Any]:
+        """The flags the run was started with (``bench.json``)."""
+        path = self.path / INVOCATION
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{self.path} has no {INVOCATION}: it was not started by a resumable bench") from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{path} is not a bench invocation (expected a JSON object)")
+        return raw
+
+    def set_aside_unfinished(self, finished: int) -> int:
+        """Move the records and samples of levels past the first ``finished`` to the ``*.interrupted.jsonl`` files.
+
+        A resumed run measures the interrupted level again under the same level number; its first, cut-short
+        attempt is kept beside the run rather than mixed into its records. Returns the records moved.
+        """
+        moved = 0
+        for name, aside, model in (
+            (RECORDS, INTERRUPTED_RECORDS, RequestRecord),
+            (SAMPLES, INTERRUPTED_SAMPLES, LevelSample),
+        ):
+            path = self.path / name
+            if not path.exists():
+                continue
+            keep: list[str] = []
+            drop: list[str] = []
+            for item in JsonlReader(path, model):
+                level = item.ids.level if isinstance(item, RequestRecord) else getattr(item, "level", 0)
+                (keep if level < finished else drop).append(item.model_dump_json())
+            if not drop:
+                continue
+            out: JsonlWriter[BaseModel] = JsonlWriter(self.path / aside)
+            try:
+                for line in drop:
+                    out.write_line(line)
+            finally:
+                out.close()
+            write_atomic(path, "".join(f"{line}\n" for line in keep))
+            moved += len(drop) if name == RECORDS else 0
+        return moved
+
 
 class RunWriter:
     """Where a running benchmark puts what it collects; ``finish`` writes the compiled result and the CSVs.
@@ -179,6 +235,7 @@ class RunWriter:
             write_info(path, RunInfo(kind="bench", run_id=path.name, created=now_iso()))
         self._records: JsonlWriter[RequestRecord] = JsonlWriter(path / RECORDS)
         self._samples: JsonlWriter[LevelSample] = JsonlWriter(path / SAMPLES)
+        self._levels: JsonlWriter[LevelSummary] = JsonlWriter(path / LEVELS)
         self._on_finish = on_finish
 
     @property
@@ -199,15 +256,28 @@ class RunWriter:
     def sample(self, level: int, sample: ServerSample) -> None:
         self._samples.write(LevelSample(level=level, sample=sample))
 
+    def level(self, summary: LevelSummary) -> None:
+        """A finished level, appended at once (what ``--resume`` reuses instead of measuring it again)."""
+        self._levels.write(summary)
+        self.flush()
+
+    def invocation(self, flags: dict[str, Any]) -> None:
+        """The flags the run was started with, written once (never a key: only the name of its variable)."""
+        write_atomic(self.path / INVOCATION, json.dumps(flags, indent=2))
+
     def flush(self) -> None:
         self._records.flush()
         self._samples.flush()
+        self._levels.flush()
 
     def close(self) -> None:
         try:
             self._records.close()
         finally:
-            self._samples.close()
+            try:
+                self._samples.close()
+            finally:
+                self._levels.close()
 
     def finish(self, result: RunResult) -> RunDir:
         """Close the logs, write ``result.json`` and the CSV export, and index the run in the history."""
