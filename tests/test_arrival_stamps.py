@@ -86,3 +86,29 @@ async def test_the_chat_client_records_the_transport_arrival_stamps() -> None:
     for i, t in enumerate(record.chunk_times):
         assert sent[i] <= t < sent[i + 1]
     assert record.t_first_token == record.chunk_times[0]
+
+
+async def test_a_long_stream_keeps_only_the_marks_not_yet_read() -> None:
+    # 700 events, each its own socket read (a gap between writes), read as they come: well past MARKS_KEPT.
+    n = 700
+    events = [_event(f"t{i}") for i in range(n)]
+    sent: list[float] = []
+    async with paced_server(events, 0.001, sent) as url:
+        transport = AiohttpTransport()
+        try:
+            resp = await transport.send("POST", f"{url}/chat/completions", b"{}", {})
+            parser = SSEParser()
+            stamped: list[tuple[float, bytes]] = []
+            peak = 0
+            async for t, data in resp.timed_chunks():  # type: ignore[attr-defined]
+                stamped += [(t, ev) for ev in parser.feed(data)]
+                peak = max(peak, len(resp._marks))  # type: ignore[attr-defined]
+            resp.close()
+        finally:
+            await transport.aclose()
+    assert [ev for _, ev in stamped][:n] == [e[6:-2] for e in events]
+    # Each read adds two floats; without the drop the list would end with ≥ 2 × 700 of them.
+    assert peak <= 600  # MARKS_KEPT (512) plus the reads that came in while one piece was handled
+    # The drop keeps every stamp right: each event between its write and the next write.
+    for i in range(n):
+        assert sent[i] <= stamped[i][0] < sent[i + 1], (i, sent[i], stamped[i][0], sent[i + 1])

@@ -79,6 +79,10 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
+# Passed marks are dropped once this many floats of them pile up (amortised: one list shift per 256 reads).
+MARKS_KEPT = 512
+
+
 class _StampingHandler(ResponseHandler):
     """aiohttp's connection protocol, also noting when each read of a response body came off the socket.
 
@@ -157,6 +161,11 @@ class _AiohttpResponse:
                 # Every byte read was counted by a mark; loop.time() only if aiohttp fed bytes some other way.
                 yield (marks[i + 1] if i < n else loop.time()), data[start - pos :] if start > pos else data
                 pos = end
+                if i >= MARKS_KEPT:
+                    # Drop the marks already passed (the handler appends to this same list), so a long stream
+                    # holds only the marks not yet read, not two floats per socket read since its start.
+                    del marks[:i]
+                    i = 0
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise StreamBroken(str(exc) or type(exc).__name__) from exc
         except aiohttp.ClientResponseError as exc:
