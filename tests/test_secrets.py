@@ -171,6 +171,28 @@ async def test_an_error_body_that_echoes_the_key_is_recorded_masked() -> None:
     assert key not in record.model_dump_json()
 
 
+async def test_a_reply_that_echoes_the_key_is_recorded_masked_and_a_key_like_prefix_is_kept() -> None:
+    key = _planted("sk")
+
+    async def handler(request: MockRequest) -> MockResponse:
+        said = f"your key is {request.headers['Authorization'].removeprefix('Bearer ')}; keys start with sk-"
+        args = json.dumps({"note": request.headers["Authorization"]})
+        events = [
+            {"choices": [{"delta": {"content": said}}]},
+            {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c0", "function": {"name": "save",
+                                                                                        "arguments": args}}]}}]},
+        ]  # fmt: skip
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        return MockResponse(status=200, headers={"Content-Type": "text/event-stream"}, chunks_script=[(0.0, body)])
+
+    server, transport = signed_transport("http://h:1/v1", key, MockTransport(handler))
+    record = await ChatClient(server.base, transport=transport, api_key_env=None).chat({"messages": []})
+    assert record.ok, record.error_message
+    assert record.content == f"your key is {MASK}; keys start with sk-"
+    assert json.loads(record.tool_calls[0].arguments) == {"note": f"Bearer {MASK}"}
+    assert key not in record.model_dump_json()
+
+
 # -- the commands against a hostile server ----------------------------------------------------------------------
 async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     full = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "AGENTLOAD_RUNS")} | env

@@ -473,8 +473,12 @@ class ChatClient:
             source = UsageSource.COUNTED
             completion = len(acc.chunk_times)
             prompt = len(json.dumps(payload.get("messages", ""))) // 4
+        # A server (or a model that was shown the key) may echo a secret back in a reply: masked here, where the
+        # record is made, like an error body — the record is what is written, and what the agent sends back next.
+        mask = SECRETS.redact_whole
         calls = [
-            ToolCallRecord(id=c["id"], name=c["name"], arguments=c["arguments"]) for _, c in sorted(acc.calls.items())
+            ToolCallRecord(id=c["id"], name=c["name"], arguments=mask(c["arguments"]))
+            for _, c in sorted(acc.calls.items())
         ]
         asked = payload.get("max_completion_tokens", payload.get("max_tokens"))
         return RequestRecord(
@@ -493,8 +497,8 @@ class ChatClient:
             cached_tokens=cached,
             usage_source=source,
             finish_reason=acc.finish_reason,
-            content="".join(acc.content),
-            reasoning="".join(acc.reasoning),
+            content=mask("".join(acc.content)),
+            reasoning=mask("".join(acc.reasoning)),
             tool_calls=calls,
             outcome=acc.outcome,
             error=acc.error,

@@ -70,6 +70,21 @@ class Secrets:
     def __len__(self) -> int:
         return len(self._values)
 
+    def redact_whole(self, text: str) -> str:
+        """``text`` with every whole known secret (in any of its forms) replaced by ``***``.
+
+        For what a model wrote (a reply, a tool call's arguments): its text is kept as written except the secrets,
+        so a leading part of a key alone (``sk-proj-``, which the model may well write) is left as it is.
+        """
+        if not text or not self._values:
+            return text
+        with self._lock:
+            values = sorted(self._values, key=len, reverse=True)
+        for value in values:
+            if value in text:
+                text = text.replace(value, MASK)
+        return text
+
     def redact(self, text: str) -> str:
         """``text`` with every known secret replaced by ``***`` (longest first, so no fragment of one survives).
 
