@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from agentload.bench.analysis import LevelData
 from agentload.bench.orchestrate import BenchPlan, Mode, run_bench
@@ -348,7 +349,7 @@ def run(
         writer = RunWriter(resume_dir, on_finish=store.history.add)
         kept = f"{len(resumed)} finished level(s) kept"
         aside = f"; the interrupted level's {moved} record(s) moved to records.interrupted.jsonl" if moved else ""
-        err_console.print(f"[dim]resuming {resume_dir}: {kept}{aside}[/]")
+        err_console.print(f"[dim]resuming {escape(str(resume_dir))}: {kept}{aside}[/]")
 
     def on_data(data: LevelData) -> None:
         # Written as each level ends, so a run killed later keeps every finished level's timeline.
@@ -368,11 +369,11 @@ def run(
             f"  TTFT p50 {'-' if ttft is None else f'{ttft:.2f}s'}  preemptions {s.preemptions or 0:.0f}"
         )
         for w in s.warnings:
-            err_console.print(f"  [yellow]warning:[/] {w}")
+            err_console.print(f"  [yellow]warning:[/] {escape(w)}")
 
     where = f"sim:{sim} (virtual time)" if sim else redact_url(url or "")
     err_console.print(
-        f"[bold]agentload bench[/] {where} · workload {workload} · "
+        f"[bold]agentload bench[/] {escape(where)} · workload {escape(workload)} · "
         f"{mode} · contexts {', '.join(f'{c:,}' for c in contexts)} · run {writer.run_id}"
     )
 
@@ -404,7 +405,8 @@ def run(
         console.print_json(result.model_dump_json())
     else:
         print_result(result, console)
-        console.print(f"[dim]saved {run_dir.path} · `agentload report {run_dir.path}` renders it[/]")
+        where_saved = escape(str(run_dir.path))
+        console.print(f"[dim]saved {where_saved} · `agentload report {where_saved}` renders it[/]")
     if result.incomplete is not None:
         saved = f"{writer.records_written} records and {writer.samples_written} metric samples"
         raise ServerLostError(

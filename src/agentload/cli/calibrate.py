@@ -132,4 +132,4 @@ def calibrate(
         console.print()
         typer.echo(result.profile_toml)
     else:
-        console.print(f"Wrote {output}; serve it with: agentload sim --profile {output}")
+        console.print(f"Wrote {output}; serve it with: agentload sim --profile {output}", markup=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -156,7 +157,7 @@ def render(p: Plan) -> None:
     )
     console.print(_model_line(p))
     for note in p.model.notes:
-        console.print(f"  [dim]note: {note}[/]")
+        console.print(f"  [dim]note: {escape(note)}[/]")
 
     t = Table(title="memory and KV cache", show_header=False, title_justify="left")
     t.add_column(justify="left")
@@ -188,7 +189,7 @@ def render(p: Plan) -> None:
     console.print(t)
     console.print("[bold]vLLM would log[/]")
     for line in p.pool.startup_lines:
-        console.print(f"  {line}")
+        console.print(f"  {line}", markup=False)
     if p.hybrid is not None:
         _render_hybrid(p)
     if p.logged_pool_is_accounting:
@@ -259,7 +260,7 @@ def render(p: Plan) -> None:
     console.print("[bold]vLLM serve command[/]")
     console.print("  " + " \\\n    ".join(_command_parts(p)), soft_wrap=True)
     for note in p.serve.notes:
-        console.print(f"  [yellow]note:[/] {note}")
+        console.print(f"  [yellow]note:[/] {escape(note)}")
 
     t = Table(title="where the numbers come from", title_justify="left")
     t.add_column("figure")

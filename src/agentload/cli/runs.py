@@ -37,9 +37,9 @@ def runs(
     store = RunStore(root)
     if rebuild:
         indexed, skipped = store.history.rebuild()
-        console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {store.root}")
+        console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {store.root}", markup=False)
         for path, why in skipped:
-            console.print(f"  skipped {path}: {why}", style="yellow")
+            console.print(f"  skipped {path}: {why}", style="yellow", markup=False)
     entries, damaged = store.listing(limit)
     if as_json:
         typer.echo(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
@@ -47,7 +47,7 @@ def runs(
     for path, why in damaged:
         err_console.print(f"skipped {path}: {why}", style="yellow", markup=False)
     if not entries:
-        console.print(f"no runs in {store.root} (run `agentload bench`, `suite` or `run`)")
+        console.print(f"no runs in {store.root} (run `agentload bench`, `suite` or `run`)", markup=False)
         return
     console.print(history_table(entries, store.root))
     for e in entries:

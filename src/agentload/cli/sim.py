@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from aiohttp import web
+from rich.markup import escape
 
 from agentload.capacity.profile import ServingProfile, load_profile
 from agentload.cli.common import check_seed, console, default_book, err_console, reports_errors
@@ -64,7 +65,7 @@ async def serve(server: SimServer, host: str, port: int, ready_line: bool = True
         raise ConfigError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from exc
     bound = runner.addresses[0][1] if runner.addresses else port  # the real port when --port 0
     if ready_line:
-        console.print(f"Serving {server.model_name} on http://{host}:{bound} (Ctrl-C to stop)")
+        console.print(f"Serving {server.model_name} on http://{host}:{bound} (Ctrl-C to stop)", markup=False)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -135,10 +136,12 @@ def sim(
     server = SimServer(config)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for line in prof.startup_lines():
-        console.print(line)
-    err_console.print(f"[dim]profile {prof.name}: {prof.model.name} on {prof.num_gpus}× {prof.gpu.name}; "
-                      f"pool {prof.pool_source}[/]")  # fmt: skip
+        console.print(line, markup=False)
+    about = escape(
+        f"profile {prof.name}: {prof.model.name} on {prof.num_gpus}× {prof.gpu.name}; pool {prof.pool_source}"
+    )
+    err_console.print(f"[dim]{about}[/]")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        err_console.print(f"[yellow]warning:[/] binding {host}: the simulator is reachable beyond this machine")
+        err_console.print(f"[yellow]warning:[/] binding {escape(host)}: the simulator is reachable beyond this machine")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(server, host, port))

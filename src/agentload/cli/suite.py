@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 from aiohttp import web
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -318,11 +319,11 @@ def suite(
         err_console.print("interrupted: no results written")
         raise typer.Exit(130) from None
     path = save_suite_run(run, root)
-    err_console.print(f"[dim]results with every transcript: {path}[/]")
+    err_console.print(f"[dim]results with every transcript: {escape(str(path))}[/]")
     if as_json:
         typer.echo(json.dumps(summary(run), indent=2))
     else:
-        console.print(f"[bold]agentload suite {run.suite_version}[/] — {run.model} at {run.endpoint}")
+        console.print(f"[bold]agentload suite {run.suite_version}[/] — {escape(run.model)} at {escape(run.endpoint)}")
         for level in run.levels:
             render_level(level)
     if run.incomplete is not None:

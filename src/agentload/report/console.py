@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
@@ -153,7 +154,7 @@ def history_table(entries: Sequence[HistoryEntry], root: Path) -> Table:
     whole columns.
     """
     show_paths = any(e.path != root / e.id or not e.path.is_dir() for e in entries)
-    table = Table(title=f"agentload runs in {root}", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=f"agentload runs in {escape(str(root))}", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("id\nkind · status", no_wrap=True)
     table.add_column("started", no_wrap=True)
     table.add_column("model\ntarget", overflow="fold")
