@@ -211,12 +211,14 @@ def slots(engine: Engine, profile: ServingProfile, asked: dict[str, Asked]) -> l
                 params.update(n_predict=ask.n_predict, max_tokens=ask.n_predict, stream=ask.stream,
                               ignore_eos=ask.ignore_eos)  # fmt: skip
             live = view.busy and req.finished_at is None
+            cached = req.cached_tokens if req.cached_tokens is not None else view.cached
             n_predict = ask.n_predict if ask is not None else -1
             entry.update(
                 id_task=task_id(req),
                 n_prompt_tokens=req.num_computed if live else view.held_tokens,
-                n_prompt_tokens_processed=max(0, min(req.num_computed, req.prompt_len) - view.cached) if live else 0,
-                n_prompt_tokens_cache=view.cached,
+                n_prompt_tokens_processed=max(0, min(req.num_computed, req.prompt_len) - cached) if live else 0,
+                # What the task found cached (the engine recomputes at least the last prompt token); 0 once reset.
+                n_prompt_tokens_cache=cached if live else 0,
                 params=params,
                 next_token=[
                     {

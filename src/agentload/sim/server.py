@@ -207,8 +207,6 @@ class SimServer:
             m.observe_finished(req)
         if self.llama_metrics is not None:
             self.llama_metrics.on_step(result)
-            for req in result.finished:
-                self.llama_metrics.on_finished(req)
 
     # -- small endpoints ------------------------------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
@@ -224,8 +222,12 @@ class SimServer:
         build = f"agentload-sim {__version__} (llama.cpp slot mode)"
         return web.json_response(llamacpp.props(self.profile, self.model_name, build))
 
+    def slot_states(self) -> list[dict[str, Any]]:
+        """llama.cpp's ``/slots`` body (a slot profile only)."""
+        return llamacpp.slots(self.engine, self.profile, self._asked)
+
     async def slots(self, request: web.Request) -> web.Response:
-        body = llamacpp.slots(self.engine, self.profile, self._asked)
+        body = self.slot_states()
         if request.query.get("fail_on_no_slot") and all(s["is_processing"] for s in body):
             return web.json_response(
                 {"error": {"code": 503, "message": "no slot available", "type": "unavailable_error"}}, status=503
@@ -258,7 +260,10 @@ class SimServer:
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        raw = await self._read_body(request)
+        return web.json_response(self.tokenize_body(await self._read_body(request)))
+
+    def tokenize_body(self, raw: bytes) -> dict[str, Any]:
+        """``POST /tokenize``'s answer: vLLM's (``prompt`` or ``messages``), or llama.cpp's (``content``)."""
         data = load_json(raw)
         if not isinstance(data, dict):
             raise BadRequestError("request body must be a JSON object")
@@ -271,8 +276,8 @@ class SimServer:
                 words = data["content"].split()
                 pieces = [{"id": t, "piece": (" " + w) if i or data["content"][:1].isspace() else w}
                           for i, (t, w) in enumerate(zip(ids, words, strict=False))]  # fmt: skip
-                return web.json_response({"tokens": pieces})
-            return web.json_response({"tokens": ids})
+                return {"tokens": pieces}
+            return {"tokens": ids}
         if "messages" in data:
             chat = parse_body(ChatRequest, raw)
             text = render_chat(chat)
@@ -281,7 +286,7 @@ class SimServer:
         else:
             raise BadRequestError("send 'prompt' (a string) or 'messages'", param="prompt")
         ids = tokenize(text)
-        return web.json_response({"count": len(ids), "max_model_len": self.profile.max_model_len, "tokens": ids})
+        return {"count": len(ids), "max_model_len": self.profile.max_model_len, "tokens": ids}
 
     # -- generation -----------------------------------------------------------------------------------------
     def _check_model(self, body: _Common) -> None:
@@ -366,8 +371,11 @@ class SimServer:
 
     async def native_completion(self, request: web.Request) -> web.StreamResponse:
         """llama.cpp's own ``POST /completion``: ``prompt``, ``n_predict``, ``stream``, ``ignore_eos``."""
-        raw = _native_body(await self._read_body(request))
-        return await self._send(request, await self._open(raw, chat=False, native=True))
+        return await self._send(request, await self.open_native(await self._read_body(request)))
+
+    async def open_native(self, raw: bytes) -> SimResponse:
+        """``open_generation`` for a llama.cpp ``/completion`` body, answered in llama.cpp's format."""
+        return await self._open(_native_body(raw), chat=False, native=True)
 
     async def _send(self, request: web.Request, sim: SimResponse) -> web.StreamResponse:
         """Write a SimResponse over HTTP; a ResetConnection from its body aborts the TCP connection.
@@ -441,8 +449,10 @@ class SimServer:
         finally:
             if req.finished_at is None:
                 self.runner.abort(req)
-                if self.llama_metrics is not None:
-                    self.llama_metrics.on_finished(req)  # llama.cpp counts an aborted task's tokens when it resets
+            if self.llama_metrics is not None:
+                # Counted when the response ends (finished or aborted: llama.cpp counts an aborted task's tokens
+                # too), not in the engine's step callback, which can run after the client already has its reply.
+                self.llama_metrics.on_finished(req)
             if self._asked:
                 # Keep what a request asked only while a slot still shows it as its current or last task.
                 shown = {v.task.request_id for v in self.engine.slots.view() if isinstance(v.task, SimRequest)} if (
