@@ -238,6 +238,18 @@ async def test_slots_shows_the_busy_slot_and_its_task() -> None:
     assert slot["next_token"][0]["n_remain"] == 3000 - slot["next_token"][0]["n_decoded"]
 
 
+async def test_a_fresh_server_serves_its_first_request_in_its_last_slot() -> None:
+    real_busy = [s["id"] for s in recorded("slots_busy.json") if s["is_processing"]]
+    _server, transport = sim()
+    try:
+        status, body = await post_json(transport, "/completion", {"prompt": words(20), "n_predict": 4})
+    finally:
+        await transport.aclose()
+    assert status == 200
+    assert real_busy == [2]  # the recorded server's first request, on a fresh -np 3 server
+    assert body["id_slot"] == 2
+
+
 async def test_tokenize_takes_llamacpps_content_field() -> None:
     _server, transport = sim()
     try:

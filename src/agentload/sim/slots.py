@@ -114,7 +114,9 @@ class SlotCache:
                 if common / len(prompt) > best:
                     chosen, reused, best = slot, common, common / len(prompt)
         if chosen is None:
-            chosen = min(idle, key=lambda s: s.last_used)
+            # llama.cpp's LRU loop keeps the last slot whose t_last_used is <= the best so far: ties go to the
+            # highest id (a fresh server serves its first request in its last slot).
+            chosen = min(reversed(idle), key=lambda s: s.last_used)
             reused = self._common_prefix(chosen, prompt, hashes) if chosen.tokens else 0
         chosen.busy = True
         self._undo[id(key)] = (chosen.task, chosen.cached)
