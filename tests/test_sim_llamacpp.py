@@ -23,7 +23,7 @@ import pytest
 
 from agentload.capacity.profile import ServingProfile, load_profile, parse_profile
 from agentload.endpoint.probe import preflight, probe
-from agentload.endpoint.scrape import _llamacpp_pool, parse_metrics
+from agentload.endpoint.scrape import _NORMALISED, _SUMMED, _llamacpp_pool, parse_metrics
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.errors import ConfigError
 from agentload.sim.inprocess import InProcessTransport
@@ -91,6 +91,14 @@ def test_the_recorded_metrics_give_the_slot_cache_hit_rate() -> None:
         "prefix_queries": 100.0,
         "generation_tokens": 408.0,
     }
+
+
+def test_every_llamacpp_name_scrape_reads_is_one_the_real_server_exposes() -> None:
+    exposed = {name for name, _ in types(recorded("metrics.txt"))}
+    read = {name for names in _NORMALISED["llamacpp"].values() for name in names}
+    read |= {name for engine, names in _SUMMED.values() if engine == "llamacpp" for name in names}
+    assert read <= exposed, read - exposed
+    assert "llamacpp:prompt_tokens_cached_total" in read  # the slot cache's server-side hit rate
 
 
 def test_the_recorded_props_give_the_slots_and_the_per_slot_context() -> None:
