@@ -127,3 +127,22 @@ def test_the_simulated_curve_has_its_knee_at_the_slot_count() -> None:
     assert points[4].prefix_hit_rate < 0.5 * points[3].prefix_hit_rate
     assert points[4].mean_waiting > 0
     assert all(p.preemptions == 0 for p in curve.points)
+
+
+def test_agents_whose_turns_do_not_overlap_share_one_slot_below_the_slot_count() -> None:
+    """llama.cpp's similarity rule: an idle slot sharing > 10% of the prompt beats an empty one.
+
+    A 0.5B model on an H100 answers a turn long before the other agent's next one, so with 2 agents on 3 slots the
+    second agent's first turn takes the first agent's idle slot (their 2,000-token system prompt is 31% of its
+    6,392-token prompt), and from then on each turn finds the other agent's conversation there: only the system
+    prompt is reused, 2,000 of each 7,792-token prompt = 25.7%, while two slots stay empty.
+    """
+    spec = parse_spec({"model": "qwen2.5-0.5b", "gpu": "h100", "slots": 3, "slot_context": 8192}, FLAGS)
+    p = plan(spec)
+    assert p.slots is not None
+    assert any("--slot-prompt-similarity" in n for n in p.slots.notes)
+    curve = add_throughput_curve(p, counts=[1, 2], refine=False).curve
+    assert curve is not None
+    points = {pt.agents: pt for pt in curve.points}
+    assert points[2].prefix_hit_rate == pytest.approx(2000 / 7792, abs=0.005)
+    assert points[1].prefix_hit_rate > 0.8

@@ -790,8 +790,11 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
         notes.append(
             f"the agents share a {spec.agent.system_tokens:,}-token system prompt, {share:.0%} of a first turn's "
             f"prompt, above llama-server's --slot-prompt-similarity {SLOT_PROMPT_SIMILARITY:g}: a turn that finds no "
-            "slot of its own takes the idle slot most like it (another agent's) rather than an empty one, so agents "
-            "can evict each other before all slots are busy; the simulated curve shows whether they do here"
+            "slot of its own takes the idle slot most like it (another agent's) over an empty one (llama.cpp skips "
+            "empty slots in that test), so when agents' turns seldom overlap they can end up sharing one slot and "
+            "re-prefilling every turn while other slots stay empty, a knee below the slot count; the simulated curve "
+            "shows whether it happens here. A client can pin each agent to its own slot with llama.cpp's id_slot "
+            "request field (not modelled by the simulator)"
         )
     slots = SlotFigures(
         slots=n,
