@@ -16,6 +16,12 @@ What is exact and what is estimated (each figure carries its own note in ``Plan.
 * agents at a context = pool blocks ÷ blocks one session holds (sliding-window groups hold only their window);
 * offload reload seconds use the datasheet host-link bandwidth, recompute seconds the step-time model;
 * the throughput curve is simulated: closed-loop agents that hold the planned context, with think time.
+
+With ``slots`` (llama.cpp's ``llama-server -np N``) the question is llama.cpp's: the server allocates ``-c`` =
+N × per-slot context tokens of KV at start and runs at most N requests, each slot caching only its own last prompt
+(sim/slots.py). Agents that fit = N (when one agent's context fits a slot), whatever the memory; the plan gives the
+KV per slot and for all slots against the GPUs' memory, and past N agents turns queue for a slot (bench's knee
+cause ``slots_full``) and re-prefill their context in whichever slot they get. The curve simulates that profile.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from agentload.capacity.profile import (
     MAX_GIB,
     MAX_GPUS,
     MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
     MAX_OFFLOAD_GIB,
     MAX_POOL_BLOCKS,
     MAX_POOL_TOKENS,
@@ -46,6 +53,9 @@ from agentload.capacity.profile import (
     resolve,
 )
 from agentload.errors import ConfigError
+
+# llama-server's --slot-prompt-similarity default (sim/slots.py models the rule).
+SLOT_PROMPT_SIMILARITY = 0.1
 
 # vLLM's defaults (domain.md §3): 8,192 batched tokens and 1,024 sequences on big GPUs, 2,048 / 256 otherwise.
 BIG_GPU_GB = 70.0
@@ -98,6 +108,13 @@ class PlanSpec(BaseModel):
         default=None, gt=0, le=MAX_GIB, description="vLLM's 'Available KV cache memory' per GPU, GiB"
     )
     max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_BATCHED_TOKENS)
+    slots: int | None = Field(default=None, gt=0, le=MAX_NUM_SEQS, description="llama.cpp's -np: parallel slots")
+    slot_context: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_MODEL_LEN,
+        description="tokens per slot (-c ÷ -np); default max_model_len",
+    )
     agent: AgentShape = Field(default_factory=AgentShape)
 
     @model_validator(mode="after")
@@ -105,6 +122,18 @@ class PlanSpec(BaseModel):
         stated = [n for n in ("pool_tokens", "num_gpu_blocks", "kv_memory_gib") if getattr(self, n) is not None]
         if len(stated) > 1:
             raise ValueError("state the pool once: --pool-tokens, --num-gpu-blocks or --kv-memory-gib")
+        if self.slot_context is not None and self.slots is None:
+            raise ValueError("--slot-context is the context of each llama.cpp slot: give --slots too")
+        if self.slots is not None:
+            if stated:
+                raise ValueError(
+                    "llama.cpp sizes its KV as --slots × --slot-context (its -c); drop --pool-tokens, "
+                    "--num-gpu-blocks and --kv-memory-gib"
+                )
+            if self.offload_gib > 0:
+                raise ValueError("llama.cpp has no CPU KV offload tier: drop --offload-gib with --slots")
+            if self.slot_context is not None and self.max_model_len not in (None, self.slot_context):
+                raise ValueError("--slot-context and --max-model-len both set the per-slot context: give one")
         return self
 
     @field_validator("weight_dtype")
@@ -282,12 +311,33 @@ class ServeCommand(BaseModel):
     model: str
     flags: tuple[ServeFlag, ...]
     notes: tuple[str, ...] = ()
+    program: str = "vllm serve"
 
     def command_line(self) -> str:
-        parts = ["vllm serve", self.model]
+        parts = [self.program, self.model]
         for f in self.flags:
             parts.append(f.flag if f.value is None else f"{f.flag} {f.value}")
         return " ".join(parts)
+
+
+class SlotFigures(BaseModel):
+    """llama.cpp's answer (``--slots``): N slots of a fixed context, KV allocated for all of them at start."""
+
+    model_config = ConfigDict(frozen=True)
+
+    slots: int
+    slot_context: int  # tokens per slot (n_ctx of each slot in /slots and /props)
+    total_context: int  # llama-server's -c = slots × slot_context
+    kv_bytes_per_slot: float  # one slot's KV, allocated whether or not it is used
+    kv_gb_all_slots: float
+    memory_gb: float  # the GPUs' memory
+    weights_gb: float
+    slots_memory_allows: int  # slots of this context the memory holds beside the weights and activations
+    fits_memory: bool
+    agents_that_fit: int  # = slots: one running request per slot, whatever the memory
+    past_slots: str  # what happens to agent N+1 and beyond
+    startup_line: str  # what llama-server logs at start
+    notes: tuple[str, ...] = ()
 
 
 class CurvePoint(BaseModel):
@@ -342,6 +392,7 @@ class Plan(BaseModel):
     derivations: tuple[Derivation, ...]
     curve: ThroughputCurve | None = None
     hybrid: HybridKVFigures | None = None  # DeepSeek-V4 only
+    slots: SlotFigures | None = None  # llama.cpp (--slots) only
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -386,6 +437,7 @@ def _build_profile_file(
         max_model_len=max_model_len,
         max_num_batched_tokens=batched,
         max_num_seqs=max_num_seqs,
+        slots=spec.slots,
         kv_pool=KVPoolSpec(
             tokens=spec.pool_tokens,
             num_blocks=spec.num_gpu_blocks,
@@ -408,6 +460,8 @@ def plan(spec: PlanSpec) -> Plan:
     found = find_model(spec.model)
     model = found.spec
     gpu = catalog.get_gpu(spec.gpu)
+    if spec.slots is not None:
+        return _plan_slots(spec, found, gpu.name)
     max_model_len = spec.max_model_len or model.max_position_embeddings
     if max_model_len is None:
         raise ConfigError(f"model {model.name} states no max_position_embeddings; pass --max-model-len")
@@ -688,3 +742,182 @@ def _derivations(
         )
     )
     return tuple(out)
+
+
+# -- llama.cpp slots ----------------------------------------------------------------------------------------------
+
+
+def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
+    """The plan for ``llama-server -np N -c N×slot_context``: N agents fit, each in its own slot."""
+    assert spec.slots is not None
+    model = found.spec
+    n = spec.slots
+    per_slot = spec.slot_context or spec.max_model_len or model.max_position_embeddings
+    if per_slot is None:
+        raise ConfigError(f"model {model.name} states no max_position_embeddings; pass --slot-context")
+    context = spec.context_per_agent or per_slot
+    if context > per_slot:
+        raise ConfigError(
+            f"context per agent {context:,} exceeds the per-slot context {per_slot:,} (llama.cpp gives each of the "
+            f"{n} slots -c ÷ -np tokens): one agent's conversation does not fit a slot; raise --slot-context"
+        )
+    if context <= spec.agent.per_turn_tokens:
+        raise ConfigError(
+            f"context per agent {context:,} must exceed one turn's tokens ({spec.agent.per_turn_tokens:,}: system "
+            "prompt + tool result + reply)"
+        )
+    if n * per_slot > MAX_POOL_TOKENS:
+        raise ConfigError(f"--slots {n} × --slot-context {per_slot:,} is more than {MAX_POOL_TOKENS:,} tokens of -c")
+    profile = resolve(_profile_file(spec, model, per_slot, n), f"{model.name} on {gpu_name}, {n} slots")
+    layout = profile.layout
+    weights = profile.weights_bytes
+    kv_all = profile.num_blocks * layout.stored_page_bytes
+    per_slot_bytes = kv_all / n
+    memory = profile.gpu.memory_gb * 1e9 * spec.num_gpus
+    free = memory - weights - spec.activation_gib * 2**30 * spec.num_gpus
+    allows = max(0, math.floor(free / per_slot_bytes)) if per_slot_bytes > 0 else 0
+    sm = profile.step_model
+    prefill = sm.chunked_prefill_time(context, profile.max_num_batched_tokens)
+    past = (
+        f"agent {n + 1} and beyond: every slot is busy, so a turn waits for one (llamacpp:requests_deferred; bench's "
+        f"knee cause slots_full), then takes whichever slot is idle, whose cache holds another agent's prompt, and "
+        f"re-prefills its whole context (≈ {prefill:.2f} s for {context:,} tokens); more memory does not help"
+    )
+    notes: list[str] = []
+    first_prompt = spec.agent.system_tokens + spec.agent.turn_input_tokens
+    share = spec.agent.system_tokens / first_prompt
+    if share > SLOT_PROMPT_SIMILARITY:
+        notes.append(
+            f"the agents share a {spec.agent.system_tokens:,}-token system prompt, {share:.0%} of a first turn's "
+            f"prompt, above llama-server's --slot-prompt-similarity {SLOT_PROMPT_SIMILARITY:g}: a turn that finds no "
+            "slot of its own takes the idle slot most like it (another agent's) over an empty one (llama.cpp skips "
+            "empty slots in that test), so when agents' turns seldom overlap they can end up sharing one slot and "
+            "re-prefilling every turn while other slots stay empty, a knee below the slot count; the simulated curve "
+            "shows whether it happens here. A client can pin each agent to its own slot with llama.cpp's id_slot "
+            "request field (not modelled by the simulator)"
+        )
+    slots = SlotFigures(
+        slots=n,
+        slot_context=per_slot,
+        total_context=n * per_slot,
+        kv_bytes_per_slot=per_slot_bytes,
+        kv_gb_all_slots=kv_all / 1e9,
+        memory_gb=memory / 1e9,
+        weights_gb=weights / 1e9,
+        slots_memory_allows=allows,
+        fits_memory=allows >= n,
+        agents_that_fit=n,
+        past_slots=past,
+        startup_line=f"load_model: initializing, n_slots = {n}, n_ctx_slot = {per_slot}, kv_unified = 'false'",
+        notes=tuple(notes),
+    )
+    weight_dtype = spec.weight_dtype or model.checkpoint_dtype
+    return Plan(
+        spec=spec,
+        model=found,
+        memory=MemoryFigures(
+            gpu=profile.gpu.name,
+            num_gpus=spec.num_gpus,
+            gpu_memory_gb=profile.gpu.memory_gb,
+            weight_dtype=weight_dtype,
+            weights_gb=weights / 1e9,
+            weights_gb_per_gpu=weights / 1e9 / spec.num_gpus,
+            activation_gib_per_gpu=spec.activation_gib,
+            gpu_memory_utilization=1.0,  # llama.cpp allocates what it needs; it has no utilisation target
+            kv_pool_gb=kv_all / 1e9,
+        ),
+        kv=KVFigures(
+            dtype=layout.dtype,
+            attention=model.attention,
+            bytes_per_token=layout.bytes_per_token,
+            growing_bytes_per_token=layout.growing_bytes_per_token,
+            fixed_bytes_per_session=layout.fixed_bytes_per_session,
+            block_size=layout.block_size,
+            page_bytes=layout.page_bytes,
+            num_groups=layout.num_groups,
+            replication=layout.replication,
+        ),
+        pool=PoolFigures(
+            num_blocks=profile.num_blocks,
+            tokens=n * per_slot,
+            source=profile.pool_source,
+            max_model_len=per_slot,
+            max_concurrency=float(n),
+            startup_lines=(slots.startup_line,),
+        ),
+        # No prefix is shared across slots, and a slot holds one conversation: every count is the slot count.
+        agents=AgentFigures(
+            context=context,
+            blocks_per_session=layout.blocks_per_request(context),
+            naive_sessions=float(n),
+            window_aware_sessions=float(n),
+            shared_prefix_sessions=float(n),
+            shared_prefix_tokens=spec.agent.system_tokens,
+            recommended_agents=n,
+        ),
+        step=StepFigures(
+            decode_step_s_batch1=sm.decode_step_time(1, context),
+            decode_step_s_at_estimate=sm.decode_step_time(n, context),
+            prefill_s_at_context=prefill,
+        ),
+        offload=None,
+        serve=_llamacpp_command(spec, profile, model, n, per_slot),
+        derivations=_slot_derivations(spec, profile, n, per_slot),
+        slots=slots,
+    )
+
+
+def _llamacpp_command(spec: PlanSpec, profile: ServingProfile, model: ModelSpec, n: int, per_slot: int) -> ServeCommand:
+    flags = [
+        ServeFlag(flag="-np", value=str(n), why="parallel slots: at most this many requests run"),
+        ServeFlag(flag="-c", value=str(n * per_slot), why=f"total context, split evenly: {per_slot:,} tokens per slot"),
+        ServeFlag(flag="-ngl", value="999", why="every layer on the GPU"),
+    ]
+    notes: list[str] = []
+    if profile.kv_dtype is KVDtype.FP8:
+        flags += [
+            ServeFlag(flag="-ctk", value="q8_0", why="8-bit K cache (llama.cpp has no fp8 KV)"),
+            ServeFlag(flag="-ctv", value="q8_0", why="8-bit V cache (needs flash attention)"),
+        ]
+        notes.append("q8_0 stores 34 bytes per 32 values: its KV is about 6% larger than the fp8 figures shown")
+    flags += [
+        ServeFlag(flag="--metrics", value=None, why="llamacpp: counters, including prompt_tokens_cached_total"),
+        ServeFlag(flag="--slots", value=None, why="the /slots endpoint agentload probe reads"),
+    ]
+    if spec.num_gpus > 1:
+        notes.append(f"llama.cpp splits layers over the {spec.num_gpus} GPUs by default (--split-mode layer)")
+    return ServeCommand(program="llama-server", model=f"-m {model.name}.gguf", flags=tuple(flags), notes=tuple(notes))
+
+
+def _slot_derivations(spec: PlanSpec, profile: ServingProfile, n: int, per_slot: int) -> tuple[Derivation, ...]:
+    return (
+        Derivation(figure="KV bytes per token", kind="exact", how="2 × layers × kv_heads × head_dim × dtype bytes"),
+        Derivation(
+            figure="weights memory",
+            kind="estimate",
+            how=f"parameters × {profile.weight_bytes_per_param:g} bytes (a GGUF's quantisation mixes types)",
+        ),
+        Derivation(
+            figure="KV of the slots",
+            kind="stated",
+            how=f"--slots {n} × --slot-context {per_slot:,}: llama.cpp allocates -c = {n * per_slot:,} tokens of KV "
+            "at start, in use or not",
+        ),
+        Derivation(
+            figure="agents that fit",
+            kind="exact",
+            how=f"one running request per slot: {n}, whatever the memory (a slot holds one conversation's cache)",
+        ),
+        Derivation(
+            figure="step times",
+            kind="estimate",
+            how="datasheet bandwidth and FLOP/s at 45% MFU, plus fixed per-step and per-request costs",
+        ),
+        Derivation(
+            figure="throughput curve",
+            kind="simulated",
+            how="the simulator's slot mode in virtual time: N slots each caching its own last prompt, closed-loop "
+            f"agents holding the context, {spec.agent.output_tokens}-token replies, {spec.agent.think_s:g} s think "
+            "time",
+        ),
+    )

@@ -1,4 +1,8 @@
-"""``agentload plan``: how many agents one model on some GPUs carries, and the vLLM flags that realise it."""
+"""``agentload plan``: how many agents one model on some GPUs carries, and the vLLM flags that realise it.
+
+With ``--slots N`` the server is llama.cpp's ``llama-server -np N``: the plan says N agents fit, the KV each slot
+allocates, what happens past N (queueing for a slot) and the llama-server command.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ FLAGS = {
     "kv_memory_gib": "--kv-memory-gib",
     "agent.output_tokens": "--output-tokens",
     "agent.think_s": "--think-s",
+    "slots": "--slots",
+    "slot_context": "--slot-context",
 }
 
 
@@ -61,6 +67,12 @@ def plan(
     activation_gib: float = typer.Option(2.0, "--activation-gib", help="Activation + runtime allowance per GPU."),
     output_tokens: int = typer.Option(400, "--output-tokens", help="Simulated reply per turn, tokens."),
     think_s: float = typer.Option(2.0, "--think-s", help="Simulated tool time between turns, seconds."),
+    slots: int | None = typer.Option(
+        None, "--slots", help="Plan llama.cpp's llama-server -np N instead of vLLM: N slots, each its own cache."
+    ),
+    slot_context: int | None = typer.Option(
+        None, "--slot-context", help="Tokens per slot with --slots (llama-server's -c ÷ -np). Default: max-model-len."
+    ),
     no_curve: bool = typer.Option(False, "--no-curve", help="Skip the simulated throughput curve."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON instead of tables."),
 ) -> None:
@@ -81,6 +93,8 @@ def plan(
             "num_gpu_blocks": num_gpu_blocks,
             "kv_memory_gib": kv_memory_gib,
             "agent": {"output_tokens": output_tokens, "think_s": think_s},
+            "slots": slots,
+            "slot_context": slot_context,
         },
         FLAGS,
     )
@@ -147,6 +161,9 @@ def _secs(s: float) -> str:
 
 def render(p: Plan) -> None:
     """The plan as tables, for people. Reads only the compiled ``Plan``."""
+    if p.slots is not None:
+        _render_slots(p)
+        return
     m = p.model.spec
     console.print(
         Panel.fit(
@@ -271,6 +288,67 @@ def render(p: Plan) -> None:
     console.print(t)
 
 
+def _render_slots(p: Plan) -> None:
+    """A llama.cpp plan (``--slots``): the slots, their KV against the memory, what happens past them."""
+    s = p.slots
+    assert s is not None
+    console.print(
+        Panel.fit(
+            f"[bold]{p.model.spec.name}[/] on {p.memory.num_gpus}× {p.memory.gpu} — llama.cpp, {s.slots} slots × "
+            f"{s.slot_context:,} tokens, {p.agents.context:,} tokens per agent",
+            title="agentload plan --slots",
+        )
+    )
+    console.print(_model_line(p))
+    for note in p.model.notes:
+        console.print(f"  [dim]note: {note}[/]")
+    t = Table(title="memory and the slots' KV", show_header=False, title_justify="left")
+    t.add_column(justify="left")
+    t.add_column(justify="right")
+    t.add_column(justify="left", style="dim")
+    t.add_row(f"weights ({p.memory.weight_dtype})", _size(s.weights_gb * 1e9), "estimate")
+    t.add_row(f"KV per token ({p.kv.dtype.value})", _size(p.kv.bytes_per_token), "all layers")
+    t.add_row("KV per slot", _size(s.kv_bytes_per_slot), f"{s.slot_context:,} tokens, allocated at start")
+    t.add_row(f"KV of all {s.slots} slots", _size(s.kv_gb_all_slots * 1e9), f"-c {s.total_context:,} tokens")
+    t.add_row("GPU memory", _size(s.memory_gb * 1e9), f"{p.memory.num_gpus}× {p.memory.gpu}")
+    fit = "" if s.fits_memory else "[red]more than the memory holds[/]"
+    t.add_row("slots this memory holds", f"{s.slots_memory_allows}", fit or "beside the weights and activations")
+    console.print(t)
+    console.print("[bold]llama-server would log[/]")
+    console.print(f"  {s.startup_line}")
+    t = Table(title=f"agents at {p.agents.context:,} tokens of context", show_header=False, title_justify="left")
+    t.add_column(justify="left")
+    t.add_column(justify="right")
+    t.add_column(justify="left", style="dim")
+    t.add_row("[bold]agents that fit[/]", f"[bold]{s.agents_that_fit}[/]", "one per slot, whatever the memory")
+    t.add_row("decode step, 1 agent", _secs(p.step.decode_step_s_batch1), "estimate")
+    t.add_row(f"decode step, {s.slots} agents", _secs(p.step.decode_step_s_at_estimate), "estimate")
+    t.add_row("prefill of the whole context", _secs(p.step.prefill_s_at_context), "estimate; past the slots, per turn")
+    console.print(t)
+    console.print(f"[bold]past {s.slots} agents:[/] {s.past_slots}")
+    for note in s.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if not s.fits_memory:
+        console.print(
+            f"[red]warning:[/] {s.slots} slots of {s.slot_context:,} tokens need {_size(s.kv_gb_all_slots * 1e9)} "
+            f"of KV beside {_size(s.weights_gb * 1e9)} of weights: llama-server would fail to allocate -c; use at "
+            f"most {s.slots_memory_allows} slots, a smaller --slot-context or an 8-bit KV cache"
+        )
+    if p.curve is not None:
+        _render_curve(p)
+    console.print("[bold]llama-server command[/]")
+    console.print("  " + " \\\n    ".join(_command_parts(p)), soft_wrap=True)
+    for note in p.serve.notes:
+        console.print(f"  [yellow]note:[/] {note}")
+    t = Table(title="where the numbers come from", title_justify="left")
+    t.add_column("figure")
+    t.add_column("kind")
+    t.add_column("how")
+    for d in p.derivations:
+        t.add_row(d.figure, d.kind, d.how)
+    console.print(t)
+
+
 def _render_hybrid(p: Plan) -> None:
     h = p.hybrid
     assert h is not None
@@ -361,7 +439,7 @@ def _render_curve(p: Plan) -> None:
 
 
 def _command_parts(p: Plan) -> list[str]:
-    parts = [f"vllm serve {p.serve.model}"]
+    parts = [f"{p.serve.program} {p.serve.model}"]
     for f in p.serve.flags:
         parts.append(f.flag if f.value is None else f"{f.flag} {f.value}")
     return parts

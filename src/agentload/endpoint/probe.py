@@ -373,6 +373,14 @@ async def _read(root: str, answers: Mapping[str, _Answer], model: str | None, cl
         except ScrapeError:
             notes.append("/metrics answered but is not Prometheus text")
     engine, version = _detect(answers, snapshot, evidence)
+    if engine == "llamacpp" and version is None:
+        # llama-server has no /version; /props names its build ("b1-0c1e570"; the simulator's slot mode says so).
+        props = _json_at(answers, "/props")
+        build = props.get("build_info") if isinstance(props, Mapping) else None
+        if isinstance(build, str) and build:
+            version = build[:100]
+            if build.startswith("agentload-sim"):
+                evidence.append("/props build_info names agentload-sim: the simulator serving llama.cpp's API")
     health = answers.get("/health")
     if health is not None and health.status == 503:
         notes.append("/health says not ready (503): the server is still starting, so some figures may be missing")

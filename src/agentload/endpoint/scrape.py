@@ -110,12 +110,22 @@ _NORMALISED: dict[str, dict[str, tuple[str, ...]]] = {
         "generation_tokens": ("sglang:generation_tokens_total",),
         "cache_hit_rate": ("sglang:cache_hit_rate",),
     },
+    # llama-server (checked against a real one's /metrics, tests/data/llamacpp/metrics.txt). Its prompt_tokens_total
+    # counts the prompt tokens it *processed* ("excluding cached tokens"), unlike vLLM's, which counts them all;
+    # prompt_tokens_cached_total counts those reused from a slot, so the two add up to every prompt token and the
+    # slot cache's hit rate is cached ÷ (processed + cached) — prefix_queries below. llama.cpp reports no KV usage
+    # gauge and no preemptions (a slot never loses its KV mid-request).
     "llamacpp": {
         "running": ("llamacpp:requests_processing",),
         "waiting": ("llamacpp:requests_deferred",),
         "prompt_tokens": ("llamacpp:prompt_tokens_total",),
         "generation_tokens": ("llamacpp:tokens_predicted_total",),
+        "prefix_hits": ("llamacpp:prompt_tokens_cached_total",),
     },
+}
+# Normalised figures that are sums of an engine's samples: key → (engine, names added up).
+_SUMMED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "prefix_queries": ("llamacpp", ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")),
 }
 # Gauges that are a share per engine instance are averaged over instances (data-parallel ranks); the rest add up.
 _AVERAGED = frozenset({"kv_usage", "cache_hit_rate"})
@@ -156,6 +166,11 @@ class MetricsSnapshot:
                 if values and all(_plausible(key, v) for v in values):
                     out[key] = sum(values) / len(values) if key in _AVERAGED else sum(values)
                     break
+        for key, (engine, parts) in _SUMMED.items():
+            if engine == self.engine:
+                found = [[s.value for s in self.named(name)] for name in parts]
+                if all(found) and all(_plausible(key, v) for vs in found for v in vs):
+                    out[key] = sum(sum(vs) for vs in found)
         return out
 
 

@@ -75,6 +75,16 @@ class InProcessTransport:
                 sim = _from_web(await srv.metrics_endpoint(None))  # type: ignore[arg-type]
             elif method == "GET" and path.endswith("/models"):
                 sim = _from_web(await srv.models(None))  # type: ignore[arg-type]
+            elif method == "POST" and path.endswith("/tokenize"):
+                sim = _from_web(web.json_response(srv.tokenize_body(body or b"")))
+            elif method == "POST" and srv.llamacpp and path.endswith("/completion"):
+                sim = await srv.open_native(body or b"")  # llama.cpp's own completion endpoint
+            elif method == "GET" and srv.llamacpp and path.endswith("/props"):
+                sim = _from_web(await srv.props(None))  # type: ignore[arg-type]
+            elif method == "GET" and srv.llamacpp and path.endswith("/slots"):
+                sim = _from_web(web.json_response(srv.slot_states()))
+            elif method == "GET" and not srv.llamacpp and path.endswith("/version"):
+                sim = _from_web(await srv.version(None))  # type: ignore[arg-type]
             else:
                 sim = SimResponse.error(404, f"no route {method} {path}", "NotFound")
         except RequestError as exc:

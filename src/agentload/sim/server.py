@@ -1,8 +1,13 @@
-"""The simulated server's HTTP front (aiohttp.web): an OpenAI-compatible API shaped like vLLM's.
+"""The simulated server's HTTP front (aiohttp.web): an OpenAI-compatible API shaped like vLLM's, or llama.cpp's.
 
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming SSE and not), ``GET /v1/models``,
 ``GET /health``, ``POST /tokenize``, ``GET /metrics``. Bad input gets an OpenAI-style JSON error with the right
 status and the server keeps serving; nothing the client sends can make it print a traceback into a response.
+
+A slot profile (``slots = N``, llama.cpp's ``-np N``) is served with llama-server's face instead (sim/llamacpp.py):
+``/props``, ``/slots``, llama.cpp's own ``POST /completion``, ``llamacpp:`` metrics, ``/tokenize`` taking
+``content``, ``/v1/models`` owned by ``llamacpp``, no ``/version`` (llama-server has none; ``/props`` names the
+simulator in ``build_info``). ``SimConfig.api`` chooses the face explicitly.
 
 Connections are bounded in time (issue 15, item 8): ``app_runner`` closes a connection that sends no complete
 request within ``idle_timeout_s`` (aiohttp's keep-alive timer, which also runs before the first request), a body
@@ -20,13 +25,14 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
 from agentload import __version__
 from agentload.capacity.profile import ServingProfile
-from agentload.errors import BadRequestError, ContextLengthError, ModelNotFoundError, RequestError
+from agentload.errors import BadRequestError, ConfigError, ContextLengthError, ModelNotFoundError, RequestError
+from agentload.sim import llamacpp
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, guarded, hold_eos, truncate
 from agentload.sim.chat import (
     ChatRequest,
@@ -67,6 +73,8 @@ class SimConfig:
     # which let 1,000 idle or half-sent connections pile up. Long enough for an agent's think time between turns.
     idle_timeout_s: float = 15.0
     body_timeout_s: float = 30.0
+    # Whose API the server mimics: "auto" is llama.cpp's for a slot profile (llama-server -np N), vLLM's otherwise.
+    api: Literal["auto", "vllm", "llamacpp"] = "auto"
 
 
 def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
@@ -131,6 +139,12 @@ class SimServer:
         self._aliases = {self.model_name, config.profile.model.name, config.profile.name}
         self.engine = Engine(config.profile)
         self.metrics = SimMetrics(self.engine, config.profile, self.model_name)
+        api = config.api
+        if api == "llamacpp" and not config.profile.slots:
+            raise ConfigError(f"profile {config.profile.name} has no slots: llama.cpp's API needs `slots = N`")
+        self.llamacpp = api == "llamacpp" or (api == "auto" and config.profile.slots is not None)
+        self.llama_metrics = llamacpp.LlamaCppMetrics(self.engine) if self.llamacpp else None
+        self._asked: dict[str, llamacpp.Asked] = {}  # request id → what it asked for (llama.cpp's /slots params)
         self.runner = EngineRunner(self.engine, cold_start_s=config.cold_start_s, on_step=self._on_step)
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self.behaviour = guarded(config.behaviour)  # no reply may become an HTTP 500 (issue 13)
@@ -147,7 +161,13 @@ class SimServer:
         app.router.add_get("/health", self.health)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/metrics", self.metrics_endpoint)
-        app.router.add_get("/version", self.version)
+        if self.llamacpp:
+            app.router.add_get("/props", self.props)
+            app.router.add_get("/slots", self.slots)
+            app.router.add_post("/completion", self.native_completion)
+            app.router.add_post("/completions", self.native_completion)
+        else:
+            app.router.add_get("/version", self.version)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -185,17 +205,41 @@ class SimServer:
             d.last_token_at = end
         for req in result.finished:
             m.observe_finished(req)
+        if self.llama_metrics is not None:
+            self.llama_metrics.on_step(result)
 
     # -- small endpoints ------------------------------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
+        if self.llamacpp:
+            ready = self.runner.is_ready
+            body = llamacpp.HEALTH_OK if ready else llamacpp.HEALTH_LOADING
+            return web.json_response(body, status=200 if ready else 503)
         if not self.runner.is_ready:
             return error_response(503, "the server is still starting (loading the model)", "ServiceUnavailable")
         return web.Response(status=200)
+
+    async def props(self, _request: web.Request) -> web.Response:
+        build = f"agentload-sim {__version__} (llama.cpp slot mode)"
+        return web.json_response(llamacpp.props(self.profile, self.model_name, build))
+
+    def slot_states(self) -> list[dict[str, Any]]:
+        """llama.cpp's ``/slots`` body (a slot profile only)."""
+        return llamacpp.slots(self.engine, self.profile, self._asked)
+
+    async def slots(self, request: web.Request) -> web.Response:
+        body = self.slot_states()
+        if request.query.get("fail_on_no_slot") and all(s["is_processing"] for s in body):
+            return web.json_response(
+                {"error": {"code": 503, "message": "no slot available", "type": "unavailable_error"}}, status=503
+            )
+        return web.json_response(body)
 
     async def version(self, _request: web.Request) -> web.Response:
         return web.json_response({"version": f"agentload-sim {__version__}"})
 
     async def models(self, _request: web.Request) -> web.Response:
+        if self.llamacpp:
+            return web.json_response(llamacpp.models(self.profile, self.model_name, self._created))
         card = {
             "id": self.model_name,
             "object": "model",
@@ -208,14 +252,32 @@ class SimServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_endpoint(self, _request: web.Request) -> web.Response:
+        if self.llama_metrics is not None:
+            return web.Response(
+                body=self.llama_metrics.exposition(), headers={"Content-Type": llamacpp.METRICS_CONTENT_TYPE}
+            )
         body = self.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        raw = await self._read_body(request)
+        return web.json_response(self.tokenize_body(await self._read_body(request)))
+
+    def tokenize_body(self, raw: bytes) -> dict[str, Any]:
+        """``POST /tokenize``'s answer: vLLM's (``prompt`` or ``messages``), or llama.cpp's (``content``)."""
         data = load_json(raw)
         if not isinstance(data, dict):
             raise BadRequestError("request body must be a JSON object")
+        if self.llamacpp and "content" in data:
+            # llama.cpp's /tokenize: {"content": text, "with_pieces": bool} → {"tokens": [...]}.
+            if not isinstance(data["content"], str):
+                raise BadRequestError("'content' must be a string", param="content")
+            ids = tokenize(data["content"])
+            if data.get("with_pieces") is True:
+                words = data["content"].split()
+                pieces = [{"id": t, "piece": (" " + w) if i or data["content"][:1].isspace() else w}
+                          for i, (t, w) in enumerate(zip(ids, words, strict=False))]  # fmt: skip
+                return {"tokens": pieces}
+            return {"tokens": ids}
         if "messages" in data:
             chat = parse_body(ChatRequest, raw)
             text = render_chat(chat)
@@ -224,7 +286,7 @@ class SimServer:
         else:
             raise BadRequestError("send 'prompt' (a string) or 'messages'", param="prompt")
         ids = tokenize(text)
-        return web.json_response({"count": len(ids), "max_model_len": self.profile.max_model_len, "tokens": ids})
+        return {"count": len(ids), "max_model_len": self.profile.max_model_len, "tokens": ids}
 
     # -- generation -----------------------------------------------------------------------------------------
     def _check_model(self, body: _Common) -> None:
@@ -256,6 +318,17 @@ class SimServer:
         prompt = self._tokenize_parts(prompt_parts)
         limit = self.profile.max_model_len
         asked = body.output_limit
+        if self.llamacpp:
+            # llama.cpp's own name for the limit wins over max_tokens (params_from_json); -1 is no limit.
+            n_predict = (body.model_extra or {}).get("n_predict")
+            if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict != 0:
+                asked = n_predict if n_predict > 0 else None
+            if len(prompt) + (asked or 1) > limit:
+                raise ContextLengthError(
+                    f"request ({len(prompt) + (asked or 0)} tokens) exceeds the available context size ({limit} "
+                    "tokens), try increasing it",
+                    param="messages" if chat is not None else "prompt",
+                )
         if len(prompt) + (asked or 1) > limit:
             raise ContextLengthError(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -286,6 +359,8 @@ class SimServer:
         req.finish_reason = (
             "length" if cut else ("tool_calls" if any(p.kind == "call_start" for p in pieces) else "stop")
         )
+        if self.llamacpp:
+            self._asked[req.request_id] = llamacpp.Asked(asked or -1, bool(body.stream), bool(body.ignore_eos))
         return req, pieces, cut
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -293,6 +368,14 @@ class SimServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._send(request, await self.open_generation(await self._read_body(request), chat=False))
+
+    async def native_completion(self, request: web.Request) -> web.StreamResponse:
+        """llama.cpp's own ``POST /completion``: ``prompt``, ``n_predict``, ``stream``, ``ignore_eos``."""
+        return await self._send(request, await self.open_native(await self._read_body(request)))
+
+    async def open_native(self, raw: bytes) -> SimResponse:
+        """``open_generation`` for a llama.cpp ``/completion`` body, answered in llama.cpp's format."""
+        return await self._open(_native_body(raw), chat=False, native=True)
 
     async def _send(self, request: web.Request, sim: SimResponse) -> web.StreamResponse:
         """Write a SimResponse over HTTP; a ResetConnection from its body aborts the TCP connection.
@@ -322,6 +405,10 @@ class SimServer:
         Raises RequestError for bad input (the caller turns it into an OpenAI-style error response). A cold
         server returns only when it is ready: until then the client receives nothing at all.
         """
+        return await self._open(raw, chat=chat, native=False)
+
+    async def _open(self, raw: bytes, *, chat: bool, native: bool) -> SimResponse:
+        """``open_generation``; ``native`` answers in llama.cpp's ``/completion`` format instead of OpenAI's."""
         if chat:
             cbody: ChatRequest = parse_body(ChatRequest, raw)
             body: _Common = cbody
@@ -342,7 +429,11 @@ class SimServer:
             await asyncio.sleep(overhead)
         req.arrival = self.runner.clock.now()
         delivery = self.runner.submit(req)
-        if body.stream:
+        if native:
+            text = pbody.prompt_text()
+            gen = self._native(req, pieces, delivery, fault, text, stream=bool(body.stream))
+            headers = {"Content-Type": "text/event-stream" if body.stream else "application/json"}
+        elif body.stream:
             gen = self._stream(body, req, pieces, delivery, fault, chat=chat)
             headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         else:
@@ -358,6 +449,16 @@ class SimServer:
         finally:
             if req.finished_at is None:
                 self.runner.abort(req)
+            if self.llama_metrics is not None:
+                # Counted when the response ends (finished or aborted: llama.cpp counts an aborted task's tokens
+                # too), not in the engine's step callback, which can run after the client already has its reply.
+                self.llama_metrics.on_finished(req)
+            if self._asked:
+                # Keep what a request asked only while a slot still shows it as its current or last task.
+                shown = {v.task.request_id for v in self.engine.slots.view() if isinstance(v.task, SimRequest)} if (
+                    self.engine.slots is not None) else set()  # fmt: skip
+                for rid in [r for r in self._asked if r not in shown and r != req.request_id]:
+                    del self._asked[rid]
 
     def _fault_response(self, fault: FaultSpec) -> SimResponse:
         if fault.kind == "http429":
@@ -413,6 +514,87 @@ class SimServer:
             "usage": self._usage(req, len(pieces)),
         }
         yield json.dumps(payload).encode()
+
+    async def _native(
+        self,
+        req: SimRequest,
+        pieces: list[Piece],
+        delivery: Delivery,
+        fault: FaultSpec | None,
+        prompt: str,
+        *,
+        stream: bool,
+    ) -> AsyncIterator[bytes]:
+        """llama.cpp's ``/completion`` reply: one final object, or SSE events of one token each then the final one
+        (no ``[DONE]``), as the recorded llama-server sends them."""
+        sent = 0
+        strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
+        while True:
+            await delivery.event.wait()
+            delivery.event.clear()
+            out: list[str] = []
+            while sent < min(req.num_output, len(pieces)):
+                if sent == strike and fault is not None:
+                    if out:
+                        yield "".join(out).encode()
+                        out = []
+                    if fault.kind == "stall":
+                        await asyncio.sleep(fault.seconds)
+                    elif fault.kind == "reset":
+                        raise ResetConnection
+                    elif fault.kind == "malformed":
+                        yield b'data: {"index":0,"content": \n\n' if stream else b'{"index": 0, "content'
+                        return
+                    fault = None
+                piece = pieces[sent]
+                sent += 1
+                if stream:
+                    event = {"index": 0, "content": piece.text, "tokens": [token_id(piece.text)], "stop": False,
+                             "id_slot": -1, "tokens_predicted": sent, "tokens_evaluated": req.prompt_len}  # fmt: skip
+                    out.append(f"data: {json.dumps(event)}\n\n")
+            if out:
+                yield "".join(out).encode()
+            if req.finished_at is not None or req.finish_reason == "abort":
+                break
+        n = req.num_output
+        cached = req.cached_tokens or 0
+        start = req.first_scheduled if req.first_scheduled is not None else req.arrival
+        first = req.first_token if req.first_token is not None else start
+        end = req.finished_at if req.finished_at is not None else first
+        prompt_ms, predicted_ms = (first - start) * 1e3, (end - first) * 1e3
+        ask = self._asked.get(req.request_id)
+        settings = dict(llamacpp.DEFAULT_PARAMS)
+        if ask is not None:
+            settings.update(n_predict=ask.n_predict, max_tokens=ask.n_predict, stream=stream, ignore_eos=ask.ignore_eos)
+        final = {
+            "index": 0,
+            "content": "" if stream else "".join(p.text for p in pieces),
+            "tokens": [],
+            "id_slot": llamacpp.slot_of(self.engine, req),
+            "stop": True,
+            "model": self.model_name,
+            "tokens_predicted": n,
+            "tokens_evaluated": req.prompt_len,
+            "generation_settings": settings,
+            "prompt": prompt,
+            "has_new_line": False,
+            "truncated": False,
+            "stop_type": "limit" if req.finish_reason == "length" else "eos",
+            "stopping_word": "",
+            "tokens_cached": req.prompt_len + max(0, n - 1),  # the last token is sampled, never decoded
+            "timings": {
+                "cache_n": cached,
+                "prompt_n": req.prompt_len - cached,
+                "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / max(1, req.prompt_len - cached),
+                "prompt_per_second": (req.prompt_len - cached) / (prompt_ms / 1e3) if prompt_ms > 0 else 0.0,
+                "predicted_n": n,
+                "predicted_ms": predicted_ms,
+                "predicted_per_token_ms": predicted_ms / max(1, n),
+                "predicted_per_second": n / (predicted_ms / 1e3) if predicted_ms > 0 else 0.0,
+            },
+        }
+        yield (f"data: {json.dumps(final)}\n\n" if stream else json.dumps(final)).encode()
 
     async def _stream(
         self,
@@ -475,6 +657,19 @@ class SimServer:
             tail.append(head + f'],"usage":{usage}}}\n\n')
         tail.append("data: [DONE]\n\n")
         yield "".join(tail).encode()
+
+
+def _native_body(raw: bytes) -> bytes:
+    """A llama.cpp ``/completion`` body as the completions request the simulator parses (the fields it honours)."""
+    data = load_json(raw)
+    if not isinstance(data, dict):
+        raise BadRequestError("request body must be a JSON object")
+    if "prompt" not in data:
+        raise BadRequestError("key 'prompt' not found", param="prompt")
+    if not isinstance(data["prompt"], str):
+        raise BadRequestError("the simulator takes a text prompt", param="prompt")
+    kept = {k: data[k] for k in ("prompt", "n_predict", "max_tokens", "stream", "ignore_eos", "seed") if k in data}
+    return json.dumps(kept).encode()
 
 
 def _delta(piece: Piece, chat: bool, request_id: str, started: set[int]) -> str:

@@ -33,6 +33,20 @@ class _Slot:
     hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks of ``tokens``
     last_used: int = -1  # claim order; -1 never used
     busy: bool = False
+    task: object = None  # the key of the request it serves or last served (llama.cpp's task / task_prev)
+    cached: int = 0  # tokens that request found in the slot
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """One slot as llama-server's ``/slots`` describes it: its index, whether it is busy, its current or last task,
+    how many tokens that task found cached there and how many tokens the slot holds when idle."""
+
+    index: int
+    busy: bool
+    task: object
+    cached: int
+    held_tokens: int
 
 
 class SlotCache:
@@ -47,6 +61,7 @@ class SlotCache:
         self._block = block_size
         self._similarity = similarity
         self._held: dict[int, _Slot] = {}  # id(request) → its slot
+        self._undo: dict[int, tuple[object, int]] = {}  # id(request) → the slot's task before the claim
         self._claims = 0
         self._reuse = reuse  # False: llama.cpp with cache_prompt off, slots but no prompt reuse
 
@@ -57,6 +72,10 @@ class SlotCache:
     @property
     def busy(self) -> int:
         return len(self._held)
+
+    def view(self) -> list[SlotView]:
+        """Every slot's state, in slot order (what ``/slots`` and ``/completion``'s ``id_slot`` report)."""
+        return [SlotView(s.index, s.busy, s.task, s.cached, len(s.tokens)) for s in self._slots]
 
     def _common_prefix(self, slot: _Slot, tokens: Sequence[int], hashes: Sequence[int]) -> int:
         """Tokens ``tokens`` shares from the start with the slot's: whole blocks by hash, then token by token."""
@@ -95,9 +114,14 @@ class SlotCache:
                 if common / len(prompt) > best:
                     chosen, reused, best = slot, common, common / len(prompt)
         if chosen is None:
-            chosen = min(idle, key=lambda s: s.last_used)
+            # llama.cpp's LRU loop keeps the last slot whose t_last_used is <= the best so far: ties go to the
+            # highest id (a fresh server serves its first request in its last slot).
+            chosen = min(reversed(idle), key=lambda s: s.last_used)
             reused = self._common_prefix(chosen, prompt, hashes) if chosen.tokens else 0
         chosen.busy = True
+        self._undo[id(key)] = (chosen.task, chosen.cached)
+        chosen.task = key
+        chosen.cached = reused if self._reuse else 0
         chosen.last_used = self._claims
         self._claims += 1
         self._held[id(key)] = chosen
@@ -110,6 +134,7 @@ class SlotCache:
         the rest are computed here.
         """
         slot = self._held.pop(id(key), None)
+        self._undo.pop(id(key), None)
         if slot is None:
             return
         slot.tokens = tokens
@@ -119,5 +144,8 @@ class SlotCache:
     def cancel(self, key: object) -> None:
         """Undo a ``claim`` whose admission did not go through: the slot is idle again with what it held."""
         slot = self._held.pop(id(key), None)
+        undo = self._undo.pop(id(key), None)
         if slot is not None:
             slot.busy = False
+            if undo is not None:
+                slot.task, slot.cached = undo
