@@ -73,7 +73,7 @@ class ToolRegistry:
             return ToolResult(f"error: there is no tool named {name!r}", error=True)
         try:
             args = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arguments nested deeper than json's C decoder goes
             return ToolResult(f"error: the arguments for {name} are not valid JSON", error=True)
         if not isinstance(args, dict):
             return ToolResult(f"error: the arguments for {name} must be a JSON object", error=True)

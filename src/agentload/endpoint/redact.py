@@ -204,6 +204,7 @@ def redact_url_text(text: str) -> str:
     """A URL-ish string that would not parse, as it may be shown: anything between ``//`` and ``@`` and any
     credential parameter's value masked, besides the known secrets."""
     text = re.sub(r"(//)[^/@?#]*@", rf"\g<1>{MASK}@", text)
-    text = re.sub(r"([?&;][^=&;#]*(?:key|token|secret|passw|pwd|auth|sig)[^=&;#]*=)[^&;#]*", rf"\g<1>{MASK}", text,
+    # is_credential_param's names: a list of its own here once missed ``session`` and ``credential``.
+    text = re.sub(rf"([?&;][^=&;#]*(?:{_CREDENTIAL_PARAM.pattern})[^=&;#]*=)[^&;#]*", rf"\g<1>{MASK}", text,
                   flags=re.IGNORECASE)  # fmt: skip
     return redact(text)

@@ -40,11 +40,13 @@ def secs(value: float | None) -> str:
     """
     if value is None:
         return DASH
-    if value < 0.1:
-        return f"{value * 1e3:.1f} ms"
-    if value < 1.0:
-        return f"{value * 1e3:.0f} ms"
-    if value < 100.0:
+    # The unit is chosen on the rounded figure: 0.9996 s is "1.00 s", not "1000 ms".
+    ms = value * 1e3
+    if round(ms, 1) < 100.0:
+        return f"{ms:.1f} ms"
+    if round(ms) < 1000:
+        return f"{ms:.0f} ms"
+    if round(value, 2) < 100.0:
         return f"{value:.2f} s"
     return f"{value:,.0f} s"
 

@@ -10,6 +10,7 @@ the new one. On failure the temporary file is removed and one ``CheckpointError`
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +20,9 @@ from agentload.errors import CheckpointError
 
 
 def _tmp_path(path: Path) -> Path:
-    # Hidden and per process: two processes replacing one file never write into each other's temporary file.
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Hidden and per thread of each process: two writers replacing one file never write into each other's
+    # temporary file (per process only, two threads collided: one renamed the file the other was still writing).
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
 @contextmanager
