@@ -119,6 +119,14 @@ def test_steady_itl_uses_only_the_window_where_every_stream_decodes() -> None:
     assert steady_itl([a, late], prompt_tokens=100, min_gaps=1) is None
 
 
+def test_streams_whose_chunks_came_in_together_give_no_itl_point_rather_than_an_invalid_one() -> None:
+    # A loaded client read every chunk of both streams at once, in bursts of four: most gaps are 0.
+    burst = (0.0, 0.0, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2, 0.4, 0.4, 0.4, 0.4)
+    a = StreamTiming(0.0, burst, 100, 0, 12)
+    b = StreamTiming(0.0, burst, 100, 0, 12)
+    assert steady_itl([a, b], prompt_tokens=100, min_gaps=2) is None  # was a pydantic ValidationError (itl_s=0)
+
+
 # -- the whole calibration against a modelled server (no HTTP, no wall time) ----------------------------------
 class ModelledServer:
     """A ``CalibrationTarget`` whose timings come straight from a profile's step model.

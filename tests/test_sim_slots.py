@@ -172,7 +172,7 @@ def test_the_engine_queues_past_the_slots_and_an_agent_loses_its_cache(fast: boo
     assert a2.cached_tokens == 0
 
 
-def level(agents: int, *, tps: float, hit: float, running: float, waiting: float, kv: float) -> LevelSummary:
+def level(agents: int, *, tps: float, hit: float, running: float, waiting: float, kv: float | None) -> LevelSummary:
     return LevelSummary(level=0, agents=agents, context=2048, workload="agentic-hold", window_s=60.0, warmup_s=10.0,
                         sessions_completed=0, sessions_failed=0, requests_ok=100, requests_failed=0, turns=100,
                         output_tps=tps, prefill_tps=100.0, throughput_source="server", prefix_hit_rate_server=hit,
@@ -196,6 +196,17 @@ def test_a_slot_server_knee_is_explained_as_slots_full_not_eviction() -> None:
     )
     # The same levels on a server not known to be slot-based keep the paged-pool reading (vLLM unchanged).
     assert explain_knee(good, bad).cause == "cache_eviction"
+    assert "peak KV 45%" in why.summary
+
+
+def test_a_slot_server_without_a_kv_gauge_is_not_said_to_peak_at_zero() -> None:
+    # llama.cpp has no KV usage gauge: the summary must not read "peak KV 0%" as if it had measured one.
+    good = level(4, tps=100.0, hit=0.95, running=3.2, waiting=0.0, kv=None)
+    bad = level(5, tps=80.0, hit=0.6, running=4.0, waiting=0.9, kv=None)
+    why = explain_knee(good, bad, slots=4)
+    assert why.cause == "slots_full"
+    assert "peak KV" not in why.summary
+    assert "reports no KV gauge" in why.summary
 
 
 def target(profile: ServingProfile | None) -> Target:

@@ -263,7 +263,11 @@ def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | N
         summary = (
             f"past {good.agents} agents there are more agents than the server's {slots} slots: "
             + "; ".join(parts)
-            + f"; no shared pool overflows (peak KV {bad.peak_kv_usage or 0:.0%}, no preemption)"
+            + (
+                f"; no shared pool overflows (peak KV {bad.peak_kv_usage:.0%}, no preemption)"
+                if bad.peak_kv_usage is not None
+                else "; each slot holds its own context, so no shared pool overflows (the server reports no KV gauge)"
+            )
         )
     elif hit_drop >= 0.10 or (hit_drop >= 0.01 and miss_ratio >= 1.5 and pool_full):
         cause = "cache_eviction"

@@ -266,7 +266,12 @@ def steady_itl(streams: Sequence[StreamTiming], *, prompt_tokens: int, min_gaps:
                 contexts.append(base + j)
     if len(gaps) < min_gaps * len(streams):
         return None
-    return ItlPoint(batch=len(streams), context=float(np.mean(contexts)), itl_s=float(np.median(gaps)), gaps=len(gaps))
+    itl = float(np.median(gaps))
+    if itl <= 0:
+        # Most chunks came in together (a client behind on a loaded machine, a proxy that buffers): their times
+        # hold no step time, so this point is unusable rather than an ITL of zero.
+        return None
+    return ItlPoint(batch=len(streams), context=float(np.mean(contexts)), itl_s=itl, gaps=len(gaps))
 
 
 class _SteadyWindow:
@@ -387,7 +392,10 @@ class _Session:
                 )
                 point = steady_itl(streams, prompt_tokens=round(m.tokens_for(words)), min_gaps=plan.min_gaps)
                 if point is None:
-                    m.notes.append(f"batch {n} at context {context}: the streams never all decoded together; skipped")
+                    m.notes.append(
+                        f"batch {n} at context {context}: no usable step time (the streams never all decoded "
+                        "together, or their chunks arrived in bursts); skipped"
+                    )
                 else:
                     m.itl.append(point)
                     measured.add(context)
