@@ -66,3 +66,10 @@ def test_the_prompt_size_guess_is_characters_over_four() -> None:
 def test_the_guess_counts_characters_not_bytes() -> None:
     # ensure_ascii=False: "é" is one character, not a six-character \\u escape.
     assert estimate_prompt_tokens({"messages": "é" * 400}) == estimate_prompt_tokens({"messages": "e" * 400})
+
+
+def test_a_null_max_completion_tokens_leaves_max_tokens_as_the_cap() -> None:
+    body = {"max_completion_tokens": None, "max_tokens": 64}
+    out = exact_output("vllm", body)
+    assert out["min_tokens"] == 64
+    assert out["ignore_eos"] is True

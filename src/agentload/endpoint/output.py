@@ -41,7 +41,10 @@ def length_control(engine: str | None) -> str | None:
 def exact_output(engine: str | None, body: Mapping[str, Any]) -> Mapping[str, Any]:
     """``body`` asking for exactly its output cap, where the engine allows; unchanged otherwise."""
     make = _EXACT.get(engine or "")
-    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    # A null max_completion_tokens (clients send one) leaves max_tokens as the cap, as the servers read it.
+    asked = body.get("max_completion_tokens")
+    if asked is None:
+        asked = body.get("max_tokens")
     if make is None or not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
         return body
     return {**body, **make(asked)}
