@@ -5,8 +5,10 @@ the span from one ``ChatClient.chat`` call of the agent's task to its next one: 
 reply's handling, the tools it calls and the pause before the next request. Counted for that span:
 
 * the walk — every agentload module a function of the agent's task runs in, plus the modules on the task's stack
-  when the turn starts (the driver and the runner that started it), plus loop callbacks that run outside any task
-  (the transport's protocol receiving bytes);
+  when the turn starts (the driver and the runner that started it, down to the event loop: what called
+  ``asyncio.run`` started the process, not the turn), plus loop callbacks that run outside any task (the
+  transport's protocol receiving bytes); split into modules that call on into another agentload module and
+  modules that are only called (records, parsers, helpers);
 * call-backs — module A calls B and, within the same turn, B (or a module B calls) calls A: a cycle in the
   caller → callee graph of the modules, which is what "no module called back by one it calls" forbids.
 
@@ -34,6 +36,7 @@ from typing import Any
 import agentload
 
 PKG = Path(agentload.__file__).resolve().parent
+ASYNCIO = str(Path(asyncio.__file__).resolve().parent)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -90,9 +93,10 @@ class TurnTracer:
                 self._tasks.append(task)
             self.turns[id(task)] += 1
             key = (id(task), self.turns[id(task)])
-            # The task's stack when the turn starts: the driver and the runner that started it.
+            # The task's stack when the turn starts: the driver and the runner that started it — down to the event
+            # loop, not past it (what called ``asyncio.run`` started the process, not this turn).
             f: FrameType | None = frame
-            while f is not None:
+            while f is not None and not f.f_code.co_filename.startswith(ASYNCIO):
                 m = self._mod(f.f_code.co_filename)
                 if m is not None:
                     self.modules[key].add(m)
@@ -206,8 +210,11 @@ def main() -> None:
         edges = tracer.edges[(tid, turn)]
         walks[name] = mods
         loops = cycles(edges)
-        print(f"{name}: turn {turn} of {count} walks {len(mods)} modules")
-        print("  " + ", ".join(sorted(mods)))
+        leaves = mods - {a for a, _ in edges}
+        print(f"{name}: turn {turn} of {count} walks {len(mods)} modules "
+              f"({len(mods) - len(leaves)} that call on, {len(leaves)} only called)")  # fmt: skip
+        print("  calling: " + ", ".join(sorted(mods - leaves)))
+        print("  only called: " + ", ".join(sorted(leaves)))
         if loops:
             for group in loops:
                 back = sorted((a, b) for a, b in edges if a in group and b in group)
