@@ -5,12 +5,13 @@ The runner declares what it needs (style.md §3) and imports no concrete server,
 ``SignalSource`` (``endpoint.signals.SignalPoller`` fits), an optional ``FleetProgress`` and a ``Clock``.
 
 Each agent gets its own conversation (``AgentSpec``), tool registry, workspace directory and backend wrapper;
-nothing but the server and the limiter is shared. An agent starts once every task it depends on is done (a
-failed or skipped dependency skips it), asks the gate for a slot, and runs ``run_agent`` with the turns already
-committed in the log (``resume=``); each finished turn is appended to the log before the agent goes on. Per-agent
-failures (the server refused the request: a bad model, a prompt too long, an error in the stream) end that agent
-as ``failed`` and are data; anything else (a full disk, a bug) stops the whole run, after every agent task has
-been cancelled and awaited.
+nothing but the server and the limiter is shared. Each agent is a driver (``_FleetAgent``) on the one runner
+(``load.runner``), started through its ``Gated`` strategy over the limiter's gate. An agent starts once every
+task it depends on is done (a failed or skipped dependency skips it), asks the gate for a slot, and runs
+``run_agent`` with the turns already committed in the log (``resume=``); each finished turn is appended to the
+log before the agent goes on. Per-agent failures (the server refused the request: a bad model, a prompt too long,
+an error in the stream) end that agent as ``failed`` and are data; anything else (a full disk, a bug) stops the
+whole run, after every agent task has been cancelled and awaited.
 
 A turn that fails for the server's sake — the retry layer gave up on a failure it counts as transient: refused
 or reset connections, stalls the watchdog cut (a dead or frozen server), 429/5xx, a malformed stream — is not

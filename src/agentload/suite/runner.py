@@ -1,13 +1,14 @@
 """Run the suite: N agents at once, each running every selected test in order, as the seed runner does.
 
 The seed started one process per agent, all at once, with non-streaming requests (domain.md §2). Here an agent
-is an asyncio task over a shared ``ChatBackend`` (streaming, so time to first token is measured too); every
-agent starts together and runs the tests one after another, each test a fresh conversation with fresh tools.
+is a driver (``SessionDriver``) on the one runner (``load.runner``), over a shared ``ChatBackend`` (streaming, so
+time to first token is measured too); every agent starts together and runs the tests one after another, each
+test a fresh conversation with fresh tools.
 A sweep runs one load level after another, never overlapping, so each level's figures are its own.
 
 What can go wrong with one agent is data: a failed request makes that test unscored and the agent moves on to
 the next test; an error that escapes the agent loop ends that agent's session as failed. Neither stops the
-level. Cancelling the run (Ctrl-C) is the one thing that does.
+level. A lost server (the connection's liveness rule) or cancelling the run (Ctrl-C) does.
 """
 
 from __future__ import annotations
