@@ -435,3 +435,25 @@ def test_the_runner_imports_no_profile_that_runs_on_it() -> None:
     graph = build_graph()
     assert {b for a, b in graph if a == "load"} <= {"clock", "errors", "vtime"}
     assert {a for a, b in graph if b == "load"} >= {"bench", "suite", "fleet"}
+
+
+class BriefLoop(AllAtOnce):
+    """All at once, with a background loop that has nothing to do and returns at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran = False
+
+    def background(self) -> Any:
+        async def once() -> None:
+            self.ran = True
+
+        return once()
+
+
+def test_a_strategy_loop_that_returns_does_not_end_the_load_or_wake_it_forever() -> None:
+    strategy = BriefLoop()
+    out = run(run_load([Turns("a", turns=2)], Ctx(), strategy=strategy))
+    assert strategy.ran
+    assert out.ended is End.DONE
+    assert out.wall_s == pytest.approx(6.0)

@@ -150,9 +150,10 @@ async def run_load(
             if not stopping and body_task is None and not pending:
                 ended = End.DONE
                 break
-            aux = [x for x in (control, watch, grace) if x is not None]
-            if not stopping:
-                aux += [x for x in (body_task, timer) if x is not None]
+            # What else can end this wait: a strategy loop that returned is no longer watched (it would wake every
+            # wait at once), and after the stop neither the body nor the timer is.
+            aux = [x for x in (control, watch, grace, *(() if stopping else (body_task, timer))) if x is not None]
+            aux = [x for x in aux if not x.done()]
             done, _ = await asyncio.wait(pending | set(aux), return_when=asyncio.FIRST_COMPLETED)
             pending -= done
             for t in (*tasks, control):
