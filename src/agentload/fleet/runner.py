@@ -20,25 +20,28 @@ failed for good, the unstarted ones too). Its attempts are logged as an ``interr
 turn, and the whole run stops: every other agent is cancelled at once (their uncommitted turns are sent again on
 resume) rather than each burning its own retries on the same dead server. ``SegmentOutcome.server_failure``
 says why; ``--resume`` then runs the interrupted and unstarted agents and keeps the finished ones.
+The per-turn side — the backend view that parks and feeds the limiter, the checkpoint hook that commits a
+turn or stops the run — is ``fleet/turns.py``'s, so ``run_agent`` never calls back into this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from agentload.agent.loop import ChatBackend, TurnLog, run_agent
 from agentload.clock import Clock
-from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
-from agentload.fleet.checkpoint import AgentLine, CheckpointLog, InterruptLine, LimitLine, LogState, TurnLine
+from agentload.fleet.checkpoint import AgentLine, CheckpointLog, LimitLine, LogState
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.handoff import hand_over
-from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges, TurnSample
+from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges
 from agentload.fleet.toolbox import ToolSettings, build_registry
-from agentload.load.runner import End, ServerLost, run_load
+from agentload.fleet.turns import AgentBackend, CheckpointHook
+from agentload.fleet.turns import AgentState as AgentState  # re-exported: progress and the CLI name it here
+from agentload.fleet.turns import FleetProgress as FleetProgress
+from agentload.load.runner import End, run_load
 from agentload.load.strategy import Gated
 
 # How often the limiter's policy is asked for a decision (it decides only once a round of fresh turns is in).
@@ -52,24 +55,6 @@ class SignalSource(Protocol):
 
     @property
     def latest(self) -> ServerGauges | None: ...
-
-
-class AgentState(StrEnum):
-    WAITING = "waiting"  # dependencies pending or no slot yet
-    RUNNING = "running"
-    PARKED = "parked"  # narrowed out at a turn boundary; resumes when there is room
-    INTERRUPTED = "interrupted"  # the server failed its turn; resumable
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-
-
-class FleetProgress(Protocol):
-    def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None: ...
-
-    def turn(self, agent: str, turn: TurnLog) -> None: ...
-
-    def limiter(self, stats: LimiterStatistics) -> None: ...
 
 
 class _NoProgress:
@@ -91,78 +76,6 @@ class SegmentOutcome:
     stopped_early: bool
     limiter: LimiterStatistics
     server_failure: str | None = None  # why a server-level failure stopped the run (None: it did not)
-
-
-def is_server_failure(record: RequestRecord) -> bool:
-    """A final attempt that failed for the server's sake (the retry layer's transient kinds), not the agent's."""
-    return not record.ok and record.transient
-
-
-def _is_overload(record: RequestRecord) -> bool:
-    return record.outcome is Outcome.TIMEOUT or record.http_status in (429, 503)
-
-
-class _AgentBackend:
-    """One agent's view of the shared backend: parks at turn boundaries and reports each turn to the limiter."""
-
-    def __init__(
-        self,
-        inner: ChatBackend,
-        runner: FleetRunner,
-        plan: AgentPlan,
-        previous: RequestRecord | None,
-    ) -> None:
-        self.inner = inner
-        self.runner = runner
-        self.plan = plan
-        self.previous = previous  # the agent's last committed reply (its prompt and length make the next prefix)
-        self.previous_here = False  # was ``previous`` received by this process? (else the cache state is unknown)
-        self.sent = 0
-
-    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
-        r = self.runner
-        aid = self.plan.agent_id
-        parked = False
-        if self.sent and r.limiter.gate.over_limit():
-            r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
-            parked = await r.limiter.gate.yield_if_over(aid, (0, self.plan.wave, self.plan.index))
-            r.progress.agent(aid, AgentState.RUNNING, rounds=ids.turn)
-        # A cold turn prefills what no warm cache holds: an agent's first turn, its first turn in this process
-        # (the server's cache may have gone with the last one), its first turn after being parked (evicted
-        # meanwhile). The server pays it at any width, so the limiter reads it as a burst, not as load.
-        cold = self.sent == 0 or parked
-        self.sent += 1
-        if cold:
-            r.limiter.prefill_started(aid, r.clock.now() - r.t0)
-        try:
-            records = await self.inner.complete(body, ids)
-        finally:
-            if cold:
-                r.limiter.prefill_finished(aid, r.clock.now() - r.t0)
-        final = records[-1]
-        prev = self.previous
-        if prev is None or (self.previous_here and not parked):
-            reusable = prev.prompt_tokens if prev is not None else 0
-            grown = final.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens if prev else 0)
-            t0 = r.t0
-            r.limiter.observe(
-                TurnSample(
-                    agent=aid,
-                    sent=final.t_sent - t0,
-                    done=final.t_done - t0,
-                    ttft=final.ttft,
-                    new_tokens=max(0, grown),
-                    reusable_tokens=reusable,
-                    cached_tokens=final.cached_tokens,
-                    prev_done=(prev.t_done - t0) if prev is not None else None,
-                    ok=final.ok,
-                    overloaded=any(_is_overload(x) for x in records),
-                )
-            )
-        if final.ok:
-            self.previous = final
-            self.previous_here = True
-        return records
 
 
 class FleetRunner:
@@ -298,21 +211,9 @@ class _FleetAgent:
             ToolSettings(aid, r.workspaces / aid, plan.tool_result_tokens, plan.tool_latency_s, searches),
         )
         previous = next((t.final for t in reversed(committed) if t.final.ok), None)
-        backend = _AgentBackend(r.backend, r, plan, previous)
+        backend = AgentBackend(r.backend, r, plan, previous)
 
-        async def on_turn(turn: TurnLog) -> None:
-            if turn.assistant is None and is_server_failure(turn.final):
-                detail = f"{aid} round {turn.round}: {turn.final.outcome.value}: {turn.final.error_message}"
-                await r.log.append(
-                    InterruptLine(
-                        agent=aid, round=turn.round, segment=r.segment, records=turn.records, detail=detail[:300]
-                    )
-                )
-                r.progress.agent(aid, AgentState.INTERRUPTED, rounds=turn.round, detail=detail)
-                raise ServerLost(detail)  # before the turn is committed: the round is sent again on resume
-            elapsed = prior + r.clock.now() - started
-            await r.log.append(TurnLine(agent=aid, round=turn.round, segment=r.segment, elapsed_s=elapsed, turn=turn))
-            r.progress.turn(aid, turn)
+        on_turn = CheckpointHook(r, aid, prior, started)
 
         transcript = await run_agent(spec, backend, tools, r.clock, run_id=r.run_id, on_turn=on_turn, resume=committed)
         outcome = "failed" if transcript.stop_reason == "failed" else "done"
