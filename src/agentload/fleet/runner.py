@@ -31,14 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from agentload.agent.loop import ChatBackend, TurnLog, run_agent
+from agentload.agent.loop import ChatBackend, run_agent
 from agentload.clock import Clock
 from agentload.fleet.checkpoint import AgentLine, CheckpointLog, LimitLine, LogState
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.handoff import hand_over
 from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges
 from agentload.fleet.toolbox import ToolSettings, build_registry
-from agentload.fleet.turns import AgentBackend, CheckpointHook
+from agentload.fleet.turns import AgentBackend, CheckpointHook, NoProgress
 from agentload.fleet.turns import AgentState as AgentState  # re-exported: progress and the CLI name it here
 from agentload.fleet.turns import FleetProgress as FleetProgress
 from agentload.load.runner import End, run_load
@@ -55,17 +55,6 @@ class SignalSource(Protocol):
 
     @property
     def latest(self) -> ServerGauges | None: ...
-
-
-class _NoProgress:
-    def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
-        return None
-
-    def turn(self, agent: str, turn: TurnLog) -> None:
-        return None
-
-    def limiter(self, stats: LimiterStatistics) -> None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -108,7 +97,7 @@ class FleetRunner:
         self.run_id = run_id
         self.segment = segment
         self.signals = signals
-        self.progress: FleetProgress = progress or _NoProgress()
+        self.progress: FleetProgress = progress or NoProgress()
         self.stop_after_s = stop_after_s
         self.control_interval_s = control_interval_s
         self.t0 = clock.now()

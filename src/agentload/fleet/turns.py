@@ -40,6 +40,19 @@ class FleetProgress(Protocol):
     def limiter(self, stats: LimiterStatistics) -> None: ...
 
 
+class NoProgress:
+    """The progress of a run nobody watches (the default)."""
+
+    def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
+        return None
+
+    def turn(self, agent: str, turn: TurnLog) -> None:
+        return None
+
+    def limiter(self, stats: LimiterStatistics) -> None:
+        return None
+
+
 class FleetRun(Protocol):
     """What an agent's turns read of the run they belong to (``fleet.runner.FleetRunner`` fits)."""
 
