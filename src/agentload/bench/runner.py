@@ -24,6 +24,8 @@ from agentload.endpoint.connection import connect
 from agentload.endpoint.output import exact_output
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.signals import SignalPoller
+from agentload.load.runner import LoadHandle, StopSignal, run_load
+from agentload.load.strategy import AllAtOnce
 from agentload.vtime import LoopClock
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
@@ -88,11 +90,11 @@ class _Context:
         self.run_id = run_id
         self.level = level
         self.sizing = sizing
-        self.stopped = False
+        self.stop = StopSignal()  # set by the runner (``load.runner``) when the level's time is up
         self._data = data
 
     def should_stop(self) -> bool:
-        return self.stopped
+        return self.stop.is_set()
 
     def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
         if ok:
@@ -145,11 +147,6 @@ async def run_level(
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()
 
-    async def start_later(i: int) -> None:
-        # Stagger starts over the first second so agents do not move in lockstep.
-        await asyncio.sleep(i / max(1, agents))
-        await drivers[i].run(ctx)
-
     async def quiet_edge(edge: str) -> float:
         """Close the gate, let the requests in flight finish, sample the counters; the edge's run time."""
         gate.close()
@@ -166,7 +163,7 @@ async def run_level(
         w0 = run_t0 + data.window_start
         return sum(1 for r in data.records if r.ok and r.t_sent >= w0)
 
-    async def measure_level() -> None:
+    async def measure_level(load: LoadHandle) -> None:
         await asyncio.sleep(max(0.0, run_t0 + data.window_start - clock.now()))
         data.window_start = await quiet_edge("start")
         gate.open()
@@ -174,34 +171,26 @@ async def run_level(
         await asyncio.sleep(max(0.0, run_t0 + data.window_start + shortest - clock.now()))
         # Polled once a second rather than woken per record: a count over the records is cheap at this rate.
         # Agents that are all done (a suite pass each) will not add turns: the window ends with them.
-        while clock.now() < cap and measured() < wanted and not all(t.done() for t in tasks):  # noqa: ASYNC110
+        while clock.now() < cap and measured() < wanted and not load.all_done():  # noqa: ASYNC110
             await asyncio.sleep(min(1.0, cap - clock.now()))
-        ctx.stopped = True  # agents finish the turn they are in and start no other
+        load.stop()  # agents finish the turn they are in and start no other (the runner's grace period follows)
         data.end = await quiet_edge("end")
         gate.open()
-        _, pending = await asyncio.wait(tasks, timeout=grace_s) if tasks else (set(), set())
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
-    tasks = [asyncio.ensure_future(start_later(i)) for i in range(len(drivers))]
-    # The level races the watchdog's dead-server rule (``endpoint.liveness``): a killed or frozen server stops it
-    # within ~25 s, wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the window.
-    body = asyncio.ensure_future(measure_level())
-    watch = asyncio.ensure_future(conn.liveness.wait_lost())
+    # On the one runner (``load.runner``): agents staggered over the first second so they do not move in
+    # lockstep; the level's body decides the end; then ``grace_s`` for the turns in flight. The level races the
+    # watchdog's dead-server rule (``endpoint.liveness``): a killed or frozen server stops it within ~25 s,
+    # wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the window. A driver
+    # bug is a run-level failure, raised by the runner after its cleanup (per-request failures are data).
     try:
-        await asyncio.wait({body, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if body.done():
-            body.result()  # a bug in the level's own code surfaces here, after the finally's cleanup
-        else:
-            data.lost = watch.result()
+        outcome = await run_load(drivers, ctx, strategy=AllAtOnce(stagger_s=1.0, clock=clock), stop=ctx.stop,
+                                 body=measure_level, liveness=conn.liveness, grace_s=grace_s, clock=clock)  # fmt: skip
+        if outcome.lost is not None:
+            data.lost = outcome.lost
             data.end = clock.now() - run_t0
             data.window_start = min(data.window_start, data.end)  # lost in the warm-up: an empty window, not < 0
             data.notes.append(f"stopped early: {data.lost}")
     finally:
-        for t in (body, watch, *tasks):
-            t.cancel()
-        await asyncio.gather(body, watch, *tasks, return_exceptions=True)
         await sampler.stop()
         await conn.aclose()
     if data.lost is None and not any(r.ok for r in data.records) and _warming_seen(poller, run_t0 + data.start):
@@ -210,10 +199,6 @@ async def run_level(
             "its 0 tok/s measures the warm-up, not the load"
         )
     data.samples = sampler.samples
-    for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            # A driver bug is a run-level failure, raised after cleanup (per-request failures are data).
-            raise t.exception()  # type: ignore[misc]  # checked not None just above
     return data
 
 

@@ -1,13 +1,14 @@
 """Run the suite: N agents at once, each running every selected test in order, as the seed runner does.
 
 The seed started one process per agent, all at once, with non-streaming requests (domain.md §2). Here an agent
-is an asyncio task over a shared ``ChatBackend`` (streaming, so time to first token is measured too); every
-agent starts together and runs the tests one after another, each test a fresh conversation with fresh tools.
+is a driver (``SessionDriver``) on the one runner (``load.runner``), over a shared ``ChatBackend`` (streaming, so
+time to first token is measured too); every agent starts together and runs the tests one after another, each
+test a fresh conversation with fresh tools.
 A sweep runs one load level after another, never overlapping, so each level's figures are its own.
 
 What can go wrong with one agent is data: a failed request makes that test unscored and the agent moves on to
 the next test; an error that escapes the agent loop ends that agent's session as failed. Neither stops the
-level. Cancelling the run (Ctrl-C) is the one thing that does.
+level. A lost server (the connection's liveness rule) or cancelling the run (Ctrl-C) does.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
 
 from agentload.agent.loop import AgentSpec, ChatBackend, run_agent
 from agentload.agent.tools import ToolRegistry
 from agentload.clock import Clock
 from agentload.errors import ConfigError
+from agentload.load.runner import Liveness, run_load
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.model import SUITE_VERSION, SuiteTest
 from agentload.suite.results import (
@@ -143,12 +144,32 @@ async def run_session(
     return session
 
 
-class Liveness(Protocol):
-    """What stops a level whose server is gone (``endpoint.liveness.ServerLiveness``)."""
+@dataclass
+class SessionDriver:
+    """One agent of a suite level as a driver for the one runner (``load.runner``): the suite once, in order.
 
-    async def wait_lost(self) -> str:
-        """Return (why) once the server is lost; never while it answers."""
-        ...
+    Like ``workload.suite.SuiteDriver`` (bench's suite workload), but one pass that the level waits for rather
+    than passes until a window ends; its context is the level's ``LevelContext``.
+    """
+
+    agent_id: str
+    tests: Sequence[SuiteTest]
+    on_test: TestDone | None = None
+
+    async def run(self, ctx: LevelContext) -> None:
+        await run_session(self.agent_id, self.tests, ctx.backend, ctx.config, ctx.clock, ctx.acc, run_id=ctx.run_id,
+                          on_test=self.on_test)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LevelContext:
+    """What a suite level's sessions share: the server, the settings, the clock and the level's accumulator."""
+
+    backend: ChatBackend
+    config: SuiteConfig
+    clock: Clock
+    acc: LevelAccumulator
+    run_id: str = ""
 
 
 async def run_level(
@@ -164,32 +185,16 @@ async def run_level(
 ) -> tuple[LevelResult, str | None]:
     """``agents`` sessions started together; the level ends when the last one does, or when the server is lost.
 
-    Returns the level and, when ``liveness`` said the server was lost, why (the sessions were stopped then).
+    Returns the level and, when ``liveness`` said the server was lost, why (the sessions were stopped then, each
+    keeping the tests it finished). An error escaping a session (a bug: they catch their own) is raised.
     """
     check_agent_counts([agents])
     acc = LevelAccumulator(agents, tests, clock.now())
     width = len(str(agents - 1))
-    sessions = asyncio.gather(
-        *(
-            run_session(f"agent-{i:0{width}d}", tests, backend, config, clock, acc, run_id=run_id, on_test=on_test)
-            for i in range(agents)
-        )
-    )
-    if liveness is None:
-        await sessions
-        return acc.compile(clock.now()), None
-    watch = asyncio.ensure_future(liveness.wait_lost())
-    racing: set[asyncio.Future[object]] = {sessions, watch}  # type: ignore[arg-type]  # two result types
-    try:
-        done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (sessions, watch):
-            t.cancel()
-        await asyncio.gather(sessions, watch, return_exceptions=True)
-    if sessions in done:
-        sessions.result()  # an error escaping a session (a bug: they catch their own) surfaces here
-        return acc.compile(clock.now()), None
-    return acc.compile(clock.now()), watch.result()
+    drivers = [SessionDriver(f"agent-{i:0{width}d}", tests, on_test) for i in range(agents)]
+    ctx = LevelContext(backend, config, clock, acc, run_id)
+    outcome = await run_load(drivers, ctx, liveness=liveness, clock=clock)
+    return acc.compile(clock.now()), outcome.lost
 
 
 async def run_suite(

@@ -1,0 +1,159 @@
+"""What one fleet agent's turns go through, apart from the runner that starts the agent (issue 10).
+
+``agent.loop.run_agent`` calls two things back on every turn: the backend (``AgentBackend``: parks the agent at a
+turn boundary when the limiter has narrowed, and reports the turn to the limiter) and the ``on_turn`` hook
+(``CheckpointHook``: commits the turn to the log, or logs an interrupt and stops the run when the server failed
+it). They live here rather than in ``fleet/runner.py`` so that no module is called back by one it calls: the
+runner calls ``run_agent``, ``run_agent`` calls these, and these call neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Protocol
+
+from agentload.agent.loop import ChatBackend, TurnLog
+from agentload.clock import Clock
+from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
+from agentload.fleet.checkpoint import CheckpointLog, InterruptLine, TurnLine
+from agentload.fleet.config import AgentPlan
+from agentload.fleet.limiter import Limiter, LimiterStatistics, TurnSample
+from agentload.load.runner import ServerLost
+
+
+class AgentState(StrEnum):
+    WAITING = "waiting"  # dependencies pending or no slot yet
+    RUNNING = "running"
+    PARKED = "parked"  # narrowed out at a turn boundary; resumes when there is room
+    INTERRUPTED = "interrupted"  # the server failed its turn; resumable
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class FleetProgress(Protocol):
+    def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None: ...
+
+    def turn(self, agent: str, turn: TurnLog) -> None: ...
+
+    def limiter(self, stats: LimiterStatistics) -> None: ...
+
+
+class NoProgress:
+    """The progress of a run nobody watches (the default)."""
+
+    def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
+        return None
+
+    def turn(self, agent: str, turn: TurnLog) -> None:
+        return None
+
+    def limiter(self, stats: LimiterStatistics) -> None:
+        return None
+
+
+class FleetRun(Protocol):
+    """What an agent's turns read of the run they belong to (``fleet.runner.FleetRunner`` fits)."""
+
+    limiter: Limiter
+    progress: FleetProgress
+    clock: Clock
+    t0: float
+    log: CheckpointLog
+    segment: int
+
+
+def is_server_failure(record: RequestRecord) -> bool:
+    """A final attempt that failed for the server's sake (the retry layer's transient kinds), not the agent's."""
+    return not record.ok and record.transient
+
+
+def _is_overload(record: RequestRecord) -> bool:
+    return record.outcome is Outcome.TIMEOUT or record.http_status in (429, 503)
+
+
+class AgentBackend:
+    """One agent's view of the shared backend: parks at turn boundaries and reports each turn to the limiter."""
+
+    def __init__(
+        self,
+        inner: ChatBackend,
+        runner: FleetRun,
+        plan: AgentPlan,
+        previous: RequestRecord | None,
+    ) -> None:
+        self.inner = inner
+        self.runner = runner
+        self.plan = plan
+        self.previous = previous  # the agent's last committed reply (its prompt and length make the next prefix)
+        self.previous_here = False  # was ``previous`` received by this process? (else the cache state is unknown)
+        self.sent = 0
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        r = self.runner
+        aid = self.plan.agent_id
+        parked = False
+        if self.sent and r.limiter.gate.over_limit():
+            r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
+            parked = await r.limiter.gate.yield_if_over(aid, (0, self.plan.wave, self.plan.index))
+            r.progress.agent(aid, AgentState.RUNNING, rounds=ids.turn)
+        # A cold turn prefills what no warm cache holds: an agent's first turn, its first turn in this process
+        # (the server's cache may have gone with the last one), its first turn after being parked (evicted
+        # meanwhile). The server pays it at any width, so the limiter reads it as a burst, not as load.
+        cold = self.sent == 0 or parked
+        self.sent += 1
+        if cold:
+            r.limiter.prefill_started(aid, r.clock.now() - r.t0)
+        try:
+            records = await self.inner.complete(body, ids)
+        finally:
+            if cold:
+                r.limiter.prefill_finished(aid, r.clock.now() - r.t0)
+        final = records[-1]
+        prev = self.previous
+        if prev is None or (self.previous_here and not parked):
+            reusable = prev.prompt_tokens if prev is not None else 0
+            grown = final.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens if prev else 0)
+            t0 = r.t0
+            r.limiter.observe(
+                TurnSample(
+                    agent=aid,
+                    sent=final.t_sent - t0,
+                    done=final.t_done - t0,
+                    ttft=final.ttft,
+                    new_tokens=max(0, grown),
+                    reusable_tokens=reusable,
+                    cached_tokens=final.cached_tokens,
+                    prev_done=(prev.t_done - t0) if prev is not None else None,
+                    ok=final.ok,
+                    overloaded=any(_is_overload(x) for x in records),
+                )
+            )
+        if final.ok:
+            self.previous = final
+            self.previous_here = True
+        return records
+
+
+class CheckpointHook:
+    """``on_turn`` for one agent: each finished turn is on disk before the agent goes on (fleet/checkpoint.py)."""
+
+    def __init__(self, run: FleetRun, agent: str, prior_s: float, started: float) -> None:
+        self.run = run
+        self.agent = agent
+        self.prior_s = prior_s  # the agent's active seconds in earlier segments
+        self.started = started  # when it started in this one
+
+    async def __call__(self, turn: TurnLog) -> None:
+        r, aid = self.run, self.agent
+        if turn.assistant is None and is_server_failure(turn.final):
+            detail = f"{aid} round {turn.round}: {turn.final.outcome.value}: {turn.final.error_message}"
+            await r.log.append(
+                InterruptLine(agent=aid, round=turn.round, segment=r.segment, records=turn.records, detail=detail[:300])
+            )
+            r.progress.agent(aid, AgentState.INTERRUPTED, rounds=turn.round, detail=detail)
+            raise ServerLost(detail)  # before the turn is committed: the round is sent again on resume
+        elapsed = self.prior_s + r.clock.now() - self.started
+        await r.log.append(TurnLine(agent=aid, round=turn.round, segment=r.segment, elapsed_s=elapsed, turn=turn))
+        r.progress.turn(aid, turn)

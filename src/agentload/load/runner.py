@@ -1,0 +1,201 @@
+"""The one runner (issue 10): runs agent drivers with one lifecycle, however many a strategy lets run at once.
+
+One load, start to end:
+
+* **start** — every driver in a task of its own, through the strategy (``load.strategy``: all at once, staggered,
+  or gated with dependencies), whose background loop (a limiter's control) runs alongside;
+* **run** — until every driver is done; or, when the profile gives a ``body`` (bench's warm-up and window), until
+  the body returns — it decides the end, and may call ``handle.stop()`` itself first; or until ``stop_after_s``;
+* **stop** — the ``StopSignal`` is set (drivers read it through their context's ``should_stop``) and they get
+  ``grace_s`` to finish the turn in flight; then whatever is left is cancelled, and every task the load started —
+  drivers, body, timer, liveness watch, strategy loop — is awaited: nothing outlives the call;
+* **lost** — ``liveness.wait_lost()`` returning, or a driver raising ``ServerLost``, ends the load at once, grace
+  or not (the server is gone: a turn in flight will not finish); the outcome says why;
+* **bug** — any other exception out of a driver, the body or the strategy's loop ends the load at once and is
+  raised after the cleanup (per-request failures are data, inside the drivers; run-level failures are
+  exceptions — style.md §6, after guidellm's ``scheduler/worker.py``).
+
+The drivers' context is the profile's (bench's level, the suite's accumulator, nothing for fleet agents): the
+runner hands it over untouched and only owns the stop signal inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+from agentload.clock import Clock
+from agentload.load.strategy import AllAtOnce, Strategy
+from agentload.vtime import LoopClock
+
+C = TypeVar("C", contravariant=True)
+
+
+class Driver(Protocol[C]):
+    """One agent (``workload.base.AgentDriver`` fits, with its ``LoadContext``)."""
+
+    agent_id: str
+
+    async def run(self, ctx: C) -> None: ...
+
+
+class Liveness(Protocol):
+    """What ends a load whose server is gone (``endpoint.liveness.ServerLiveness`` fits)."""
+
+    async def wait_lost(self) -> str:
+        """Return (why) once the server is lost; never while it answers."""
+        ...
+
+
+class ServerLost(Exception):
+    """Raised by a driver that met a dead server, to end the whole load at once; never leaves ``run_load``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class StopSignal:
+    """Set once the load's time is up; a context's ``should_stop`` reads it."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class End(StrEnum):
+    DONE = "done"  # every driver returned
+    BODY = "body"  # the profile's body returned
+    TIMER = "timer"  # stop_after_s elapsed
+    LOST = "lost"  # the server was lost
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    ended: End
+    lost: str | None  # why the server was lost (ended LOST), else None
+    cancelled: int  # drivers still running when the load ended, cancelled
+    wall_s: float  # on the load's clock
+
+
+class LoadHandle:
+    """What a profile's body sees of the load it decides the end of."""
+
+    def __init__(self, signal: StopSignal, tasks: Sequence[asyncio.Task[None]]) -> None:
+        self._signal = signal
+        self._tasks = tasks
+
+    def stop(self) -> None:
+        """Tell the drivers to finish the turn they are in and start no other."""
+        self._signal.set()
+
+    def all_done(self) -> bool:
+        return all(t.done() for t in self._tasks)
+
+
+Body = Callable[[LoadHandle], Awaitable[None]]
+
+
+async def run_load(
+    drivers: Sequence[Driver[C]],
+    ctx: C,
+    *,
+    strategy: Strategy | None = None,
+    stop: StopSignal | None = None,
+    body: Body | None = None,
+    liveness: Liveness | None = None,
+    stop_after_s: float | None = None,
+    grace_s: float = 0.0,
+    clock: Clock | None = None,
+) -> LoadOutcome:
+    """Run ``drivers`` on ``ctx`` through ``strategy`` (all at once by default) until the load ends; see the module."""
+    clock = clock or LoopClock()
+    strategy = strategy or AllAtOnce(clock=clock)
+    signal = stop or StopSignal()
+    t0 = clock.now()
+    strategy.prepare(drivers)
+
+    def drive(i: int, d: Driver[C]) -> Awaitable[None]:
+        return strategy.drive(i, d, lambda: d.run(ctx))
+
+    # Created in this order — drivers, strategy loop, body, watch, timer — so that what runs in one instant runs
+    # in a fixed order (the virtual-time figures depend on it).
+    tasks = [asyncio.ensure_future(drive(i, d)) for i, d in enumerate(drivers)]
+    loop = strategy.background()
+    control = asyncio.ensure_future(loop) if loop is not None else None
+    handle = LoadHandle(signal, tasks)
+    body_task = asyncio.ensure_future(body(handle)) if body is not None else None
+    watch = asyncio.ensure_future(liveness.wait_lost()) if liveness is not None else None
+    timer = asyncio.ensure_future(clock.sleep(stop_after_s)) if stop_after_s is not None else None
+    grace: asyncio.Future[None] | None = None
+
+    pending: set[asyncio.Future[Any]] = set(tasks)
+    ended: End | None = None
+    lost: str | None = None
+    bug: BaseException | None = None
+    stopping = grace_over = False
+    cancelled = 0
+    try:
+        while True:
+            if stopping and (grace_over or not pending):
+                break
+            if not stopping and body_task is None and not pending:
+                ended = End.DONE
+                break
+            # What else can end this wait: a strategy loop that returned is no longer watched (it would wake every
+            # wait at once), and after the stop neither the body nor the timer is.
+            aux = [x for x in (control, watch, grace, *(() if stopping else (body_task, timer))) if x is not None]
+            aux = [x for x in aux if not x.done()]
+            done, _ = await asyncio.wait(pending | set(aux), return_when=asyncio.FIRST_COMPLETED)
+            pending -= done
+            for t in (*tasks, control):
+                if t is not None and t in done and not t.cancelled() and (exc := t.exception()) is not None:
+                    if isinstance(exc, ServerLost):
+                        lost = lost or exc.detail
+                    else:
+                        bug = bug or exc
+            if bug is not None:
+                break
+            if lost is None and watch is not None and watch in done:
+                lost = watch.result()
+            if lost is not None:
+                ended = End.LOST
+                break
+            if not stopping and body_task is not None and body_task in done:
+                body_task.result()  # a bug in the profile's own code: raised here, after the finally's cleanup
+                ended, stopping = End.BODY, True
+            elif not stopping and timer is not None and timer in done:
+                ended, stopping = End.TIMER, True
+            elif grace is not None and grace in done:
+                grace_over = True
+            if stopping and grace is None and not grace_over:
+                signal.set()
+                if grace_s > 0 and pending:
+                    grace = asyncio.ensure_future(clock.sleep(grace_s))
+                else:
+                    grace_over = True
+    finally:
+        cancelled = sum(1 for t in tasks if not t.done())
+        # Drivers first, in their order (a suite session cancelled keeps its finished tests, in that order).
+        everything: list[asyncio.Future[Any]] = [
+            x for x in (*tasks, control, body_task, watch, timer, grace) if x is not None
+        ]
+        for f in everything:
+            f.cancel()
+        await asyncio.gather(*everything, return_exceptions=True)
+    if bug is None:
+        # A driver that failed while being cancelled (its own cleanup broke) is a bug too.
+        bug = next((e for t in tasks if not t.cancelled() and (e := t.exception()) is not None
+                    and not isinstance(e, ServerLost)), None)  # fmt: skip
+    if bug is not None:
+        raise bug
+    assert ended is not None
+    return LoadOutcome(ended=ended, lost=lost, cancelled=cancelled, wall_s=clock.now() - t0)
