@@ -33,11 +33,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
 
+from agentload.agent.loop import STOPPED, End, Next, Request, converse, pause
 from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
 from agentload.errors import ConfigError
 from agentload.workload.base import AgentDriver, LoadContext
@@ -248,12 +248,6 @@ def grow_turn_sizes(shape: AgenticShape, sizes: SizeStreams) -> Iterator[tuple[i
             prompt, out = grown, nxt
 
 
-class _End(Enum):
-    DONE = "done"
-    FAILED = "failed"
-    STOPPED = "stopped"  # the level ended mid-session: not a finished session, not reported
-
-
 def tokens_per_word(record: RequestRecord, words_sent: int) -> float:
     """What one of our words costs on this server, from a prompt that was all our text (1.0 on the simulator)."""
     if record.usage_source is not UsageSource.SERVER or words_sent <= 0 or record.prompt_tokens <= 0:
@@ -266,7 +260,7 @@ class AgenticDriver:
     """One agent: sessions back to back until the level ends.
 
     Every size is in the server's tokens: text is written at ``ctx.sizing``'s tokens per word, and each turn
-    closes the loop on the ``usage.prompt_tokens`` the server counted for the last one (see ``_hold``).
+    closes the loop on the ``usage.prompt_tokens`` the server counted for the last one (see ``HoldSession``).
     """
 
     agent_id: str
@@ -280,35 +274,34 @@ class AgenticDriver:
         sizes = SizeStreams(self.shape, self.seed, self.index)
         # The same words for every agent of the workload (seeded by the seed alone), so the server caches it once.
         system = system_prompt(self.seed, ctx.sizing.words(self.shape.system_tokens))
+        session_kind = GrowSession if self.shape.growth == "grow" else HoldSession
         while not ctx.should_stop():
             n = self.sessions_started
             self.sessions_started += 1
-            session = self._grow if self.shape.growth == "grow" else self._hold
-            end = await session(ctx, sizes, n, system)
-            if end is _End.STOPPED:
+            session = session_kind(self, ctx, sizes, n, system)
+            end = await converse(session, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
+            if end.reason == STOPPED:  # the level ended mid-session: not a finished session, not reported
                 return
-            if end is _End.FAILED:
+            if end.reason == FAILED:
                 ctx.session_done(self.agent_id, ok=False)
                 if not await between_turns(ctx, FAILURE_PAUSE_S):
                     return
             else:
                 ctx.session_done(self.agent_id, ok=True)
 
-    def _text_rng(self, ctx: LoadContext, session: int) -> np.random.Generator:
+    def text_rng(self, ctx: LoadContext, session: int) -> np.random.Generator:
         # Salted with the run and level: the same agent in the next level (or run) must not find its previous
         # session's prefix still cached — only the system prompt is meant to be shared.
         return np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.run_id), session])
 
-    async def _send(
+    def request(
         self, ctx: LoadContext, messages: list[dict[str, Any]], max_tokens: int, session: int, turn: int
-    ) -> RequestRecord | None:
+    ) -> Request:
         body = {"model": ctx.model, "messages": list(messages), "max_tokens": max_tokens, **self.extra_body}
         ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/s{session}", turn=turn)
-        records = await ctx.backend.complete(body, ids)
-        final = records[-1]
-        return final if final.ok else None
+        return Request(body, ids)
 
-    def _opening(self, rng: np.random.Generator, system: str, sizing: TokenSizing) -> list[dict[str, Any]]:
+    def opening(self, rng: np.random.Generator, system: str, sizing: TokenSizing) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": system},
             {"role": "user", "content": words(rng, sizing.words(self._prefix_tokens(sizing)))},
@@ -320,74 +313,115 @@ class AgenticDriver:
         extra = (sim.opening_overhead - sizing.opening_overhead) + (sim.turn_overhead - sizing.turn_overhead)
         return max(1, self.shape.prefix_tokens + (extra if self.shape.growth == "hold" else 0))
 
-    def _planned_opening(self, sizing: TokenSizing) -> int:
+    def planned_opening(self, sizing: TokenSizing) -> int:
         return self.shape.system_tokens + self._prefix_tokens(sizing) + sizing.opening_overhead
 
-    async def _grow(self, ctx: LoadContext, sizes: SizeStreams, session: int, system: str) -> _End:
-        shape, sizing = self.shape, ctx.sizing
-        rng = self._text_rng(ctx, session)
-        messages = self._opening(rng, system, sizing)
-        out = min(sizes.output(), shape.context - self._planned_opening(sizing))
-        turn = 0
-        while True:
-            final = await self._send(ctx, messages, max(1, out), session, turn)
-            if final is None:
-                return _End.FAILED
-            turn += 1
-            messages.append({"role": "assistant", "content": final.content})
-            tool, nxt = sizes.tool_result(), sizes.output()
-            pause = sizes.pause_s()
-            # The next prompt is this one as the server counted it, the reply, and the tool result: the session
-            # ends rather than pass the target (a real agent would compact or start over).
-            grown = final.prompt_tokens + final.completion_tokens + tool + sizing.turn_overhead
-            if grown + nxt > shape.context:
-                return _End.DONE
-            if not await between_turns(ctx, pause):
-                return _End.STOPPED
-            messages.append({"role": "user", "content": words(rng, sizing.words(tool))})
-            out = nxt
 
-    async def _hold(self, ctx: LoadContext, sizes: SizeStreams, session: int, system: str) -> _End:
-        """A stable opening plus the last exchange, held at the target in the server's tokens.
+# How a session ended (``End.reason``); a session the level stopped ends ``agent.loop.STOPPED``.
+DONE = "done"
+FAILED = "failed"
 
-        The opening was sized for the target at the measured tokens per word; whatever the server counted for it
-        instead (``base``) is made up in the tool result, and ``bias`` learns what the prediction of each next
-        prompt misses (the model's reply text is re-tokenised when it is sent back, which need not give its
-        completion token count), so the mean prompt + reply sits at the target on any tokenizer.
-        """
-        shape, sizing = self.shape, ctx.sizing
-        rng = self._text_rng(ctx, session)
-        opening = self._opening(rng, system, sizing)
-        planned = self._planned_opening(sizing)
-        margin = hold_margin(shape.context)
-        out = min(sizes.output(), shape.context - planned - margin)
-        final = await self._send(ctx, opening, max(1, out), session, 0)
+
+class GrowSession:
+    """One growing conversation: each turn resends the last with the reply and a tool result appended; it ends
+    rather than pass the target (a real agent would compact or start over)."""
+
+    def __init__(self, driver: AgenticDriver, ctx: LoadContext, sizes: SizeStreams, session: int, system: str):
+        self.driver, self.ctx, self.sizes, self.session = driver, ctx, sizes, session
+        self.rng = driver.text_rng(ctx, session)
+        self.messages = driver.opening(self.rng, system, ctx.sizing)
+        self.out = min(sizes.output(), driver.shape.context - driver.planned_opening(ctx.sizing))
+        self.tool = 0
+
+    def request(self, turn: int) -> Request:
+        if turn > 0:
+            self.messages.append({"role": "user", "content": words(self.rng, self.ctx.sizing.words(self.tool))})
+        return self.driver.request(self.ctx, self.messages, max(1, self.out), self.session, turn)
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        final = records[-1]
+        if not final.ok:
+            return End(FAILED)
+        self.messages.append({"role": "assistant", "content": final.content})
+        sizes = self.sizes
+        tool, nxt = sizes.tool_result(), sizes.output()
+        pause_s = sizes.pause_s()
+        # The next prompt is this one as the server counted it, the reply, and the tool result.
+        grown = final.prompt_tokens + final.completion_tokens + tool + self.ctx.sizing.turn_overhead
+        if grown + nxt > self.driver.shape.context:
+            return End(DONE)
+        self.tool, self.out = tool, nxt
+        return Next(pause_s)
+
+
+class HoldSession:
+    """A stable opening plus the last exchange, held at the target in the server's tokens, for ``shape.turns``.
+
+    The opening was sized for the target at the measured tokens per word; whatever the server counted for it
+    instead (``base``) is made up in the tool result, and ``bias`` learns what the prediction of each next
+    prompt misses (the model's reply text is re-tokenised when it is sent back, which need not give its
+    completion token count), so the mean prompt + reply sits at the target on any tokenizer.
+    """
+
+    def __init__(self, driver: AgenticDriver, ctx: LoadContext, sizes: SizeStreams, session: int, system: str):
+        self.driver, self.ctx, self.sizes, self.session = driver, ctx, sizes, session
+        shape, sizing = driver.shape, ctx.sizing
+        self.rng = driver.text_rng(ctx, session)
+        self.opening = driver.opening(self.rng, system, sizing)
+        self.planned = driver.planned_opening(sizing)
+        self.margin = hold_margin(shape.context)
+        self.out = min(sizes.output(), shape.context - self.planned - self.margin)
+        self.tool = 0
+        self.base = 0  # the opening as the server counted it
+        self.bias = 0.0
+        self.predicted = 0
+        self.final: RequestRecord | None = None
+
+    def request(self, turn: int) -> Request:
+        driver, ctx, shape, sizing = self.driver, self.ctx, self.driver.shape, self.ctx.sizing
+        final = self.final
         if final is None:
-            return _End.FAILED
-        base = final.prompt_tokens
-        bias = 0.0
-        for turn in range(1, shape.turns):
-            tool, nxt = sizes.tool_result(), sizes.output()
-            if not await between_turns(ctx, sizes.pause_s()):
-                return _End.STOPPED
-            # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
-            # target (the prefix was sized for twice the mean reply, so this is rare).
-            carried = final.completion_tokens + sizing.turn_overhead + bias
-            room = math.floor(shape.context - base - carried) - margin
-            nxt = max(1, min(nxt, room - 1))
-            tool = max(1, min(tool + planned - base, room - nxt))
-            messages = [
-                *opening,
-                {"role": "assistant", "content": final.content},
-                {"role": "user", "content": words(rng, sizing.words(tool))},
-            ]
-            predicted = base + final.completion_tokens + sizing.turn_overhead + tool
-            reply = await self._send(ctx, messages, nxt, session, turn)
-            if reply is None:
-                return _End.FAILED
-            bias += 0.5 * ((reply.prompt_tokens - predicted) - bias)
-            final = reply
-        return _End.DONE
+            return driver.request(ctx, self.opening, max(1, self.out), self.session, 0)
+        # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
+        # target (the prefix was sized for twice the mean reply, so this is rare).
+        carried = final.completion_tokens + sizing.turn_overhead + self.bias
+        room = math.floor(shape.context - self.base - carried) - self.margin
+        nxt = max(1, min(self.out, room - 1))
+        tool = max(1, min(self.tool + self.planned - self.base, room - nxt))
+        messages = [
+            *self.opening,
+            {"role": "assistant", "content": final.content},
+            {"role": "user", "content": words(self.rng, sizing.words(tool))},
+        ]
+        self.predicted = self.base + final.completion_tokens + sizing.turn_overhead + tool
+        return driver.request(ctx, messages, nxt, self.session, turn)
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        reply = records[-1]
+        if not reply.ok:
+            return End(FAILED)
+        if self.final is None:
+            self.base = reply.prompt_tokens
+        else:
+            self.bias += 0.5 * ((reply.prompt_tokens - self.predicted) - self.bias)
+        self.final = reply
+        if turn + 1 >= self.driver.shape.turns:
+            return End(DONE)
+        self.tool, self.out = self.sizes.tool_result(), self.sizes.output()
+        return Next(self.sizes.pause_s())
+
+
+class OneTurn:
+    """A conversation of one request (a synthetic request, a lone trace row): done when it succeeds."""
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+
+    def request(self, turn: int) -> Request:
+        return self._request
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> End:
+        return End(DONE if records[-1].ok else FAILED)
 
 
 def hold_margin(context: int) -> int:
@@ -398,12 +432,8 @@ def hold_margin(context: int) -> int:
 
 
 async def between_turns(ctx: LoadContext, seconds: float) -> bool:
-    """Sleep between turns; False when the level is over (before or after the sleep)."""
-    if ctx.should_stop():
-        return False
-    if seconds > 0:
-        await ctx.clock.sleep(seconds)
-    return not ctx.should_stop()
+    """Sleep between sessions; False when the level is over (before or after the sleep)."""
+    return await pause(ctx.clock, seconds, ctx.should_stop)
 
 
 def agent_ids(count: int) -> list[str]:
