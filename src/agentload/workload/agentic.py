@@ -144,7 +144,8 @@ def tokens_per_word(record: RequestRecord, words_sent: int) -> float:
 
 @dataclass
 class AgenticDriver:
-    """One agent: sessions back to back until the level ends.
+    """One agent: sessions back to back until the level ends, each a conversation (``GrowSession`` or
+    ``HoldSession``) run by ``agent.loop.converse``, which sends its turns and sleeps its pauses.
 
     Every size is in the server's tokens: text is written at ``ctx.sizing``'s tokens per word, and each turn
     closes the loop on the ``usage.prompt_tokens`` the server counted for the last one (see ``HoldSession``).
