@@ -1,16 +1,24 @@
-"""The agent loop: send the conversation, run the tools the model calls, append their results, repeat.
+"""The conversation loop: send a turn, hand its reply to the conversation, wait, send the next, until it ends.
 
-The loop owns conversation state and nothing else: it reaches the server through a ``ChatBackend`` (declared
-here, by its consumer) and reports each finished turn through ``on_turn`` — the fleet checkpoints there, so a
-turn is either wholly in the checkpoint (assistant message, tool results, every attempt's record) or redone on
-resume, never half-kept and never repeated.
+Every agent agentload drives is a conversation on this one loop (``converse``): the tool-calling agents of the
+suite and the fleet (``run_agent``: send the conversation, run the tools the model calls, append their results,
+repeat), and the bench workloads' agentic sessions, synthetic requests and trace replays. A ``Conversation``
+decides what each turn sends and what its reply means — go on after a pause, or end, and why; the loop owns the
+order of things: one request a turn through a ``ChatBackend`` (declared here, by its consumer; it returns every
+attempt, retries included), the ``on_turn`` report, the pause between turns on the clock, and the stop check.
+
+``run_agent`` reports each finished turn through ``on_turn`` — the fleet checkpoints there, so a turn is either
+wholly in the checkpoint (assistant message, tool results, every attempt's record) or redone on resume, never
+half-kept and never repeated.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -90,6 +98,168 @@ def assistant_message(record: RequestRecord) -> dict[str, Any]:
     return msg
 
 
+# -- the loop ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One turn's request: the body sent, and the ids its every attempt is recorded under."""
+
+    body: Mapping[str, Any]
+    ids: RequestIds
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    """The conversation goes on: wait ``pause_s`` (or until the clock reads ``until``), then send the next turn.
+
+    A wait ``until`` a time is slept in slices of ``slice_s`` so a stop is seen within one slice (open-loop
+    replays wait long for their next arrival); a pause is slept whole, the stop checked before and after it.
+    """
+
+    pause_s: float = 0.0
+    until: float | None = None
+    slice_s: float = math.inf
+    log: TurnLog | None = None  # reported to ``on_turn``
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The conversation ended with this turn; ``reason`` is the conversation's own word for why."""
+
+    reason: str
+    log: TurnLog | None = None  # reported to ``on_turn``
+
+
+STOPPED: Final = "stopped"  # the caller's ``should_stop`` said so between turns: the conversation did not end
+EXHAUSTED: Final = "exhausted"  # the conversation had no next request (a round cap)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    reason: str  # an ``End.reason``, or ``STOPPED`` / ``EXHAUSTED``
+    turns: int  # the number of the turn that would have come next
+
+
+class Conversation(Protocol):
+    """What to send each turn and what its reply means; the loop does the sending, the waiting and the stopping."""
+
+    def request(self, turn: int) -> Request | None:
+        """Turn ``turn``'s request (built when it is due, after the pause), or None when there is no next turn."""
+        ...
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        """Take in turn ``turn``'s attempts (the last one final): go on, or end."""
+        ...
+
+
+async def converse(
+    conversation: Conversation,
+    backend: ChatBackend,
+    clock: Clock,
+    *,
+    first_turn: int = 0,
+    should_stop: Callable[[], bool] | None = None,
+    on_turn: TurnHook | None = None,
+) -> Ending:
+    """Run ``conversation`` from ``first_turn`` until it ends, has no next request, or ``should_stop`` between turns.
+
+    Nothing is checked before the first request: whether to start at all is the caller's decision.
+    """
+    turn = first_turn
+    while True:
+        request = conversation.request(turn)
+        if request is None:
+            return Ending(EXHAUSTED, turn)
+        records = await backend.complete(request.body, request.ids)
+        step = await conversation.reply(turn, records)
+        if step.log is not None:
+            await _emit(on_turn, step.log)
+        turn += 1
+        if isinstance(step, End):
+            return Ending(step.reason, turn)
+        if step.until is not None:
+            going_on = await wait_until(clock, step.until, should_stop or _never, step.slice_s)
+        else:
+            going_on = await pause(clock, step.pause_s, should_stop)
+        if not going_on:
+            return Ending(STOPPED, turn)
+
+
+async def pause(clock: Clock, seconds: float, should_stop: Callable[[], bool] | None = None) -> bool:
+    """Sleep ``seconds`` between turns; False when ``should_stop`` says so (before or after the sleep)."""
+    if should_stop is not None and should_stop():
+        return False
+    if seconds > 0:
+        await clock.sleep(seconds)
+    return should_stop is None or not should_stop()
+
+
+async def wait_until(clock: Clock, when: float, should_stop: Callable[[], bool], slice_s: float = math.inf) -> bool:
+    """Sleep until ``clock`` reads ``when``, in slices of ``slice_s``; False as soon as ``should_stop`` says so."""
+    while True:
+        if should_stop():
+            return False
+        left = when - clock.now()
+        if left <= 0:
+            return True
+        await clock.sleep(min(left, slice_s))
+
+
+def _never() -> bool:
+    return False
+
+
+# -- the tool-calling agent --------------------------------------------------------------------------------------
+
+
+class _ToolConversation:
+    """``run_agent``'s conversation: the whole transcript resent each round, the model's tool calls run between."""
+
+    def __init__(
+        self, spec: AgentSpec, tools: ToolRegistry, clock: Clock, transcript: Transcript, run_id: str, level: int
+    ) -> None:
+        self.spec = spec
+        self.tools = tools
+        self.clock = clock
+        self.transcript = transcript
+        self.run_id = run_id
+        self.level = level
+        self.schemas = tools.schemas()
+
+    def request(self, turn: int) -> Request | None:
+        spec = self.spec
+        if turn >= spec.max_rounds:
+            return None
+        body: dict[str, Any] = {"model": spec.model, "messages": self.transcript.messages(), **spec.extra_body}
+        if self.schemas:
+            body["tools"] = self.schemas
+            if spec.tool_choice is not None:
+                body["tool_choice"] = spec.tool_choice
+        if spec.max_tokens is not None:
+            body["max_tokens"] = spec.max_tokens
+        if spec.temperature is not None:
+            body["temperature"] = spec.temperature
+        return Request(body, RequestIds(run=self.run_id, level=self.level, agent=spec.agent_id, turn=turn))
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        final = records[-1]
+        if not final.ok:
+            return End("failed", TurnLog(round=turn, records=records))
+        assistant = assistant_message(final)
+        results: list[dict[str, Any]] = []
+        for i, call in enumerate(final.tool_calls):
+            tool = self.tools.get(call.name)
+            if tool is not None and tool.latency_s > 0:
+                await self.clock.sleep(tool.latency_s)
+            result = await self.tools.call(call.name, call.arguments)
+            results.append({"role": "tool", "tool_call_id": call.id or f"call_{i}", "content": result.text})
+        log = TurnLog(round=turn, records=records, assistant=assistant, tool_results=results)
+        if not final.tool_calls:
+            return End("answer", log)
+        return Next(pause_s=self.spec.think_time_s, log=log)
+
+
 async def run_agent(
     spec: AgentSpec,
     backend: ChatBackend,
@@ -110,43 +280,18 @@ async def run_agent(
             transcript.stop_reason = "failed" if last.assistant is None else "answer"
             transcript.final_content = last.final.content
             return transcript
-    schemas = tools.schemas()
-    for rnd in range(len(transcript.turns), spec.max_rounds):
-        body: dict[str, Any] = {"model": spec.model, "messages": transcript.messages(), **spec.extra_body}
-        if schemas:
-            body["tools"] = schemas
-            if spec.tool_choice is not None:
-                body["tool_choice"] = spec.tool_choice
-        if spec.max_tokens is not None:
-            body["max_tokens"] = spec.max_tokens
-        if spec.temperature is not None:
-            body["temperature"] = spec.temperature
-        records = await backend.complete(body, RequestIds(run=run_id, level=level, agent=spec.agent_id, turn=rnd))
-        final = records[-1]
-        if not final.ok:
-            turn = TurnLog(round=rnd, records=records)
-            await _emit(on_turn, turn)
-            transcript.turns.append(turn)
-            transcript.stop_reason = "failed"
-            return transcript
-        assistant = assistant_message(final)
-        results: list[dict[str, Any]] = []
-        for i, call in enumerate(final.tool_calls):
-            tool = tools.get(call.name)
-            if tool is not None and tool.latency_s > 0:
-                await clock.sleep(tool.latency_s)
-            result = await tools.call(call.name, call.arguments)
-            results.append({"role": "tool", "tool_call_id": call.id or f"call_{i}", "content": result.text})
-        turn = TurnLog(round=rnd, records=records, assistant=assistant, tool_results=results)
+
+    async def keep(turn: TurnLog) -> None:
+        # The caller's hook first: a turn its checkpoint did not take is not in the transcript either.
         await _emit(on_turn, turn)
         transcript.turns.append(turn)
-        if not final.tool_calls:
-            transcript.final_content = final.content
-            transcript.stop_reason = "answer"
-            return transcript
-        if spec.think_time_s > 0:
-            await clock.sleep(spec.think_time_s)
-    transcript.stop_reason = "round_cap"
+
+    conversation = _ToolConversation(spec, tools, clock, transcript, run_id, level)
+    ending = await converse(conversation, backend, clock, first_turn=len(transcript.turns), on_turn=keep)
+    if ending.reason == "failed":
+        transcript.stop_reason = "failed"
+        return transcript
+    transcript.stop_reason = "answer" if ending.reason == "answer" else "round_cap"
     transcript.final_content = transcript.turns[-1].final.content if transcript.turns else ""
     return transcript
 

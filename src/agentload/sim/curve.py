@@ -21,9 +21,11 @@ import itertools
 from collections.abc import Callable
 from typing import Protocol
 
+from agentload.agent.shape import TURN_OVERHEAD_TOKENS, AgenticShape
 from agentload.capacity.knee import KNEE_TOLERANCE, RULE_TEXT, LevelSignals, judge_all
 from agentload.capacity.planner import AgentShape, CurvePoint, Plan, ThroughputCurve, planned_profile
 from agentload.capacity.profile import ServingProfile
+from agentload.errors import ConfigError
 from agentload.sim.engine import StepResult
 from agentload.sim.virtual import SessionShape, run_sessions
 
@@ -81,6 +83,34 @@ def run_durations(profile: ServingProfile, agents: int, context: int, shape: Age
     return warmup + max(8 * turn_s, 30.0), warmup
 
 
+def held_agent(context: int, agent: AgentShape) -> AgenticShape:
+    """The plan's agent as bench's ``agentic-hold`` shape: held at ``context`` (its prompt plus a reply of twice
+    the mean peak there), every turn the plan's sizes exactly, the plan's think time between turns.
+
+    The plan's turn input counts the chat template's tokens between turns; the shape's tool result does not.
+    """
+    tool = agent.turn_input_tokens - TURN_OVERHEAD_TOKENS
+    opening = context - 2 * agent.output_tokens - agent.turn_input_tokens
+    if tool < 1 or opening <= agent.system_tokens:
+        raise ConfigError(
+            f"a context of {context} leaves no room for a {agent.system_tokens}-token system prompt and a turn of "
+            f"{agent.turn_input_tokens} input and {agent.output_tokens} output tokens"
+        )
+    return AgenticShape.published(
+        context,
+        "hold",
+        start_tokens=opening,  # a held session's first prompt is its whole opening
+        system_tokens=agent.system_tokens,
+        output_tokens=agent.output_tokens,
+        tool_result_tokens=tool,
+        tool_latency_s=0.0,
+        think_s=agent.think_s,
+        output_sigma=0.0,
+        tool_result_sigma=0.0,
+        think_sigma=0.0,
+    )
+
+
 def _signals(p: CurvePoint, offload: bool) -> LevelSignals:
     window = max(p.duration_s - p.warmup_s, 1e-9)
     return LevelSignals(
@@ -110,15 +140,7 @@ def add_throughput_curve(
     profile = planned_profile(plan_)
     context = plan_.agents.context
     agent = plan_.spec.agent
-    # The session's prompt plus its reply peak at the planned context.
-    shape = SessionShape(
-        context=context - agent.output_tokens,
-        system_tokens=agent.system_tokens,
-        turn_input_tokens=agent.turn_input_tokens,
-        output_tokens=agent.output_tokens,
-        think_s=agent.think_s,
-        growth="hold",
-    )
+    shape = SessionShape.from_agentic(held_agent(context, agent))
     offload = plan_.offload.extra_sessions if plan_.offload is not None else 0.0
     has_offload = plan_.offload is not None
     a = plan_.agents

@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 
+from agentload.agent.shape import TURN_OVERHEAD_TOKENS, AgenticShape
 from agentload.capacity.profile import ServingProfile
 from agentload.clock import PRIORITY_ENGINE, VirtualClock
 from agentload.errors import ConfigError, SimulationError
@@ -41,6 +42,31 @@ class SessionShape:
     think_s: float = 2.0
     growth: Literal["hold", "grow"] = "hold"
     start_context: int | None = None  # grow: first-turn prompt (default: a quarter of ``context``)
+
+    @classmethod
+    def from_agentic(cls, shape: AgenticShape) -> SessionShape:
+        """The kernel's form of bench's agent shape: its opening, and its mean reply, tool result and pause.
+
+        The kernel has no chat template, so the template's tokens between turns ride on the tool result, and a
+        grow session starts at the shape's opening and ends where the agentic driver's would (the next turn's
+        prompt and reply would pass the target). The kernel's turns are all of mean size — the spread of the
+        sizes and pauses is not modelled — and a held session keeps its one conversation for the whole run
+        (bench's held agents start a fresh one every ``shape.turns`` turns).
+        """
+        turn_input = round(shape.tool_result.mean) + TURN_OVERHEAD_TOKENS
+        output = round(shape.output.mean)
+        opening = shape.opening_tokens
+        # A held kernel session's base is ``context`` less one turn's input and output: the shape's opening.
+        context = shape.context if shape.growth == "grow" else opening + turn_input + output
+        return cls(
+            context=context,
+            system_tokens=shape.system_tokens,
+            turn_input_tokens=turn_input,
+            output_tokens=output,
+            think_s=shape.tool_latency_s.mean + shape.think_s.mean,
+            growth=shape.growth,
+            start_context=opening if shape.growth == "grow" else None,
+        )
 
     def check(self, max_model_len: int) -> None:
         if self.context + self.output_tokens > max_model_len:

@@ -33,179 +33,66 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from agentload.agent.loop import STOPPED, End, Next, Request, converse, pause
+from agentload.agent.shape import (  # the shape, re-exported: it is this workload's
+    CAP_SIGMAS,
+    OPENING_OVERHEAD_TOKENS,
+    OUTPUT_SIGMA,
+    PUBLISHED_IO_RATIO,
+    PUBLISHED_OUTPUT_TOKENS,
+    PUBLISHED_START_TOKENS,
+    PUBLISHED_TURNS,
+    SINGLE_MESSAGE_OVERHEAD_TOKENS,
+    START_SHARE_CAP,
+    SYSTEM_SHARE,
+    THINK_MEDIAN_S,
+    THINK_SIGMA,
+    TOOL_LATENCY_MEDIAN_S,
+    TOOL_LATENCY_SIGMA,
+    TOOL_RESULT_SIGMA,
+    TURN_OVERHEAD_TOKENS,
+    AgenticShape,
+    Growth,
+    Lognormal,
+)
 from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
 from agentload.errors import ConfigError
 from agentload.workload.base import AgentDriver, LoadContext
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 from agentload.workload.words import VOCAB, WORDS, stable_int, words
 
-__all__ = ["VOCAB", "WORDS", "stable_int", "words"]  # the text every workload writes, re-exported
-
-# -- the published shape (domain.md §1) ----------------------------------------------------------------------
-PUBLISHED_TURNS = 43  # median turns per session (one essay's figures)
-PUBLISHED_OUTPUT_TOKENS = 444  # median reply
-PUBLISHED_IO_RATIO = 131.0  # input : output tokens (Codex traces on SWE-bench Pro)
-PUBLISHED_START_TOKENS = 12_000  # context of a session's first turn (same traces)
-# When the target is too small for a 12k opening, the opening takes this share of it (12k of 40k ≈ 0.3).
-START_SHARE_CAP = 0.3
-# Of the opening, the part every agent shares (harness instructions and tool schemas); the rest is the
-# session's own task and the files it read first. No source gives the split; a third keeps both substantial.
-SYSTEM_SHARE = 1 / 3
-# Spread of per-turn sizes (lognormal sigmas): replies vary less than tool results, which range from a one-line
-# command status to a whole file. Published figures give medians only; these are judgement, not measurement.
-OUTPUT_SIGMA = 0.6
-TOOL_RESULT_SIGMA = 0.8
-# Time between turns: tool latency (tests, builds: heavy-tailed) then the harness's own think time. No source
-# gives figures; together they average ~2.2 s, near the planner's 2 s so planned and measured knees compare.
-TOOL_LATENCY_MEDIAN_S = 1.0
-TOOL_LATENCY_SIGMA = 1.0
-THINK_MEDIAN_S = 0.5
-THINK_SIGMA = 0.5
-# Draws are capped at this many sigmas above the median, so one freak draw cannot blow a session's budget.
-CAP_SIGMAS = 2.5
-
-# -- the simulator's chat template (ChatML, sim/chat.py), in its tokens; a few tokens off on real templates ---
-OPENING_OVERHEAD_TOKENS = 3  # system header, user header, the assistant generation prompt
-SINGLE_MESSAGE_OVERHEAD_TOKENS = 2  # user header and the generation prompt
-TURN_OVERHEAD_TOKENS = 3  # the reply's end marker, the next user header, the next generation prompt
+__all__ = [  # the text every workload writes and the agent shape, re-exported
+    "CAP_SIGMAS",
+    "OPENING_OVERHEAD_TOKENS",
+    "OUTPUT_SIGMA",
+    "PUBLISHED_IO_RATIO",
+    "PUBLISHED_OUTPUT_TOKENS",
+    "PUBLISHED_START_TOKENS",
+    "PUBLISHED_TURNS",
+    "SINGLE_MESSAGE_OVERHEAD_TOKENS",
+    "START_SHARE_CAP",
+    "SYSTEM_SHARE",
+    "THINK_MEDIAN_S",
+    "THINK_SIGMA",
+    "TOOL_LATENCY_MEDIAN_S",
+    "TOOL_LATENCY_SIGMA",
+    "TOOL_RESULT_SIGMA",
+    "TURN_OVERHEAD_TOKENS",
+    "VOCAB",
+    "WORDS",
+    "AgenticShape",
+    "Growth",
+    "Lognormal",
+    "stable_int",
+    "words",
+]
 
 # A failed turn ends its session; the agent waits this long before a fresh one so a dead server is not hammered.
 FAILURE_PAUSE_S = 1.0
-
-
-@dataclass(frozen=True)
-class Lognormal:
-    """A positive size or duration: lognormal around ``median``, capped at ``CAP_SIGMAS`` sigmas above it."""
-
-    median: float
-    sigma: float
-
-    @property
-    def mean(self) -> float:
-        return self.median * math.exp(self.sigma**2 / 2)
-
-    @property
-    def cap(self) -> float:
-        return self.median * math.exp(CAP_SIGMAS * self.sigma)
-
-    def draw(self, rng: np.random.Generator) -> float:
-        if self.sigma == 0:
-            return self.median
-        return min(float(rng.lognormal(math.log(self.median), self.sigma)), self.cap)
-
-    def tokens(self, rng: np.random.Generator) -> int:
-        return max(1, round(self.draw(rng)))
-
-    @classmethod
-    def with_mean(cls, mean: float, sigma: float) -> Lognormal:
-        return cls(mean / math.exp(sigma**2 / 2), sigma)
-
-
-Growth = Literal["grow", "hold"]
-
-
-@dataclass(frozen=True)
-class AgenticShape:
-    """What one agent's sessions look like: token sizes (simulator tokens) and the time between turns."""
-
-    context: int  # the target: grow sessions end before passing it, held ones stay just under it
-    growth: Growth
-    system_tokens: int  # shared by every agent
-    prefix_tokens: int  # the session's own opening (task, first files)
-    output: Lognormal  # reply per turn (sent as max_tokens)
-    tool_result: Lognormal  # appended per turn
-    tool_latency_s: Lognormal
-    think_s: Lognormal
-    turns: int  # grow: turns the sizes are scaled for; hold: turns per session
-
-    @property
-    def opening_tokens(self) -> int:
-        return self.system_tokens + self.prefix_tokens + OPENING_OVERHEAD_TOKENS
-
-    @classmethod
-    def published(
-        cls,
-        context: int,
-        growth: Growth = "grow",
-        *,
-        turns: int = PUBLISHED_TURNS,
-        io_ratio: float = PUBLISHED_IO_RATIO,
-        start_tokens: int | None = None,
-        system_tokens: int | None = None,
-        output_tokens: float | None = None,
-        tool_result_tokens: float | None = None,
-        tool_latency_s: float = TOOL_LATENCY_MEDIAN_S,
-        think_s: float = THINK_MEDIAN_S,
-        output_sigma: float = OUTPUT_SIGMA,
-        tool_result_sigma: float = TOOL_RESULT_SIGMA,
-        tool_latency_sigma: float = TOOL_LATENCY_SIGMA,
-        think_sigma: float = THINK_SIGMA,
-    ) -> AgenticShape:
-        """The published agent shape scaled to ``context`` (see the module docstring); any size can be overridden.
-
-        ``output_tokens`` and ``tool_result_tokens`` are means; the time figures are medians.
-        """
-        if context < 1024:
-            raise ConfigError(f"agentic sessions need a context of at least 1024 tokens, got {context}")
-        if turns < 1:
-            raise ConfigError(f"turns must be positive, got {turns}")
-        if io_ratio <= 1:
-            raise ConfigError(f"the input:output ratio must exceed 1, got {io_ratio}")
-        for label, value in (("tool latency", tool_latency_s), ("think time", think_s)):
-            if value < 0:
-                raise ConfigError(f"{label} must not be negative, got {value}")
-        start = (
-            start_tokens if start_tokens is not None else min(PUBLISHED_START_TOKENS, int(START_SHARE_CAP * context))
-        )
-        if not 0 < start < context:
-            raise ConfigError(f"the opening ({start} tokens) must be positive and below the context ({context})")
-        system = system_tokens if system_tokens is not None else round(start * SYSTEM_SHARE)
-        if not 0 <= system < start:
-            raise ConfigError(f"the system prompt ({system} tokens) must be shorter than the opening ({start})")
-        # Grow: the prompt climbs ~linearly from ``start`` by ``step`` a turn, so its mean is about midway.
-        step = (context - start) / turns
-        mean_prompt = (start + context - step) / 2
-        out_mean = output_tokens if output_tokens is not None else mean_prompt / io_ratio
-        tool_mean = tool_result_tokens if tool_result_tokens is not None else step - out_mean - TURN_OVERHEAD_TOKENS
-        if out_mean < 1 or tool_mean < 1:
-            raise ConfigError(
-                f"a context of {context} is too small for {turns} turns at {io_ratio:g}:1 (reply {out_mean:.0f}, "
-                f"tool result {tool_mean:.0f} tokens a turn); use a larger context or fewer turns"
-            )
-        prefix = start - system
-        if growth == "hold":
-            # The stable prefix leaves room for one exchange plus a reply of twice the mean, so the context
-            # peaks just under the target; the tail draws are clamped to fit (see the driver).
-            prefix = context - system - OPENING_OVERHEAD_TOKENS - round(2 * out_mean + tool_mean) - TURN_OVERHEAD_TOKENS
-            if prefix < 1:
-                raise ConfigError(f"a context of {context} leaves no room for a held prefix")
-        shape = cls(
-            context=context,
-            growth=growth,
-            system_tokens=system,
-            prefix_tokens=prefix,
-            output=Lognormal.with_mean(out_mean, output_sigma),
-            tool_result=Lognormal.with_mean(tool_mean, tool_result_sigma),
-            tool_latency_s=Lognormal(tool_latency_s, tool_latency_sigma if tool_latency_s > 0 else 0.0),
-            think_s=Lognormal(think_s, think_sigma if think_s > 0 else 0.0),
-            turns=turns,
-        )
-        shape.check()
-        return shape
-
-    def check(self) -> None:
-        if self.opening_tokens + 1 > self.context:
-            raise ConfigError(
-                f"the opening ({self.opening_tokens} tokens) leaves no room for a reply in {self.context}"
-            )
-        for label, dist in (("output", self.output), ("tool result", self.tool_result)):
-            if dist.median < 1 or dist.sigma < 0:
-                raise ConfigError(f"{label} sizes must be at least one token with a non-negative spread")
 
 
 class SizeStreams:
@@ -248,12 +135,6 @@ def grow_turn_sizes(shape: AgenticShape, sizes: SizeStreams) -> Iterator[tuple[i
             prompt, out = grown, nxt
 
 
-class _End(Enum):
-    DONE = "done"
-    FAILED = "failed"
-    STOPPED = "stopped"  # the level ended mid-session: not a finished session, not reported
-
-
 def tokens_per_word(record: RequestRecord, words_sent: int) -> float:
     """What one of our words costs on this server, from a prompt that was all our text (1.0 on the simulator)."""
     if record.usage_source is not UsageSource.SERVER or words_sent <= 0 or record.prompt_tokens <= 0:
@@ -263,10 +144,11 @@ def tokens_per_word(record: RequestRecord, words_sent: int) -> float:
 
 @dataclass
 class AgenticDriver:
-    """One agent: sessions back to back until the level ends.
+    """One agent: sessions back to back until the level ends, each a conversation (``GrowSession`` or
+    ``HoldSession``) run by ``agent.loop.converse``, which sends its turns and sleeps its pauses.
 
     Every size is in the server's tokens: text is written at ``ctx.sizing``'s tokens per word, and each turn
-    closes the loop on the ``usage.prompt_tokens`` the server counted for the last one (see ``_hold``).
+    closes the loop on the ``usage.prompt_tokens`` the server counted for the last one (see ``HoldSession``).
     """
 
     agent_id: str
@@ -280,35 +162,34 @@ class AgenticDriver:
         sizes = SizeStreams(self.shape, self.seed, self.index)
         # The same words for every agent of the workload (seeded by the seed alone), so the server caches it once.
         system = system_prompt(self.seed, ctx.sizing.words(self.shape.system_tokens))
+        session_kind = GrowSession if self.shape.growth == "grow" else HoldSession
         while not ctx.should_stop():
             n = self.sessions_started
             self.sessions_started += 1
-            session = self._grow if self.shape.growth == "grow" else self._hold
-            end = await session(ctx, sizes, n, system)
-            if end is _End.STOPPED:
+            session = session_kind(self, ctx, sizes, n, system)
+            end = await converse(session, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
+            if end.reason == STOPPED:  # the level ended mid-session: not a finished session, not reported
                 return
-            if end is _End.FAILED:
+            if end.reason == FAILED:
                 ctx.session_done(self.agent_id, ok=False)
                 if not await between_turns(ctx, FAILURE_PAUSE_S):
                     return
             else:
                 ctx.session_done(self.agent_id, ok=True)
 
-    def _text_rng(self, ctx: LoadContext, session: int) -> np.random.Generator:
+    def text_rng(self, ctx: LoadContext, session: int) -> np.random.Generator:
         # Salted with the run and level: the same agent in the next level (or run) must not find its previous
         # session's prefix still cached — only the system prompt is meant to be shared.
         return np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.run_id), session])
 
-    async def _send(
+    def request(
         self, ctx: LoadContext, messages: list[dict[str, Any]], max_tokens: int, session: int, turn: int
-    ) -> RequestRecord | None:
+    ) -> Request:
         body = {"model": ctx.model, "messages": list(messages), "max_tokens": max_tokens, **self.extra_body}
         ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/s{session}", turn=turn)
-        records = await ctx.backend.complete(body, ids)
-        final = records[-1]
-        return final if final.ok else None
+        return Request(body, ids)
 
-    def _opening(self, rng: np.random.Generator, system: str, sizing: TokenSizing) -> list[dict[str, Any]]:
+    def opening(self, rng: np.random.Generator, system: str, sizing: TokenSizing) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": system},
             {"role": "user", "content": words(rng, sizing.words(self._prefix_tokens(sizing)))},
@@ -320,74 +201,115 @@ class AgenticDriver:
         extra = (sim.opening_overhead - sizing.opening_overhead) + (sim.turn_overhead - sizing.turn_overhead)
         return max(1, self.shape.prefix_tokens + (extra if self.shape.growth == "hold" else 0))
 
-    def _planned_opening(self, sizing: TokenSizing) -> int:
+    def planned_opening(self, sizing: TokenSizing) -> int:
         return self.shape.system_tokens + self._prefix_tokens(sizing) + sizing.opening_overhead
 
-    async def _grow(self, ctx: LoadContext, sizes: SizeStreams, session: int, system: str) -> _End:
-        shape, sizing = self.shape, ctx.sizing
-        rng = self._text_rng(ctx, session)
-        messages = self._opening(rng, system, sizing)
-        out = min(sizes.output(), shape.context - self._planned_opening(sizing))
-        turn = 0
-        while True:
-            final = await self._send(ctx, messages, max(1, out), session, turn)
-            if final is None:
-                return _End.FAILED
-            turn += 1
-            messages.append({"role": "assistant", "content": final.content})
-            tool, nxt = sizes.tool_result(), sizes.output()
-            pause = sizes.pause_s()
-            # The next prompt is this one as the server counted it, the reply, and the tool result: the session
-            # ends rather than pass the target (a real agent would compact or start over).
-            grown = final.prompt_tokens + final.completion_tokens + tool + sizing.turn_overhead
-            if grown + nxt > shape.context:
-                return _End.DONE
-            if not await between_turns(ctx, pause):
-                return _End.STOPPED
-            messages.append({"role": "user", "content": words(rng, sizing.words(tool))})
-            out = nxt
 
-    async def _hold(self, ctx: LoadContext, sizes: SizeStreams, session: int, system: str) -> _End:
-        """A stable opening plus the last exchange, held at the target in the server's tokens.
+# How a session ended (``End.reason``); a session the level stopped ends ``agent.loop.STOPPED``.
+DONE = "done"
+FAILED = "failed"
 
-        The opening was sized for the target at the measured tokens per word; whatever the server counted for it
-        instead (``base``) is made up in the tool result, and ``bias`` learns what the prediction of each next
-        prompt misses (the model's reply text is re-tokenised when it is sent back, which need not give its
-        completion token count), so the mean prompt + reply sits at the target on any tokenizer.
-        """
-        shape, sizing = self.shape, ctx.sizing
-        rng = self._text_rng(ctx, session)
-        opening = self._opening(rng, system, sizing)
-        planned = self._planned_opening(sizing)
-        margin = hold_margin(shape.context)
-        out = min(sizes.output(), shape.context - planned - margin)
-        final = await self._send(ctx, opening, max(1, out), session, 0)
+
+class GrowSession:
+    """One growing conversation: each turn resends the last with the reply and a tool result appended; it ends
+    rather than pass the target (a real agent would compact or start over)."""
+
+    def __init__(self, driver: AgenticDriver, ctx: LoadContext, sizes: SizeStreams, session: int, system: str):
+        self.driver, self.ctx, self.sizes, self.session = driver, ctx, sizes, session
+        self.rng = driver.text_rng(ctx, session)
+        self.messages = driver.opening(self.rng, system, ctx.sizing)
+        self.out = min(sizes.output(), driver.shape.context - driver.planned_opening(ctx.sizing))
+        self.tool = 0
+
+    def request(self, turn: int) -> Request:
+        if turn > 0:
+            self.messages.append({"role": "user", "content": words(self.rng, self.ctx.sizing.words(self.tool))})
+        return self.driver.request(self.ctx, self.messages, max(1, self.out), self.session, turn)
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        final = records[-1]
+        if not final.ok:
+            return End(FAILED)
+        self.messages.append({"role": "assistant", "content": final.content})
+        sizes = self.sizes
+        tool, nxt = sizes.tool_result(), sizes.output()
+        pause_s = sizes.pause_s()
+        # The next prompt is this one as the server counted it, the reply, and the tool result.
+        grown = final.prompt_tokens + final.completion_tokens + tool + self.ctx.sizing.turn_overhead
+        if grown + nxt > self.driver.shape.context:
+            return End(DONE)
+        self.tool, self.out = tool, nxt
+        return Next(pause_s)
+
+
+class HoldSession:
+    """A stable opening plus the last exchange, held at the target in the server's tokens, for ``shape.turns``.
+
+    The opening was sized for the target at the measured tokens per word; whatever the server counted for it
+    instead (``base``) is made up in the tool result, and ``bias`` learns what the prediction of each next
+    prompt misses (the model's reply text is re-tokenised when it is sent back, which need not give its
+    completion token count), so the mean prompt + reply sits at the target on any tokenizer.
+    """
+
+    def __init__(self, driver: AgenticDriver, ctx: LoadContext, sizes: SizeStreams, session: int, system: str):
+        self.driver, self.ctx, self.sizes, self.session = driver, ctx, sizes, session
+        shape, sizing = driver.shape, ctx.sizing
+        self.rng = driver.text_rng(ctx, session)
+        self.opening = driver.opening(self.rng, system, sizing)
+        self.planned = driver.planned_opening(sizing)
+        self.margin = hold_margin(shape.context)
+        self.out = min(sizes.output(), shape.context - self.planned - self.margin)
+        self.tool = 0
+        self.base = 0  # the opening as the server counted it
+        self.bias = 0.0
+        self.predicted = 0
+        self.final: RequestRecord | None = None
+
+    def request(self, turn: int) -> Request:
+        driver, ctx, shape, sizing = self.driver, self.ctx, self.driver.shape, self.ctx.sizing
+        final = self.final
         if final is None:
-            return _End.FAILED
-        base = final.prompt_tokens
-        bias = 0.0
-        for turn in range(1, shape.turns):
-            tool, nxt = sizes.tool_result(), sizes.output()
-            if not await between_turns(ctx, sizes.pause_s()):
-                return _End.STOPPED
-            # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
-            # target (the prefix was sized for twice the mean reply, so this is rare).
-            carried = final.completion_tokens + sizing.turn_overhead + bias
-            room = math.floor(shape.context - base - carried) - margin
-            nxt = max(1, min(nxt, room - 1))
-            tool = max(1, min(tool + planned - base, room - nxt))
-            messages = [
-                *opening,
-                {"role": "assistant", "content": final.content},
-                {"role": "user", "content": words(rng, sizing.words(tool))},
-            ]
-            predicted = base + final.completion_tokens + sizing.turn_overhead + tool
-            reply = await self._send(ctx, messages, nxt, session, turn)
-            if reply is None:
-                return _End.FAILED
-            bias += 0.5 * ((reply.prompt_tokens - predicted) - bias)
-            final = reply
-        return _End.DONE
+            return driver.request(ctx, self.opening, max(1, self.out), self.session, 0)
+        # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
+        # target (the prefix was sized for twice the mean reply, so this is rare).
+        carried = final.completion_tokens + sizing.turn_overhead + self.bias
+        room = math.floor(shape.context - self.base - carried) - self.margin
+        nxt = max(1, min(self.out, room - 1))
+        tool = max(1, min(self.tool + self.planned - self.base, room - nxt))
+        messages = [
+            *self.opening,
+            {"role": "assistant", "content": final.content},
+            {"role": "user", "content": words(self.rng, sizing.words(tool))},
+        ]
+        self.predicted = self.base + final.completion_tokens + sizing.turn_overhead + tool
+        return driver.request(ctx, messages, nxt, self.session, turn)
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        reply = records[-1]
+        if not reply.ok:
+            return End(FAILED)
+        if self.final is None:
+            self.base = reply.prompt_tokens
+        else:
+            self.bias += 0.5 * ((reply.prompt_tokens - self.predicted) - self.bias)
+        self.final = reply
+        if turn + 1 >= self.driver.shape.turns:
+            return End(DONE)
+        self.tool, self.out = self.sizes.tool_result(), self.sizes.output()
+        return Next(self.sizes.pause_s())
+
+
+class OneTurn:
+    """A conversation of one request (a synthetic request, a lone trace row): done when it succeeds."""
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+
+    def request(self, turn: int) -> Request:
+        return self._request
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> End:
+        return End(DONE if records[-1].ok else FAILED)
 
 
 def hold_margin(context: int) -> int:
@@ -398,12 +320,8 @@ def hold_margin(context: int) -> int:
 
 
 async def between_turns(ctx: LoadContext, seconds: float) -> bool:
-    """Sleep between turns; False when the level is over (before or after the sleep)."""
-    if ctx.should_stop():
-        return False
-    if seconds > 0:
-        await ctx.clock.sleep(seconds)
-    return not ctx.should_stop()
+    """Sleep between sessions; False when the level is over (before or after the sleep)."""
+    return await pause(ctx.clock, seconds, ctx.should_stop)
 
 
 def agent_ids(count: int) -> list[str]:

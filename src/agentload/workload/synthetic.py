@@ -22,13 +22,16 @@ from typing import Any
 
 import numpy as np
 
+from agentload.agent.loop import Request, converse
 from agentload.endpoint.records import RequestIds
 from agentload.errors import ConfigError
 from agentload.workload.agentic import (
+    DONE,
     FAILURE_PAUSE_S,
     SHAPE_OPTIONS,
     SINGLE_MESSAGE_OVERHEAD_TOKENS,
     AgenticShape,
+    OneTurn,
     SizeStreams,
     agent_ids,
     between_turns,
@@ -59,9 +62,9 @@ class SyntheticDriver:
             content = words(rng, ctx.sizing.words(max(1, prompt - SINGLE_MESSAGE_OVERHEAD_TOKENS)))
             body = {"model": ctx.model, "messages": [{"role": "user", "content": content}], "max_tokens": out}
             ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/r{n}", turn=0)
-            records = await ctx.backend.complete({**body, **self.extra_body}, ids)
+            end = await converse(OneTurn(Request({**body, **self.extra_body}, ids)), ctx.backend, ctx.clock)
             n += 1
-            ok = records[-1].ok
+            ok = end.reason == DONE
             ctx.session_done(self.agent_id, ok=ok)
             pause = sizes.pause_s() if self.pace else 0.0
             if not ok:

@@ -49,10 +49,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentload.agent.loop import STOPPED, End, Next, Request, converse, wait_until
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.inputs import parse_json
 from agentload.workload.agentic import (
+    DONE,
+    FAILED,
     FAILURE_PAUSE_S,
     OPENING_OVERHEAD_TOKENS,
     SINGLE_MESSAGE_OVERHEAD_TOKENS,
@@ -314,13 +317,7 @@ class _Origin:
 
 async def _wait_until(ctx: LoadContext, when: float) -> bool:
     """Sleep until ``when`` on ``ctx.clock`` in slices; False as soon as the level is over."""
-    while True:
-        if ctx.should_stop():
-            return False
-        left = when - ctx.clock.now()
-        if left <= 0:
-            return True
-        await ctx.clock.sleep(min(left, WAIT_SLICE_S))
+    return await wait_until(ctx.clock, when, ctx.should_stop, WAIT_SLICE_S)
 
 
 @dataclass
@@ -352,25 +349,41 @@ class MooncakeDriver:
                 task.cancel()
 
     async def _job(self, ctx: LoadContext, job: _Job, origin: float, salt: tuple[int, ...]) -> None:
-        for i, row in enumerate(job.rows):
-            if i > 0:
-                due = ctx.clock.now() + (row.delay or 0.0) / 1000 / self.speed
-                if row.timestamp is not None:
-                    due = max(due, origin + (row.timestamp - job.t0_ms) / 1000 / self.speed)
-                if not await _wait_until(ctx, due):
-                    return  # the level ended mid-session: not a finished session
-            body = {
-                "model": ctx.model,
-                "messages": [{"role": "user", "content": mooncake_prompt(row, salt)}],
-                "max_tokens": row.output_length,
-                **self.extra_body,
-            }
-            ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/{job.key}", turn=i)
-            records = await ctx.backend.complete(body, ids)
-            if not records[-1].ok:
-                ctx.session_done(self.agent_id, ok=False)
-                return
-        ctx.session_done(self.agent_id, ok=True)
+        end = await converse(
+            _JobRows(self, ctx, job, origin, salt), ctx.backend, ctx.clock, should_stop=ctx.should_stop
+        )
+        if end.reason != STOPPED:  # the level ended mid-session: not a finished session
+            ctx.session_done(self.agent_id, ok=end.reason == DONE)
+
+
+class _JobRows:
+    """One job's rows as a conversation of single-message requests, each sent when the trace has it due."""
+
+    def __init__(self, driver: MooncakeDriver, ctx: LoadContext, job: _Job, origin: float, salt: tuple[int, ...]):
+        self.driver, self.ctx, self.job, self.origin, self.salt = driver, ctx, job, origin, salt
+
+    def request(self, turn: int) -> Request:
+        ctx, row = self.ctx, self.job.rows[turn]
+        body = {
+            "model": ctx.model,
+            "messages": [{"role": "user", "content": mooncake_prompt(row, self.salt)}],
+            "max_tokens": row.output_length,
+            **self.driver.extra_body,
+        }
+        return Request(
+            body, RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.driver.agent_id}/{self.job.key}", turn=turn)
+        )
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        if not records[-1].ok:
+            return End(FAILED)
+        if turn + 1 >= len(self.job.rows):
+            return End(DONE)
+        row, speed = self.job.rows[turn + 1], self.driver.speed
+        due = self.ctx.clock.now() + (row.delay or 0.0) / 1000 / speed
+        if row.timestamp is not None:
+            due = max(due, self.origin + (row.timestamp - self.job.t0_ms) / 1000 / speed)
+        return Next(until=due, slice_s=WAIT_SLICE_S)
 
 
 @dataclass
@@ -462,51 +475,81 @@ class SessionReplayDriver:
         )
         shared = session.shared_prefix_tokens
         system = [{"role": "system", "content": self._shared(ctx, shared)}] if shared > 0 else []
-        first_overhead = OPENING_OVERHEAD_TOKENS if shared > 0 else SINGLE_MESSAGE_OVERHEAD_TOKENS
+        replay = _SessionTurns(self, ctx, session, name, rng, system)
+        end = await converse(replay, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
+        return None if end.reason == STOPPED else end.reason == DONE
 
-        def opening(prompt_tokens: int) -> list[dict[str, Any]]:
-            return [*system, {"role": "user", "content": words(rng, max(1, prompt_tokens - shared - first_overhead))}]
 
-        async def send(turn_no: int, turn: TraceTurn) -> RequestRecord:
-            body = {"model": ctx.model, "messages": list(messages), "max_tokens": turn.completion_tokens}
-            ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=name, turn=turn_no)
-            return (await ctx.backend.complete({**body, **self.extra_body}, ids))[-1]
+class _SessionTurns:
+    """One recorded session as a conversation: each turn's prompt rebuilt to the recorded size from the last reply.
 
-        # A session in which every prompt holds the previous prompt and its reply is one growing conversation;
-        # in any other, a turn keeps the opening and the last reply (a held context) or starts over. Sizes alone
-        # cannot tell a held turn with a large new input from a grown one, so the whole session decides.
-        grows = all(b.prompt_tokens >= a.prompt_tokens + a.completion_tokens for a, b in pairwise(session.turns))
-        first = session.turns[0]
-        messages = opening(first.prompt_tokens)
-        head = len(messages)  # the opening's messages, kept when a held context drops the middle
-        last = await send(0, first)
-        if not last.ok:
-            return False
-        opening_tokens = last.prompt_tokens
-        # Our words cost this many of the server's tokens per recorded token (1.0 when both are the simulator).
-        per_word = tokens_per_word(last, first.prompt_tokens)
-        for i, turn in enumerate(session.turns[1:], start=1):
-            if not await between_turns(ctx, (turn.tool_s + turn.think_s) / self.speed):
-                return None
+    A session in which every prompt holds the previous prompt and its reply is one growing conversation; in any
+    other, a turn keeps the opening and the last reply (a held context) or starts over. Sizes alone cannot tell a
+    held turn with a large new input from a grown one, so the whole session decides.
+    """
+
+    def __init__(
+        self,
+        driver: SessionReplayDriver,
+        ctx: LoadContext,
+        session: SessionTrace,
+        name: str,
+        rng: np.random.Generator,
+        system: list[dict[str, Any]],
+    ) -> None:
+        self.driver, self.ctx, self.session, self.name, self.rng, self.system = driver, ctx, session, name, rng, system
+        self.shared = session.shared_prefix_tokens
+        self.first_overhead = OPENING_OVERHEAD_TOKENS if self.shared > 0 else SINGLE_MESSAGE_OVERHEAD_TOKENS
+        self.grows = all(b.prompt_tokens >= a.prompt_tokens + a.completion_tokens for a, b in pairwise(session.turns))
+        self.messages = self.opening(session.turns[0].prompt_tokens)
+        self.head = len(self.messages)  # the opening's messages, kept when a held context drops the middle
+        self.last: RequestRecord | None = None
+        self.opening_tokens = 0
+        self.per_word = 1.0
+        self.restarted = False
+
+    def opening(self, prompt_tokens: int) -> list[dict[str, Any]]:
+        n = max(1, prompt_tokens - self.shared - self.first_overhead)
+        return [*self.system, {"role": "user", "content": words(self.rng, n)}]
+
+    def request(self, turn_no: int) -> Request:
+        turn, last = self.session.turns[turn_no], self.last
+        if last is not None:
             reply = {"role": "assistant", "content": last.content}
             grown = last.prompt_tokens + last.completion_tokens + TURN_OVERHEAD_TOKENS
-            held = opening_tokens + last.completion_tokens + TURN_OVERHEAD_TOKENS
-            restarted = False
-            if grows and turn.prompt_tokens - grown >= 1:
-                new = math.floor((turn.prompt_tokens - grown) / per_word)
-                messages += [reply, {"role": "user", "content": words(rng, max(1, new))}]
+            held = self.opening_tokens + last.completion_tokens + TURN_OVERHEAD_TOKENS
+            self.restarted = False
+            if self.grows and turn.prompt_tokens - grown >= 1:
+                new = math.floor((turn.prompt_tokens - grown) / self.per_word)
+                self.messages += [reply, {"role": "user", "content": words(self.rng, max(1, new))}]
             elif turn.prompt_tokens - held >= 1:
-                new = math.floor((turn.prompt_tokens - held) / per_word)
-                messages = [*messages[:head], reply, {"role": "user", "content": words(rng, max(1, new))}]
+                new = math.floor((turn.prompt_tokens - held) / self.per_word)
+                user = {"role": "user", "content": words(self.rng, max(1, new))}
+                self.messages = [*self.messages[: self.head], reply, user]
             else:
-                messages = opening(turn.prompt_tokens)
-                restarted = True
-            last = await send(i, turn)
-            if not last.ok:
-                return False
-            if restarted:
-                opening_tokens = last.prompt_tokens
-        return True
+                self.messages = self.opening(turn.prompt_tokens)
+                self.restarted = True
+        ctx = self.ctx
+        body = {"model": ctx.model, "messages": list(self.messages), "max_tokens": turn.completion_tokens}
+        ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=self.name, turn=turn_no)
+        return Request({**body, **self.driver.extra_body}, ids)
+
+    async def reply(self, turn_no: int, records: list[RequestRecord]) -> Next | End:
+        last = records[-1]
+        if not last.ok:
+            return End(FAILED)
+        if self.last is None:
+            self.opening_tokens = last.prompt_tokens
+            # Our words cost this many of the server's tokens per recorded token (1.0 when both are the simulator).
+            self.per_word = tokens_per_word(last, self.session.turns[0].prompt_tokens)
+        elif self.restarted:
+            self.opening_tokens = last.prompt_tokens
+        self.last = last
+        turns = self.session.turns
+        if turn_no + 1 >= len(turns):
+            return End(DONE)
+        upcoming = turns[turn_no + 1]
+        return Next((upcoming.tool_s + upcoming.think_s) / self.driver.speed)
 
 
 @dataclass
