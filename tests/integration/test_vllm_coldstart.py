@@ -25,15 +25,7 @@ async def test_agents_started_during_a_cold_start_all_complete(vllm_tier: object
     server = launch(96, "coldstart", cores="1")  # core 0 is the session server's
     run = await cold_start(server, "vllm", agents=AGENTS, turns=TURNS, poll_s=0.5, slice_s=2.0)
     TIMINGS["cold start (launch to ready, second server)"] = run.ready_after_s
-    outcomes = run.outcomes()
-    stats, direct = run.watchdog, run.direct
-    FIGURES["cold start"] = (
-        f"ready after {run.ready_after_s:.1f} s; {AGENTS} gated agents × {TURNS} turns: "
-        f"{sum(o is Outcome.OK for o in outcomes)}/{len(outcomes)} requests OK; the ungated request: "
-        f"{len(direct)} attempts, last {direct[-1].outcome.value} ({direct[-1].error}), given up after "
-        f"{run.direct_s:.1f} s, backend gave up {run.backend.gave_up}; watchdog granted {stats.granted}, "
-        f"refused {stats.refused}"
-    )
-    assert outcomes == [Outcome.OK] * (AGENTS * TURNS), FIGURES["cold start"]
+    FIGURES["cold start"] = run.text()
+    assert run.outcomes() == [Outcome.OK] * (AGENTS * TURNS), FIGURES["cold start"]
     assert run.ready_after_s > 5  # the agents really started on a server that was not up
-    assert stats.refused.get("dead_server", 0) <= 1  # only the ungated request may be given up as dead
+    assert run.watchdog.refused.get("dead_server", 0) <= 1  # only the ungated request may be given up as dead

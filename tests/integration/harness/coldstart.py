@@ -38,6 +38,31 @@ class ColdStart:
     def outcomes(self) -> list[Outcome]:
         return [r.outcome for records in self.fleet for r in records]
 
+    def text(self) -> str:
+        """The tier figure: when it was ready, what /health said meanwhile, and what became of every request."""
+        outcomes, last, seen = self.outcomes(), self.direct[-1], run_lengths(self.health_seen)
+        turns = len(outcomes) // max(len(self.fleet), 1)
+        return (
+            f"ready after {self.ready_after_s:.2f} s (/health seen: {seen}); {len(self.fleet)} gated agents × "
+            f"{turns} turns: {sum(o is Outcome.OK for o in outcomes)}/{len(outcomes)} requests OK; "
+            f"the ungated request: {len(self.direct)} attempts, last {last.outcome.value} ({last.error}) after "
+            f"{self.direct_s:.2f} s, backend gave up {self.backend.gave_up}; watchdog granted "
+            f"{self.watchdog.granted}, refused {self.watchdog.refused}"
+        )
+
+
+def run_lengths(seen: list[int | None]) -> str:
+    """``[None, None, 503, 200]`` as ``None ×2, 503, 200``: a slow start polls /health dozens of times."""
+    out: list[str] = []
+    i = 0
+    while i < len(seen):
+        j = i
+        while j < len(seen) and seen[j] == seen[i]:
+            j += 1
+        out.append(f"{seen[i]} ×{j - i}" if j - i > 1 else str(seen[i]))
+        i = j
+    return ", ".join(out) or "-"
+
 
 async def cold_start(server: Server, signals: str, *, agents: int, turns: int, poll_s: float,
                      slice_s: float) -> ColdStart:  # fmt: skip
