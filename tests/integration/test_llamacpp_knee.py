@@ -11,18 +11,15 @@ whatever the real run's noise on two shared cores: the same knee, and within a f
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from agentload.bench.results import RunResult
 from agentload.capacity.profile import load_profile
-from agentload.cli.main import app
-from tests.integration.llamacpp import FIGURES, SLOT_CONTEXT, SLOTS, TIMINGS, LlamaServer
+from tests.integration.harness.process import timed
+from tests.integration.harness.runs import bench, calibrate, coefficients_text, simulate_knee_search, throughput_ratios
+from tests.integration.llamacpp import FIGURES, SLOT_CONTEXT, SLOTS, SUMMARY, LlamaServer
 
 CONTEXT = 2048  # per agent; a slot holds SLOT_CONTEXT
 # Short levels: the tier's budget is minutes. A probe level warms up for half the warm-up and measures until it has
@@ -34,14 +31,6 @@ KNEE_ARGS = ("--workload", "agentic-hold", "--context", str(CONTEXT), "--warmup"
 MAX_AGENTS = 2 * SLOTS  # the ladder 1, 2, 4 brackets 3 slots; bisection then measures 3
 
 
-def bench(out: Path, *args: str) -> RunResult:
-    result = CliRunner().invoke(app, ["bench", "--out", str(out), "--json", *args])
-    assert result.exit_code == 0, result.output
-    runs = list(out.glob("*/result.json"))
-    assert len(runs) == 1
-    return RunResult.model_validate_json(runs[0].read_text())
-
-
 def levels_text(run: RunResult) -> str:
     return ", ".join(
         f"{lv.agents}: {lv.turns} turns, {lv.output_tps:.1f} tok/s, hit {lv.prefix_hit_rate_usage or 0:.3f}, "
@@ -50,12 +39,27 @@ def levels_text(run: RunResult) -> str:
     )
 
 
+def past_the_slots_text(run: RunResult, knee: int, queued: bool, lost: bool) -> str:
+    """Per level: the prompt-cache hit rate and turns waiting for a slot, each against the knee level's, and which
+    of the two (or both) the first level past the slots showed: queueing (a turn waits) or cache loss (a turn's
+    slot held another agent's prompt)."""
+    by = {lv.agents: lv for lv in run.levels}
+    hit0, wait0 = by[knee].prefix_hit_rate_usage or 0.0, by[knee].mean_waiting or 0.0
+    rows = []
+    for n in sorted(by):
+        hit, wait = by[n].prefix_hit_rate_usage or 0.0, by[n].mean_waiting or 0.0
+        mark = " (knee)" if n == knee else f" (past {SLOTS} slots)" if n > SLOTS else ""
+        delta = "" if n == knee else f" [{(hit - hit0) * 100:+.1f} pts, waiting {wait - wait0:+.2f} vs the knee]"
+        rows.append(f"{n}{mark}: hit {hit:.1%}, waiting {wait:.2f}, running {by[n].mean_running or 0:.2f}{delta}")
+    verdict = " and ".join(w for w, held in (("queueing", queued), ("cache loss", lost)) if held) or "neither"
+    return "; ".join(rows) + f" → first level past the slots shows {verdict}"
+
+
 @pytest.fixture(scope="module")
 def knee_run(llamacpp: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    began = time.monotonic()
-    run = bench(tmp_path_factory.mktemp("knee"), "--url", llamacpp.url, "--model", llamacpp.model, *KNEE_ARGS,
-                "--find-knee", "--max-agents", str(MAX_AGENTS))  # fmt: skip
-    TIMINGS["bench --find-knee"] = time.monotonic() - began
+    with timed(SUMMARY, "bench --find-knee"):
+        run = bench(tmp_path_factory.mktemp("knee"), "--url", llamacpp.url, "--model", llamacpp.model, *KNEE_ARGS,
+                    "--find-knee", "--max-agents", str(MAX_AGENTS))  # fmt: skip
     knee = run.knee[0]
     FIGURES["knee"] = (
         f"{knee.agents} agents on {SLOTS} slots at {CONTEXT} tokens (estimate {run.capacity[0].sessions}, "
@@ -85,7 +89,9 @@ def test_the_knee_is_at_most_the_slot_count_and_past_it_turns_queue(knee_run: Ru
     assert past.mean_waiting is not None
     assert at.mean_waiting is not None
     hit_past, hit_at = past.prefix_hit_rate_usage or 0.0, at.prefix_hit_rate_usage or 0.0
-    assert past.mean_waiting > at.mean_waiting or hit_past < hit_at - 0.05, why
+    queued, lost = past.mean_waiting > at.mean_waiting, hit_past < hit_at - 0.05
+    FIGURES["past the slots: queueing vs cache loss"] = past_the_slots_text(knee_run, knee.agents, queued, lost)
+    assert queued or lost, why
     assert (past.preemptions or 0.0) == 0.0  # llama.cpp never preempts: nothing is evicted mid-request
     # The capacity estimate is the slot count (the pool, SLOTS × SLOT_CONTEXT, would hold twice as many).
     assert knee_run.capacity[0].slots == SLOTS
@@ -96,10 +102,8 @@ def test_the_knee_is_at_most_the_slot_count_and_past_it_turns_queue(knee_run: Ru
 @pytest.fixture(scope="module")
 def calibrated(llamacpp: LlamaServer, knee_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("calibrate") / "profile.toml"
-    began = time.monotonic()
-    result = CliRunner().invoke(app, ["calibrate", "--url", llamacpp.url, "-o", str(out), "--repeats", "2",
-                                      "--max-batch", str(SLOTS)])  # fmt: skip
-    TIMINGS["calibrate"] = time.monotonic() - began
+    with timed(SUMMARY, "calibrate"):
+        result = calibrate(llamacpp.url, out, max_batch=SLOTS)
     if result.exit_code != 0 and "Can not write request body" in result.output:
         # Seen in every run here: llama-server drops the connection of calibrate's streamed /v1/completions
         # requests (not a stale pooled connection: idle ones are dropped after 4 s). Not understood yet.
@@ -113,28 +117,13 @@ def test_the_calibrated_profile_is_in_slot_mode(calibrated: Path) -> None:
     assert profile.slots == SLOTS
     assert profile.max_num_seqs == SLOTS
     assert profile.max_model_len == SLOT_CONTEXT
-    c = profile.coefficients
-    FIGURES["calibrated coefficients"] = (
-        f"prefill {c.prefill_s_per_token * 1e6:.1f} µs/token, weights {c.weights_s * 1e3:.2f} ms/step, "
-        f"kv {c.kv_s_per_token * 1e9:.1f} ns/token, attention {c.attention_s_per_pair * 1e12:.2f} ps/pair, "
-        f"api overhead {c.api_overhead_s * 1e3:.1f} ms"
-    )
+    FIGURES["calibrated coefficients"] = coefficients_text(calibrated)
 
 
 def test_the_calibrated_simulator_finds_the_same_knee(calibrated: Path, knee_run: RunResult, tmp_path: Path) -> None:
-    out = tmp_path / "runs"
-    began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "agentload", "bench", "--sim", str(calibrated), *KNEE_ARGS, "--find-knee",
-         "--max-agents", str(MAX_AGENTS), "--json", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    TIMINGS["bench --sim --find-knee (calibrated, virtual time)"] = time.monotonic() - began
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    sim = RunResult.model_validate_json(next(out.glob("*/result.json")).read_text())
-    real_by, sim_by = {lv.agents: lv for lv in knee_run.levels}, {lv.agents: lv for lv in sim.levels}
-    shared = sorted(set(real_by) & set(sim_by))
-    ratios = {n: sim_by[n].output_tps / real_by[n].output_tps for n in shared if real_by[n].output_tps > 0}
+    with timed(SUMMARY, "bench --sim --find-knee (calibrated, virtual time)"):
+        sim = simulate_knee_search(calibrated, KNEE_ARGS, MAX_AGENTS, tmp_path / "runs", timeout_s=600)
+    ratios = throughput_ratios(knee_run, sim)
     FIGURES["calibrated simulator"] = (
         f"knee real {knee_run.knee[0].agents}, simulated {sim.knee[0].agents} ({sim.knee[0].explanation.cause}); "
         "simulated ÷ real output tok/s per level: "

@@ -11,13 +11,12 @@ import json
 import random
 
 import pytest
-from typer.testing import CliRunner
 
-from agentload.cli.main import app
 from agentload.endpoint.client import ChatClient
-from agentload.endpoint.records import Outcome
-from agentload.endpoint.scrape import ServerProbe
+from agentload.endpoint.records import Outcome, RequestRecord
 from agentload.workload.words import WORDS
+from tests.integration.harness.runs import counter_increase, missing_metrics
+from tests.integration.harness.runs import probe as run_probe
 from tests.integration.llamacpp import ALIAS, FIGURES, SLOT_CONTEXT, SLOTS, LlamaServer
 
 # The names llama-server exposes with --metrics that agentload reads (scrape.py's llamacpp table).
@@ -37,9 +36,7 @@ def words(n: int, seed: int) -> str:
 def test_probe_reports_the_slots_and_context_the_server_states(llamacpp: LlamaServer) -> None:
     props = json.loads(llamacpp.get("/props"))
     slots = json.loads(llamacpp.get("/slots"))
-    result = CliRunner().invoke(app, ["probe", llamacpp.url, "--json"])
-    assert result.exit_code == 0, result.output
-    probe = json.loads(result.output)
+    probe = run_probe(llamacpp.url)
     # What the server says, against what it was started with (-np SLOTS, -c SLOTS × SLOT_CONTEXT).
     assert props["total_slots"] == SLOTS
     assert len(slots) == SLOTS
@@ -62,10 +59,7 @@ def test_probe_reports_the_slots_and_context_the_server_states(llamacpp: LlamaSe
 
 
 def test_probe_lists_the_llamacpp_metric_names(llamacpp: LlamaServer) -> None:
-    result = CliRunner().invoke(app, ["probe", llamacpp.url, "--json"])
-    assert result.exit_code == 0, result.output
-    names = set(json.loads(result.output)["metric_names"])
-    missing = [n for n in LLAMACPP_METRICS if n not in names]
+    missing, names = missing_metrics(llamacpp.url, LLAMACPP_METRICS)
     assert not missing, f"llama-server exposes no {missing}; it has {sorted(names)}"
 
 
@@ -77,26 +71,23 @@ async def test_usage_cached_tokens_agree_with_the_servers_processed_prompt_count
     """
     rng = random.Random(7)
     conversations = [words(rng.randint(300, 700), seed=10 + i) for i in range(3)]
-    async with ServerProbe(llamacpp.url) as probe:
-        before = (await probe.metrics()).normalised()
-        client = ChatClient(llamacpp.url)
+
+    async def send(client: ChatClient) -> list[RequestRecord]:
         records = []
-        try:
-            for turn in range(4):
-                for i, history in enumerate(conversations):
-                    body = {"model": ALIAS, "messages": [{"role": "user", "content": history}], "max_tokens": 8,
-                            "ignore_eos": True, "n_predict": 8}  # fmt: skip
-                    record = await client.chat(body)
-                    records.append(record)
-                    conversations[i] = history + " " + words(rng.randint(40, 120), seed=100 * turn + i)
-        finally:
-            await client.aclose()
-        after = (await probe.metrics()).normalised()
+        for turn in range(4):
+            for i, history in enumerate(conversations):
+                body = {"model": ALIAS, "messages": [{"role": "user", "content": history}], "max_tokens": 8,
+                        "ignore_eos": True, "n_predict": 8}  # fmt: skip
+                records.append(await client.chat(body))
+                conversations[i] = history + " " + words(rng.randint(40, 120), seed=100 * turn + i)
+        return records
+
+    records, increase = await counter_increase(llamacpp.url, send)
     assert all(r.outcome is Outcome.OK for r in records), [r.error_message for r in records]
     assert all(r.cached_tokens is not None for r in records), "llama-server sent no usage.prompt_tokens_details"
     prompt = sum(r.prompt_tokens for r in records)
     cached = sum(r.cached_tokens or 0 for r in records)
-    processed = after["prompt_tokens"] - before.get("prompt_tokens", 0.0)
+    processed = increase["prompt_tokens"]
     usage_rate = cached / prompt
     server_rate = 1.0 - processed / prompt
     FIGURES["prompt-cache hit rate, 12 requests on 3 conversations"] = (

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from agentload.bench.results import RunResult
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServerProbe
-from tests.integration.conftest import BLOCK_TOKENS, CONTEXT, FIGURES, MAX_MODEL_LEN, POOL_BLOCKS, TIER_DIR, VllmServer
+from tests.integration.vllm import BLOCK_TOKENS, CONTEXT, FIGURES, MAX_MODEL_LEN, POOL_BLOCKS, TIER_DIR, VllmServer
 
 
 @pytest.fixture(params=["tiny", "realistic"])

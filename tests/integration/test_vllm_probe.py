@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
 import pytest
-from typer.testing import CliRunner
 
-from agentload.cli.main import app
 from agentload.endpoint.client import ChatClient
-from agentload.endpoint.records import Outcome
-from agentload.endpoint.scrape import ServerProbe
+from agentload.endpoint.records import Outcome, RequestRecord
 from agentload.workload.agentic import WORDS
-from tests.integration.conftest import BLOCK_TOKENS, FIGURES, MAX_MODEL_LEN, MODEL, POOL_BLOCKS, VllmServer
+from tests.integration.harness.runs import counter_increase, missing_metrics
+from tests.integration.harness.runs import probe as run_probe
+from tests.integration.vllm import BLOCK_TOKENS, FIGURES, MAX_MODEL_LEN, MODEL, POOL_BLOCKS, VllmServer
 
 # The names domain.md §3 says vLLM exposes (counters with _total); probe lists histograms once, by base name.
 VLLM_METRICS = (
@@ -43,9 +41,7 @@ def words(n: int, seed: int) -> str:
 
 
 def test_probe_reports_the_pool_and_concurrency_vllm_logged_at_startup(vllm: VllmServer) -> None:
-    result = CliRunner().invoke(app, ["probe", vllm.url, "--json"])
-    assert result.exit_code == 0, result.output
-    probe = json.loads(result.output)
+    probe = run_probe(vllm.url)
     logged_tokens, logged_concurrency = vllm.startup_line()
     assert probe["engine"] == "vllm"
     assert probe["block_size"] == BLOCK_TOKENS
@@ -67,10 +63,7 @@ def test_probe_reports_the_pool_and_concurrency_vllm_logged_at_startup(vllm: Vll
 
 
 def test_probe_lists_the_vllm_metric_names(vllm: VllmServer) -> None:
-    result = CliRunner().invoke(app, ["probe", vllm.url, "--json"])
-    assert result.exit_code == 0, result.output
-    names = set(json.loads(result.output)["metric_names"])
-    missing = [n for n in VLLM_METRICS if n not in names]
+    missing, names = missing_metrics(vllm.url, VLLM_METRICS)
     assert not missing, f"vLLM 0.32 exposes no {missing}; it has {sorted(n for n in names if 'vllm' in n)}"
 
 
@@ -110,26 +103,24 @@ async def test_prefix_hits_from_usage_agree_with_the_server_counters(vllm: VllmS
     """The hit rate a client computes from usage equals vLLM's own prefix-cache counters over the same requests."""
     rng = random.Random(2)
     shared = words(600, seed=3)
-    async with ServerProbe(vllm.url) as probe:
-        before = (await probe.metrics()).normalised()
-        client = ChatClient(vllm.url)
+
+    async def send(client: ChatClient) -> list[RequestRecord]:
         records = []
-        try:
-            for i in range(12):
-                tail = words(rng.randint(50, 400), seed=100 + i)
-                content = shared + " " + tail if i % 3 else tail
-                body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
-                records.append(await client.chat(body))
-        finally:
-            await client.aclose()
-        after = (await probe.metrics()).normalised()
+        for i in range(12):
+            tail = words(rng.randint(50, 400), seed=100 + i)
+            content = shared + " " + tail if i % 3 else tail
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+            records.append(await client.chat(body))
+        return records
+
+    records, increase = await counter_increase(vllm.url, send)
     assert all(r.outcome is Outcome.OK for r in records)
     prompt = sum(r.prompt_tokens for r in records)
     cached = sum(r.cached_tokens or 0 for r in records)
     usage_rate = cached / prompt
     keys = ("prefix_hits", "prefix_queries")
-    assert all(k in after for k in keys), sorted(after)
-    hits, queries = (after[k] - before.get(k, 0.0) for k in keys)
+    assert all(k in increase for k in keys), sorted(increase)
+    hits, queries = (increase[k] for k in keys)
     server_rate = hits / queries
     assert queries == pytest.approx(prompt)
     assert abs(usage_rate - server_rate) <= 0.01

@@ -14,13 +14,12 @@ import statistics
 import urllib.request
 
 import numpy as np
-from typer.testing import CliRunner
 
-from agentload.cli.main import app
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome, RequestRecord, UsageSource
 from agentload.workload.agentic import words
-from tests.integration.conftest import (
+from tests.integration.harness.runs import probe as run_probe
+from tests.integration.vllm import (
     BLOCK_TOKENS,
     FIGURES,
     MAX_MODEL_LEN,
@@ -113,9 +112,7 @@ async def test_ignore_eos_with_min_tokens_gives_exact_lengths(vllm_realistic: Vl
 
 
 def test_probe_reports_the_pool_and_model(vllm_realistic: VllmServer) -> None:
-    result = CliRunner().invoke(app, ["probe", vllm_realistic.url, "--json"])
-    assert result.exit_code == 0, result.output
-    probe = json.loads(result.output)
+    probe = run_probe(vllm_realistic.url)
     logged_tokens, _ = vllm_realistic.startup_line()
     assert probe["engine"] == "vllm"
     assert probe["model"] == REALISTIC_MODEL

@@ -1,0 +1,97 @@
+"""bench, probe, calibrate and the simulator driven as a user drives them, and the server's counters around requests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner, Result
+
+from agentload.bench.results import RunResult
+from agentload.capacity.profile import load_profile
+from agentload.cli.main import app
+from agentload.endpoint.client import ChatClient
+from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.scrape import ServerProbe
+
+
+def bench(out: Path, *args: str) -> RunResult:
+    """``agentload bench --json`` into ``out``; the one run it wrote."""
+    result = CliRunner().invoke(app, ["bench", "--out", str(out), "--json", *args])
+    assert result.exit_code == 0, result.output
+    runs = list(out.glob("*/result.json"))
+    assert len(runs) == 1
+    return RunResult.model_validate_json(runs[0].read_text())
+
+
+def probe(url: str) -> dict[str, Any]:
+    """``agentload probe URL --json``, parsed."""
+    result = CliRunner().invoke(app, ["probe", url, "--json"])
+    assert result.exit_code == 0, result.output
+    found: dict[str, Any] = json.loads(result.output)
+    return found
+
+
+def missing_metrics(url: str, expected: tuple[str, ...]) -> tuple[list[str], set[str]]:
+    """The ``expected`` metric names probe does not list, and the names it does."""
+    names = set(probe(url)["metric_names"])
+    return [n for n in expected if n not in names], names
+
+
+async def counter_increase(
+    url: str, send: Callable[[ChatClient], Awaitable[list[RequestRecord]]]
+) -> tuple[list[RequestRecord], dict[str, float]]:
+    """The records ``send`` made, and how much each of the server's normalised counters rose around them."""
+    async with ServerProbe(url) as scrape:
+        before = (await scrape.metrics()).normalised()
+        client = ChatClient(url)
+        try:
+            records = await send(client)
+        finally:
+            await client.aclose()
+        after = (await scrape.metrics()).normalised()
+    return records, {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def calibrate(url: str, out: Path, max_batch: int) -> Result:
+    """``agentload calibrate`` with two repeats per point; the caller judges the outcome (one engine xfails)."""
+    return CliRunner().invoke(app, ["calibrate", "--url", url, "-o", str(out), "--repeats", "2",
+                                    "--max-batch", str(max_batch)])  # fmt: skip
+
+
+def simulate_knee_search(profile: Path, knee_args: tuple[str, ...], max_agents: int, out: Path,
+                         timeout_s: float) -> RunResult:  # fmt: skip
+    """``bench --sim PROFILE --find-knee`` with the real search's arguments, in a subprocess as a user runs it.
+
+    With a timeout: once (before 94f4c72 fixed the client's idle guard re-arming forever in virtual time) the
+    in-process run hung for 7 minutes where the command alone takes ~25 s; a regression of that kind now fails
+    instead of hanging the tier.
+    """
+    done = subprocess.run(
+        [sys.executable, "-m", "agentload", "bench", "--sim", str(profile), *knee_args, "--find-knee",
+         "--max-agents", str(max_agents), "--json", "--out", str(out)],
+        capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return RunResult.model_validate_json(next(out.glob("*/result.json")).read_text())
+
+
+def throughput_ratios(real: RunResult, sim: RunResult) -> dict[int, float]:
+    """Simulated ÷ real output tok/s at every level both runs measured (and the real one served anything)."""
+    real_by, sim_by = {lv.agents: lv for lv in real.levels}, {lv.agents: lv for lv in sim.levels}
+    shared = sorted(set(real_by) & set(sim_by))
+    return {n: sim_by[n].output_tps / real_by[n].output_tps for n in shared if real_by[n].output_tps > 0}
+
+
+def coefficients_text(profile_path: Path) -> str:
+    """A calibrated profile's coefficients in the units they are read in."""
+    c = load_profile(str(profile_path)).coefficients
+    return (
+        f"prefill {c.prefill_s_per_token * 1e6:.1f} µs/token, weights {c.weights_s * 1e3:.2f} ms/step, "
+        f"kv {c.kv_s_per_token * 1e9:.1f} ns/token, attention {c.attention_s_per_pair * 1e12:.2f} ps/pair, "
+        f"api overhead {c.api_overhead_s * 1e3:.1f} ms"
+    )
