@@ -134,3 +134,59 @@ def test_a_url_with_credentials_is_stored_redacted_and_must_be_given_again(tmp_p
     assert code == 2
     assert "give that --url again" not in err
     assert "u:p@" not in err
+
+
+def test_a_run_the_server_loss_stopped_resumes_and_its_times_go_on(
+    finished: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
+    done_dir, whole = finished
+    run = _interrupt(done_dir, tmp_path, keep=2)
+    # What a lost server leaves: a result marked incomplete beside the finished levels (the lost one not among them).
+    result = json.loads((done_dir / "result.json").read_text())
+    result["levels"] = result["levels"][:2]
+    result["knee"] = []
+    result["incomplete"] = "the server stopped answering"
+    (run / "result.json").write_text(json.dumps(result))
+    last_kept = max(json.loads(ln)["t"] for ln in (run / "samples.jsonl").read_text().splitlines()
+                    if json.loads(ln)["level"] < 2)  # fmt: skip
+    code, out, err = _bench(["bench", "--resume", str(run), "--json"])
+    assert code == 0, err
+    resumed = json.loads(out)
+    assert resumed["incomplete"] is None
+    assert [lv["agents"] for lv in resumed["levels"]] == [1, 2, 4]
+    assert resumed["levels"][2]["output_tps"] == pytest.approx(whole["levels"][2]["output_tps"], rel=1e-9)  # type: ignore[index]
+    assert (run / "result.incomplete.json").is_file()
+    # The resumed level's samples come after the kept ones on the run's one time axis.
+    new = [json.loads(ln)["t"] for ln in (run / "samples.jsonl").read_text().splitlines()
+           if json.loads(ln)["level"] == 2]  # fmt: skip
+    assert new
+    assert min(new) >= last_kept
+    # Indexed in the history of the root it lives in (the resume was given by path, with no --out).
+    assert (tmp_path / "history.sqlite").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [("agents", "4", "agents"), ("find_knee", "yes", "find_knee"), ("context", 4096, "context")],
+)
+def test_a_damaged_invocation_is_one_error_line(
+    finished: tuple[Path, dict[str, object]], tmp_path: Path, field: str, value: object, says: str
+) -> None:
+    run = _interrupt(finished[0], tmp_path, keep=1)
+    stored = json.loads((run / "bench.json").read_text())
+    stored[field] = value
+    (run / "bench.json").write_text(json.dumps(stored))
+    code, _, err = _bench(["bench", "--resume", str(run)])
+    assert code == 2
+    assert f"bench.json: {says}" in err
+    assert "Traceback" not in err
+    assert not (run / "records.interrupted.jsonl").exists()
+
+
+def test_a_resume_does_not_switch_servers(tmp_path: Path) -> None:
+    run = tmp_path / "20260101-000000-abcd"
+    run.mkdir()
+    (run / "bench.json").write_text(json.dumps({"url": "http://127.0.0.1:9/v1", "model": "m", "find_knee": True}))
+    code, _, err = _bench(["bench", "--resume", str(run), "--url", "http://127.0.0.1:10/v1"])
+    assert code == 2
+    assert "a resume continues against it" in err

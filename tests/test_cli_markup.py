@@ -41,3 +41,19 @@ def test_a_trace_path_with_markup_is_named_as_it_is(tmp_path: Path) -> None:
                          "--agents", "1", "--warmup", "1s", "--window", "5s", "--out", runs])  # fmt: skip
     assert code == 0, out
     assert f"trace:{trace}" in out.replace("\n", "")
+
+
+def test_probe_shows_what_the_server_said_as_text() -> None:
+    from rich.console import Console
+
+    from agentload.cli.probe import render
+    from agentload.endpoint.probe import ProbeResult
+
+    odd = "b1-[/x]-[bold]"  # a llama-server build_info, a model id, a note: the server's text
+    result = ProbeResult(url="http://127.0.0.1:1/v1", engine="llamacpp", version=odd, model=f"m{odd}",
+                         models=[f"m{odd}", "other"], notes=[f"note {odd}"])  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(render(result))  # raised MarkupError before
+    shown = console.export_text()
+    assert "b1-[/x]-[bold]" in shown
+    assert f"note {odd}" in shown

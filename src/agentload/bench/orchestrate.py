@@ -153,17 +153,19 @@ async def run_bench(
     on_data: DataHook | None = None,
     resumed: Sequence[LevelSummary] = (),
     created: str | None = None,
+    resume_from_s: float = 0.0,
 ) -> tuple[RunResult, list[LevelData]]:
     """Run the plan's levels and compile the result; the levels' raw data is returned beside it.
 
     ``on_data`` gets each level's raw data as it ends (its server samples are written then), ``on_level`` its
     summary. ``resumed``: the levels an interrupted run of the same plan finished, in order; the plan retraces its
     steps (a knee search decides from the same figures the same way) and takes those instead of measuring them
-    again, so a resumed run measures only what the interrupted one had not.
+    again, so a resumed run measures only what the interrupted one had not. ``resume_from_s``: the run time the
+    interrupted run had reached (its last sample), so the resumed levels' times follow the kept ones on one axis.
     """
     run_id = run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     created = created or datetime.now(UTC).isoformat(timespec="seconds")
-    t0 = LoopClock().now()
+    t0 = LoopClock().now() - resume_from_s
     all_data: list[LevelData] = []
     levels: list[LevelSummary] = []
     knees: list[Knee] = []

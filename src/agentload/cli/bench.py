@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.markup import escape
 
 from agentload.bench.analysis import LevelData
@@ -185,6 +186,36 @@ INVOCATION_FLAGS = (
     "warmup", "window", "tolerance", "max_agents", "compare_synthetic", "seed", "natural_output", "min_turns",
     "wait_ready",
 )  # fmt: skip
+
+
+class StoredFlags(BaseModel):
+    """``bench.json`` read back: the types the flags were written with (a damaged file is one clear error)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    url: str | None = None
+    url_redacted: bool = False
+    model: str | None = None
+    api_key_env: str | None = None
+    sim: str | None = None
+    workload: str = "agentic-hold"
+    context: str = "40960"
+    sweep: str | None = None
+    find_knee: bool = False
+    slo: str | None = None
+    soak: str | None = None
+    agents: int | None = None
+    warmup: str = "120s"
+    window: str = "300s"
+    tolerance: float = Field(default=0.10, strict=False)
+    max_agents: int = 1024
+    compare_synthetic: bool = False
+    seed: int = 0
+    natural_output: bool = False
+    min_turns: int | None = None
+    wait_ready: str = "120s"
+
+
 # Flags a resume may give again: how to reach the server, which a run directory does not keep whole.
 RESUME_MAY_REPEAT = ("url", "api_key_env", "wait_ready")
 
@@ -203,6 +234,12 @@ def resumed_flags(ref: str, out: Path | None, given: dict[str, Any]) -> tuple[Pa
     unknown = sorted(set(stored) - {*INVOCATION_FLAGS, "url_redacted"})
     if unknown:
         raise CheckpointError(f"{path}/bench.json has flags this agentload does not know ({', '.join(unknown)})")
+    try:
+        StoredFlags.model_validate(stored)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CheckpointError(f"{path}/bench.json: {where}: {first['msg']}; the file is damaged") from exc
     defaults = {name: p.default for name, p in inspect.signature(bench).parameters.items()}
     extra = [k for k in INVOCATION_FLAGS if k not in RESUME_MAY_REPEAT and given[k] != defaults[k]]
     if extra:
@@ -214,6 +251,11 @@ def resumed_flags(ref: str, out: Path | None, given: dict[str, Any]) -> tuple[Pa
         if given["url"] is None or redact_url(given["url"]) != stored["url"]:
             raise ConfigError(f"the run was started against {stored['url']}; give that --url again to resume it")
         flags["url"] = given["url"]
+    elif given["url"] is not None and given["url"] != stored.get("url"):
+        raise ConfigError(
+            f"the run was started against {redact_url(str(stored.get('url')))}; a resume continues against it "
+            "(drop --url, or start a new run)"
+        )
     flags.pop("url_redacted", None)
     for k in ("api_key_env", "wait_ready"):
         if given[k] != defaults[k]:
@@ -335,6 +377,7 @@ def run(
     store = RunStore(out)
     resumed: list[LevelSummary] = []
     created: str | None = None
+    resume_from_s = 0.0
     if resume_dir is None:
         writer = store.create()
         if url is not None and redact_url(url) != url:
@@ -346,18 +389,25 @@ def run(
         info = read_info(resume_dir)
         created = info.created if info is not None else None
         moved = previous.set_aside_unfinished(len(resumed))
-        writer = RunWriter(resume_dir, on_finish=store.history.add)
+        # Indexed in the history of the root the run lives in, not of --out (a resume may be given by its path).
+        writer = RunWriter(resume_dir, on_finish=RunStore(resume_dir.parent).history.add)
+        resume_from_s = previous.last_sample_time()
         kept = f"{len(resumed)} finished level(s) kept"
         aside = f"; the interrupted level's {moved} record(s) moved to records.interrupted.jsonl" if moved else ""
         err_console.print(f"[dim]resuming {escape(str(resume_dir))}: {kept}{aside}[/]")
+
+    lost_levels: set[int] = set()
 
     def on_data(data: LevelData) -> None:
         # Written as each level ends, so a run killed later keeps every finished level's timeline.
         for raw in data.samples:
             writer.sample(data.level, raw.sample)
+        if data.lost is not None:
+            lost_levels.add(data.level)
 
     def on_level(s: LevelSummary) -> None:
-        writer.level(s)
+        if s.level not in lost_levels:  # a level the server's loss cut short is measured again on resume
+            writer.level(s)
         hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
         ttft = s.ttft_s.p50
         ctx = "-" if s.context_mean is None else f"{s.context_mean:,.0f}"
@@ -380,7 +430,8 @@ def run(
     async def go() -> tuple[RunResult, list[LevelData]]:
         try:
             return await run_bench(plan, pool=pool, slots=slots, on_level=on_level, on_data=on_data, sink=writer.record,
-                                   run_id=writer.run_id, resumed=resumed, created=created)  # fmt: skip
+                                   run_id=writer.run_id, resumed=resumed, created=created,
+                                   resume_from_s=resume_from_s)  # fmt: skip
         finally:
             if not sim:
                 await make_target().transport.aclose()

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from agentload.cli.common import ApiKeyEnvOption, JsonOption, console, reports_errors, resolve_key_env
 from agentload.endpoint import probe as engine_probe
@@ -24,7 +25,8 @@ def _number(value: int | None) -> str:
 
 def render(result: ProbeResult) -> Table:
     """The probe as a two-column table (what was asked, what the server said)."""
-    table = Table(title=f"{result.url}: {ENGINE_LABELS[result.engine]}", title_justify="left", show_header=False)
+    # Every value is the server's or the user's text: shown as text, never read as rich markup.
+    table = Table(title=Text(f"{result.url}: {ENGINE_LABELS[result.engine]}"), title_justify="left", show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
     cached = _yes_no(result.reports_cached_tokens)
@@ -52,9 +54,9 @@ def render(result: ProbeResult) -> Table:
     if len(result.models) > 1:
         rows.insert(3, ("models served", ", ".join(result.models)))
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, Text(value))
     for note in result.notes:
-        table.add_row("note", note)
+        table.add_row("note", Text(note))
     return table
 
 

@@ -178,12 +178,25 @@ class RunDir:
             raise CheckpointError(f"{path} is not a bench invocation (expected a JSON object)")
         return raw
 
+    def last_sample_time(self) -> float:
+        """The run time of the last server sample on disk (0 when there is none): where a resumed run goes on."""
+        path = self.path / SAMPLES
+        if not path.exists():
+            return 0.0
+        return max((s.sample.t for s in JsonlReader(path, LevelSample)), default=0.0)
+
     def set_aside_unfinished(self, finished: int) -> int:
         """Move the records and samples of levels past the first ``finished`` to the ``*.interrupted.jsonl`` files.
 
         A resumed run measures the interrupted level again under the same level number; its first, cut-short
-        attempt is kept beside the run rather than mixed into its records. Returns the records moved.
+        attempt is kept beside the run rather than mixed into its records. Returns the records moved. A run the
+        server's loss stopped has a result marked incomplete; it is set aside too (``result.incomplete.json``), as
+        the resumed run writes its own.
         """
+        if self.finished:
+            if self.result().incomplete is None:
+                raise CheckpointError(f"{self.path} holds a finished run; there is nothing to continue")
+            (self.path / RESULT).rename(self.path / "result.incomplete.json")
         moved = 0
         for name, aside, model in (
             (RECORDS, INTERRUPTED_RECORDS, RequestRecord),
