@@ -295,3 +295,24 @@ def test_the_vllm_face_stays_for_pool_profiles_and_can_be_chosen_for_slots() -> 
     assert not SimServer(SimConfig(profile=slot_profile(), api="vllm")).llamacpp
     with pytest.raises(ConfigError, match="no slots"):
         SimServer(SimConfig(profile=load_profile("laptop"), api="llamacpp"))
+
+
+async def test_a_request_that_waited_for_a_slot_keeps_what_it_asked() -> None:
+    # One slot: b waits while a runs; a's response ends (the client closes it) before b gets the slot.
+    _server, transport = sim(slot_profile(slots=1))
+    try:
+        body_a = {"prompt": words(30), "n_predict": 3000, "ignore_eos": True, "stream": True}
+        body_b = {"prompt": words(30, start=500), "n_predict": 2500, "ignore_eos": True, "stream": True}
+        a = await transport.send("POST", URL + "/completion", json.dumps(body_a).encode(), {})
+        await anext(a.chunks())
+        b = await transport.send("POST", URL + "/completion", json.dumps(body_b).encode(), {})
+        queued = await get_json(transport, "/slots")
+        a.close()
+        await anext(b.chunks())  # b has the slot now
+        busy = await get_json(transport, "/slots")
+        b.close()
+    finally:
+        await transport.aclose()
+    assert queued[0]["params"]["n_predict"] == 3000  # a held the slot while b waited
+    assert busy[0]["is_processing"] is True
+    assert busy[0]["params"]["n_predict"] == 2500  # was -1: b's request was forgotten when a's response ended

@@ -454,9 +454,11 @@ class SimServer:
                 # too), not in the engine's step callback, which can run after the client already has its reply.
                 self.llama_metrics.on_finished(req)
             if self._asked:
-                # Keep what a request asked only while a slot still shows it as its current or last task.
+                # Keep what a request asked while it waits for a slot or runs, and while a slot still shows it as
+                # its current or last task; forget it after that.
                 shown = {v.task.request_id for v in self.engine.slots.view() if isinstance(v.task, SimRequest)} if (
                     self.engine.slots is not None) else set()  # fmt: skip
+                shown |= {r.request_id for r in (*self.engine.waiting, *self.engine.running)}
                 for rid in [r for r in self._asked if r not in shown and r != req.request_id]:
                     del self._asked[rid]
 
