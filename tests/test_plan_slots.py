@@ -99,6 +99,8 @@ def test_the_cli_prints_the_slot_plan_and_json() -> None:
         (["--slots", "4", "--offload-gib", "10"], "no CPU KV offload"),
         (["--slots", "4", "--max-model-len", "8192"], "give one"),
         (["--slots", "4", "--context-per-agent", "40000"], "does not fit a slot"),
+        # llama.cpp splits layers across GPUs; sized with vLLM's tensor-parallel rules it over-stated the KV.
+        (["--slots", "4", "--gpus", "16"], "--slots plans one GPU"),
     ],
 )
 def test_bad_slot_values_are_one_error_line(extra: list[str], needle: str) -> None:

@@ -752,6 +752,13 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
     assert spec.slots is not None
     model = found.spec
     n = spec.slots
+    if spec.num_gpus > 1:
+        # The profile's KV arithmetic is vLLM's tensor parallelism (KV heads split or copied per GPU); llama.cpp's
+        # default splits layers instead, each layer's KV whole on one GPU. Refused rather than sized wrong.
+        raise ConfigError(
+            f"--slots plans one GPU: llama.cpp splits a model's layers across {spec.num_gpus} GPUs, which this "
+            "planner does not model yet (its KV arithmetic is vLLM's tensor parallelism); use --gpus 1"
+        )
     per_slot = spec.slot_context or spec.max_model_len or model.max_position_embeddings
     if per_slot is None:
         raise ConfigError(f"model {model.name} states no max_position_embeddings; pass --slot-context")
