@@ -232,3 +232,16 @@ def test_calibrating_a_llamacpp_server_writes_a_slot_profile() -> None:
     text = tomli_w.dumps(doc)
     profile = parse_profile(text, "calibrated")
     assert (profile.slots, profile.max_num_seqs, profile.pool_tokens) == (3, 3, 3 * 4096)
+
+
+def test_cache_loss_below_the_slot_count_is_explained_as_slots_taken_not_a_pool_overflow() -> None:
+    # Two agents on three slots: the hit rate collapses with no queue — agents took each other's slots.
+    good = level(1, tps=100.0, hit=0.977, running=0.1, waiting=0.0, kv=None)
+    bad = level(2, tps=60.0, hit=0.506, running=0.2, waiting=0.0, kv=None)
+    why = explain_knee(good, bad, slots=3)
+    assert why.cause == "cache_eviction"
+    assert "still within the server's 3 slots" in why.summary
+    assert "97.7% to 50.6%" in why.summary
+    assert "outgrow the KV pool" not in why.summary
+    # Without slots (a paged-pool server) the same figures keep the pool reading.
+    assert "outgrow the KV pool" in explain_knee(good, bad).summary

@@ -271,11 +271,23 @@ def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | N
         )
     elif hit_drop >= 0.10 or (hit_drop >= 0.01 and miss_ratio >= 1.5 and pool_full):
         cause = "cache_eviction"
-        summary = (
-            f"past {good.agents} agents the live contexts outgrow the KV pool: the prefix-cache hit rate falls from "
-            f"{h_good:.1%} to {h_bad:.1%} ({miss_ratio:.1f}× the prompt tokens to recompute), so evicted sessions "
-            "re-prefill their whole context"
-        )
+        if slots is not None and bad.agents <= slots:
+            # Below the slot count a slot server has no shared pool to outgrow: its cache loss is agents taking
+            # each other's slots (llama.cpp gives a turn the idle slot most like its prompt, a shared system prompt
+            # included, before an empty one).
+            summary = (
+                f"past {good.agents} agents, still within the server's {slots} slots, turns take each other's slots: "
+                f"the per-slot prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} ({miss_ratio:.1f}× the "
+                "prompt tokens to recompute), as a turn is given the idle slot most like its prompt (llama.cpp's "
+                "--slot-prompt-similarity; a shared system prompt makes another agent's slot look alike) rather "
+                "than an empty one; pinning each agent to its own slot (llama.cpp's id_slot) avoids it"
+            )
+        else:
+            summary = (
+                f"past {good.agents} agents the live contexts outgrow the KV pool: the prefix-cache hit rate falls "
+                f"from {h_good:.1%} to {h_bad:.1%} ({miss_ratio:.1f}× the prompt tokens to recompute), so evicted "
+                "sessions re-prefill their whole context"
+            )
         if pre_up > 0.5:
             summary += f", and running requests are preempted ({pre_rate(bad):.1f}/min)"
     elif pre_up > 0.5:
