@@ -274,18 +274,7 @@ def render(p: Plan) -> None:
     if p.curve is not None:
         _render_curve(p)
 
-    console.print("[bold]vLLM serve command[/]")
-    console.print("  " + " \\\n    ".join(_command_parts(p)), soft_wrap=True)
-    for note in p.serve.notes:
-        console.print(f"  [yellow]note:[/] {escape(note)}")
-
-    t = Table(title="where the numbers come from", title_justify="left")
-    t.add_column("figure")
-    t.add_column("kind")
-    t.add_column("how")
-    for d in p.derivations:
-        t.add_row(d.figure, d.kind, d.how)
-    console.print(t)
+    _render_command_and_sources(p, "vLLM serve command")
 
 
 def _render_slots(p: Plan) -> None:
@@ -336,10 +325,15 @@ def _render_slots(p: Plan) -> None:
         )
     if p.curve is not None:
         _render_curve(p)
-    console.print("[bold]llama-server command[/]")
+    _render_command_and_sources(p, "llama-server command")
+
+
+def _render_command_and_sources(p: Plan, heading: str) -> None:
+    """The serve command with its notes, then where every figure comes from (vLLM and llama.cpp plans alike)."""
+    console.print(f"[bold]{heading}[/]")
     console.print("  " + " \\\n    ".join(_command_parts(p)), soft_wrap=True)
     for note in p.serve.notes:
-        console.print(f"  [yellow]note:[/] {note}")
+        console.print(f"  [yellow]note:[/] {escape(note)}")
     t = Table(title="where the numbers come from", title_justify="left")
     t.add_column("figure")
     t.add_column("kind")
