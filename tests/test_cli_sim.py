@@ -29,7 +29,8 @@ def _start(*args: str) -> tuple[subprocess.Popen[str], list[str], str]:
     )
     assert proc.stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + 30
+    # Generous: on a loaded 2-core machine a fresh interpreter importing the package can take tens of seconds.
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
@@ -64,6 +65,16 @@ def test_sim_prints_vllm_capacity_lines_and_serves() -> None:
     finally:
         _stop(proc)
     assert proc.returncode == 0
+
+
+def test_sim_prints_llama_servers_slot_line_for_a_slot_profile() -> None:
+    # A slot profile is served with llama-server's face, so its banner is llama-server's, not vLLM's pool lines.
+    proc, lines, _ = _start("--profile", "llamacpp-8b-l40s")
+    try:
+        assert "load_model: initializing, n_slots = 4, n_ctx_slot = 32768, kv_unified = 'false'" in lines
+        assert not any("KV cache size" in line or "Maximum concurrency" in line for line in lines)
+    finally:
+        _stop(proc)
 
 
 def test_sim_max_model_len_override_changes_the_concurrency_line() -> None:

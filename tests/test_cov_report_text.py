@@ -114,6 +114,16 @@ def test_capacity_sentence_with_a_shared_system_prompt() -> None:
     assert "system prompt" not in text.capacity_sentence(_estimate(shared_prefix_tokens=4096))
 
 
+def test_a_slot_count_below_the_pool_fit_is_named_as_the_prediction() -> None:
+    # 655,360 ÷ 40,960 = 16 sessions by memory, but 3 slots: 3 run at once.
+    sentence = text.capacity_sentence(_estimate(slots=3))
+    assert sentence.endswith("≈ 16.0 sessions (dense-attention estimate; a lower bound for sliding-window / sparse "
+                             "attention; pool from cache_config_info); the server has 3 slots, so at most 3 agents "
+                             "run at once (the prediction).")  # fmt: skip
+    # More slots than the pool holds: the pool decides, and the slots are not mentioned.
+    assert "slots" not in text.capacity_sentence(_estimate(slots=32))
+
+
 def test_an_unknown_pool_claims_no_estimate() -> None:
     sentence = text.capacity_sentence(_estimate(pool_tokens=None, sessions=None, source="not reported"))
     assert sentence == "KV pool unknown (not reported): no capacity estimate at 40,960 tokens per session."

@@ -51,6 +51,7 @@ from agentload.capacity.profile import (
     ProfileFile,
     ServingProfile,
     resolve,
+    slot_startup_line,
 )
 from agentload.errors import ConfigError
 
@@ -815,7 +816,7 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
         fits_memory=allows >= n,
         agents_that_fit=n,
         past_slots=past,
-        startup_line=f"load_model: initializing, n_slots = {n}, n_ctx_slot = {per_slot}, kv_unified = 'false'",
+        startup_line=slot_startup_line(n, per_slot),
         notes=tuple(notes),
     )
     weight_dtype = spec.weight_dtype or model.checkpoint_dtype

@@ -205,11 +205,18 @@ class ServingProfile:
         return logical_blocks * self.layout.page_bytes * self.layout.full_groups / self.offload_load_bytes_per_s
 
     def startup_lines(self, device: str = "GPU") -> list[str]:
-        """vLLM's two capacity lines, formatted as vLLM formats them."""
+        """The server's capacity lines as it logs them: vLLM's two, or llama-server's slot line for a slot profile."""
+        if self.slots is not None:
+            return [slot_startup_line(self.slots, self.max_model_len)]
         return [
             f"{device} KV cache size: {self.pool_tokens:,} tokens",
             f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
         ]
+
+
+def slot_startup_line(slots: int, per_slot: int) -> str:
+    """What llama-server logs when it sizes its slots (``-np`` slots of ``-c ÷ -np`` tokens each)."""
+    return f"load_model: initializing, n_slots = {slots}, n_ctx_slot = {per_slot}, kv_unified = 'false'"
 
 
 def weights_bytes(model: ModelSpec, weight_bytes_per_param: float) -> float:

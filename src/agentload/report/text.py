@@ -91,9 +91,14 @@ def capacity_sentence(est: CapacityEstimate) -> str:
             f"; with the {est.shared_prefix_tokens:,}-token system prompt every agent shares stored once, "
             f"≈ {est.sessions_shared_prefix:,.1f} sessions (the prediction the knee is compared with)"
         )
+    # A slot server runs at most its slot count at once however large its pool, so the prediction is the smaller.
+    pool_fit = est.sessions_shared_prefix if est.sessions_shared_prefix is not None else est.sessions
+    slots = ""
+    if est.slots is not None and est.slots < pool_fit:
+        slots = f"; the server has {est.slots} slots, so at most {est.slots} agents run at once (the prediction)"
     return (
         f"KV pool {est.pool_tokens:,} tokens ÷ {est.context:,} tokens per session ≈ {est.sessions:,.1f} sessions"
-        f"{realised} ({est.label}; pool from {est.source}){shared}."
+        f"{realised} ({est.label}; pool from {est.source}){shared}{slots}."
     )
 
 
