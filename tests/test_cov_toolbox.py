@@ -63,6 +63,25 @@ async def test_a_failing_tool_is_an_error_result_for_the_model(tmp_path: Path) -
     assert overflow.text.startswith("error: calculator failed:")
     syntax = await reg.call("calculator", json.dumps({"expression": "1 +"}))
     assert syntax.error
+    # 5,000 nested minus signs: too deep for the parser, and over the length bound, so refused before parsing.
+    deep = await reg.call("calculator", json.dumps({"expression": "-" * 5000 + "1"}))
+    assert deep.text == "error: calculator failed: expression longer than 1,000 characters"
+    # Within the bound, a nesting the parser cannot build still says why.
+    nested = await reg.call("calculator", json.dumps({"expression": "-" * 990 + "1"}))
+    assert nested.error
+    assert nested.text != "error: calculator failed: "
+
+
+async def test_an_exception_without_a_message_is_reported_by_its_kind(tmp_path: Path) -> None:
+    from agentload.agent.tools import Tool, ToolRegistry
+
+    def broken(args: object) -> str:
+        raise MemoryError
+
+    reg = ToolRegistry.of([Tool("broken", "Always fails.", {"type": "object", "properties": {}}, broken)])
+    result = await reg.call("broken", "{}")
+    assert result.error
+    assert result.text == "error: broken failed: MemoryError"
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,8 @@ class ToolRegistry:
             if inspect.isawaitable(out):
                 out = await out
         except Exception as exc:  # a tool's own failure is reported to the model, as a harness would
-            return ToolResult(f"error: {name} failed: {exc}", error=True)
+            # Some exceptions carry no message (MemoryError(), a bare raise of a class): name the kind instead.
+            return ToolResult(f"error: {name} failed: {str(exc) or type(exc).__name__}", error=True)
         return ToolResult(str(out))
 
 

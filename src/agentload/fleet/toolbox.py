@@ -82,8 +82,14 @@ def _evaluate(node: ast.AST) -> float:
     raise ValueError("only numbers and + - * / // % ** are allowed")
 
 
+# Longer than any arithmetic an agent asks for; parsing a megabyte of "1+1+…" would stall the agent's event loop.
+MAX_EXPRESSION_CHARS = 1_000
+
+
 def calculator(args: Mapping[str, Any]) -> str:
     expression = str(args.get("expression", ""))
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS:,} characters")
     value = _evaluate(ast.parse(expression, mode="eval"))
     return f"{value:g}"
 
