@@ -7,6 +7,11 @@ decides what each turn sends and what its reply means — go on after a pause, o
 order of things: one request a turn through a ``ChatBackend`` (declared here, by its consumer; it returns every
 attempt, retries included), the ``on_turn`` report, the pause between turns on the clock, and the stop check.
 
+A workload's agent does not call the loop: it *produces* its conversations (``Agent.conversations``, a generator
+that also says what to wait for between them and hears how each ended), and ``ConversationDriver`` runs them on
+``converse`` — so a workload module is only ever called by the loop, never calls it, and no turn goes back up
+the stack it came down.
+
 ``run_agent`` reports each finished turn through ``on_turn`` — the fleet checkpoints there, so a turn is either
 wholly in the checkpoint (assistant message, tool results, every attempt's record) or redone on resume, never
 half-kept and never repeated.
@@ -14,11 +19,13 @@ half-kept and never repeated.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -208,6 +215,110 @@ async def wait_until(clock: Clock, when: float, should_stop: Callable[[], bool],
 
 def _never() -> bool:
     return False
+
+
+# -- an agent's conversations, one after another -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Before the agent's next step: pause ``pause_s``, or until the clock reads ``until`` (in ``slice_s`` slices).
+
+    A wait the stop cuts short ends the agent (its generator is closed, as after the level's last turn).
+    """
+
+    pause_s: float = 0.0
+    until: float | None = None
+    slice_s: float = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start ``conversation`` alongside the agent's next steps (an open-loop arrival), once ``slots`` lets it in;
+    ``on_end`` hears how it ended. The agent ends only after every conversation it spawned has."""
+
+    conversation: Conversation
+    slots: asyncio.Semaphore
+    on_end: Callable[[Ending], None]
+
+
+Step = Conversation | Wait | Spawn
+# What an agent yields (a conversation to run now, a wait, a spawn) and is sent back: a conversation's Ending,
+# None after a wait or a spawn.
+Steps = Generator[Step, Ending | None, None]
+
+
+class TurnContext(Protocol):
+    """What running an agent's conversations needs of its context (``workload.base.LoadContext`` fits)."""
+
+    @property
+    def backend(self) -> ChatBackend: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def should_stop(self) -> bool: ...
+
+
+C = TypeVar("C", bound=TurnContext, contravariant=True)
+
+
+class Agent(Protocol[C]):
+    """A workload's agent: its conversations (agentic sessions, synthetic requests, trace replays) as ``Steps``."""
+
+    agent_id: str
+
+    def conversations(self, ctx: C) -> Steps: ...
+
+
+class ConversationDriver(Generic[C]):
+    """Runs an agent's conversations on ``converse``: every send, wait and spawn the agent asks for happens here."""
+
+    def __init__(self, agent: Agent[C]) -> None:
+        self.agent = agent
+        self.agent_id = agent.agent_id
+
+    async def run(self, ctx: C) -> None:
+        steps = self.agent.conversations(ctx)
+        running: set[asyncio.Task[None]] = set()
+        try:
+            answer: Ending | None = None
+            while True:
+                try:
+                    step = steps.send(answer)
+                except StopIteration:
+                    break
+                answer = None
+                if isinstance(step, Wait):
+                    if step.until is not None:
+                        going_on = await wait_until(ctx.clock, step.until, ctx.should_stop, step.slice_s)
+                    else:
+                        going_on = await pause(ctx.clock, step.pause_s, ctx.should_stop)
+                    if not going_on:
+                        break
+                elif isinstance(step, Spawn):
+                    await step.slots.acquire()
+                    task = asyncio.create_task(_spawned(step, ctx))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    task.add_done_callback(functools.partial(_release, step.slots))
+                else:
+                    answer = await converse(step, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
+            steps.close()
+            if running:  # spawned conversations finish their turn in flight (the stop ends them between turns)
+                await asyncio.gather(*running)
+        finally:
+            steps.close()
+            for task in running:
+                task.cancel()
+
+
+def _release(slots: asyncio.Semaphore, _: asyncio.Task[None]) -> None:
+    slots.release()
+
+
+async def _spawned(spawn: Spawn, ctx: TurnContext) -> None:
+    spawn.on_end(await converse(spawn.conversation, ctx.backend, ctx.clock, should_stop=ctx.should_stop))
 
 
 # -- the tool-calling agent --------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 One load, start to end:
 
-* **start** — every driver in a task of its own, through the strategy (``load.strategy``: all at once, staggered,
-  or gated with dependencies), whose background loop (a limiter's control) runs alongside;
+* **start** — every driver in a task of its own, run by the runner once the strategy admits it (``load.strategy``:
+  all at once, staggered, or gated with dependencies), whose background loop (a limiter's control) runs alongside;
 * **run** — until every driver is done; or, when the profile gives a ``body`` (bench's warm-up and window), until
   the body returns — it decides the end, and may call ``handle.stop()`` itself first; or until ``stop_after_s``;
 * **stop** — the ``StopSignal`` is set (drivers read it through their context's ``should_stop``) and they get
@@ -58,17 +58,9 @@ class ServerLost(Exception):
         self.detail = detail
 
 
-class StopSignal:
-    """Set once the load's time is up; a context's ``should_stop`` reads it."""
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
+# Set once the load's time is up; a context's ``should_stop`` reads it. A stdlib event, not a class of this
+# module: the drivers read it between turns, and a turn this runner started must not call back into it.
+StopSignal = asyncio.Event
 
 
 class End(StrEnum):
@@ -123,8 +115,15 @@ async def run_load(
     t0 = clock.now()
     strategy.prepare(drivers)
 
-    def drive(i: int, d: Driver[C]) -> Awaitable[None]:
-        return strategy.drive(i, d, lambda: d.run(ctx))
+    async def drive(i: int, d: Driver[C]) -> None:
+        # The strategy admits and takes back; the run itself is the runner's (a turn's stack: runner → driver).
+        if not await strategy.admit(i, d):
+            return
+        try:
+            await d.run(ctx)
+        finally:
+            strategy.leave(i, d)
+        await strategy.finished(i, d)
 
     # Created in this order — drivers, strategy loop, body, watch, timer — so that what runs in one instant runs
     # in a fixed order (the virtual-time figures depend on it).

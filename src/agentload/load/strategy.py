@@ -1,8 +1,10 @@
 """How many drivers run at once: the strategies the one runner (``load.runner``) starts its drivers through.
 
-A strategy sees every driver before any starts (``prepare``), wraps each driver's run (``drive``: wait until it
-may start, give back what it holds when it ends), and may keep a loop of its own while the load runs
-(``background``). Which loads to run is the profile's business, when each driver starts is the strategy's, and
+A strategy sees every driver before any starts (``prepare``), says when each may start (``admit``) and takes
+back what admitted it when its run ends (``leave``, however it ended; ``finished``, after a run that returned),
+and may keep a loop of its own while the load runs (``background``). The runner runs the driver itself, between
+``admit`` and ``leave``: a turn's stack holds the runner, never the strategy, which is done before the first turn.
+Which loads to run is the profile's business, when each driver starts is the strategy's, and
 running them is the runner's (style.md §4, after guidellm's profiles / strategies / scheduler).
 
 * ``AllAtOnce`` — every driver at once, a level's fixed count; optionally staggered over ``stagger_s`` so a bench
@@ -25,16 +27,22 @@ from agentload.clock import Clock
 from agentload.errors import ConfigError
 from agentload.vtime import LoopClock
 
-Run = Callable[[], Awaitable[None]]
-
 
 class Strategy(Protocol):
     def prepare(self, drivers: Sequence[Any]) -> None:
         """See every driver before the first one starts."""
         ...
 
-    async def drive(self, index: int, driver: Any, run: Run) -> None:
-        """Call ``run`` once the driver may start; give back whatever admitted it when it ends, however it ends."""
+    async def admit(self, index: int, driver: Any) -> bool:
+        """Wait until the driver may start; False when it finishes without running (nothing to give back)."""
+        ...
+
+    def leave(self, index: int, driver: Any) -> None:
+        """Give back whatever admitted the driver: its run ended, however it ended."""
+        ...
+
+    async def finished(self, index: int, driver: Any) -> None:
+        """The driver's run returned (after ``leave``; not called when it raised or was cancelled)."""
         ...
 
     def background(self) -> Coroutine[Any, Any, None] | None:
@@ -55,10 +63,16 @@ class AllAtOnce:
     def prepare(self, drivers: Sequence[Any]) -> None:
         self._count = len(drivers)
 
-    async def drive(self, index: int, driver: Any, run: Run) -> None:
+    async def admit(self, index: int, driver: Any) -> bool:
         if self.stagger_s > 0:
             await self.clock.sleep(index * self.stagger_s / max(1, self._count))
-        await run()
+        return True
+
+    def leave(self, index: int, driver: Any) -> None:
+        return None
+
+    async def finished(self, index: int, driver: Any) -> None:
+        return None
 
     def background(self) -> Coroutine[Any, Any, None] | None:
         return None
@@ -143,21 +157,24 @@ class Gated:
         if self._remaining[driver.group] == 0:
             self._done[driver.group].set()
 
-    async def drive(self, index: int, driver: Any, run: Run) -> None:
+    async def admit(self, index: int, driver: Any) -> bool:
         d: GatedDriver = driver
         d.announce()
         if d.settled:
-            return
+            return False
         for group in d.depends_on:
             await self._done[group].wait()
         if not await d.ready():
             self._finished(d)
-            return
+            return False
         await self.gate.enter(d.agent_id, d.priority())
-        try:
-            await run()
-        finally:
-            self.gate.leave(d.agent_id)
+        return True
+
+    def leave(self, index: int, driver: Any) -> None:
+        self.gate.leave(driver.agent_id)
+
+    async def finished(self, index: int, driver: Any) -> None:
+        d: GatedDriver = driver
         await d.done()
         self._finished(d)
 

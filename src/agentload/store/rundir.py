@@ -249,6 +249,8 @@ class RunWriter:
         self._records: JsonlWriter[RequestRecord] = JsonlWriter(path / RECORDS)
         self._samples: JsonlWriter[LevelSample] = JsonlWriter(path / SAMPLES)
         self._levels: JsonlWriter[LevelSummary] = JsonlWriter(path / LEVELS)
+        # A request's record goes straight to its log: the sink a bench's turns call, with nothing in between.
+        self.record: Callable[[RequestRecord], None] = self._records.write
         self._on_finish = on_finish
 
     @property
@@ -262,9 +264,6 @@ class RunWriter:
     @property
     def samples_written(self) -> int:
         return self._samples.written
-
-    def record(self, record: RequestRecord) -> None:
-        self._records.write(record)
 
     def sample(self, level: int, sample: ServerSample) -> None:
         self._samples.write(LevelSample(level=level, sample=sample))

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from agentload.agent.loop import STOPPED, End, Next, Request, converse, pause
+from agentload.agent.loop import STOPPED, ConversationDriver, End, Next, Request, Steps, Wait
 from agentload.agent.shape import (  # the shape, re-exported: it is this workload's
     CAP_SIGMAS,
     OPENING_OVERHEAD_TOKENS,
@@ -145,7 +145,8 @@ def tokens_per_word(record: RequestRecord, words_sent: int) -> float:
 @dataclass
 class AgenticDriver:
     """One agent: sessions back to back until the level ends, each a conversation (``GrowSession`` or
-    ``HoldSession``) run by ``agent.loop.converse``, which sends its turns and sleeps its pauses.
+    ``HoldSession``) that ``agent.loop.ConversationDriver`` runs on ``converse``, which sends its turns and sleeps
+    its pauses; this only produces the sessions and hears how each ended.
 
     Every size is in the server's tokens: text is written at ``ctx.sizing``'s tokens per word, and each turn
     closes the loop on the ``usage.prompt_tokens`` the server counted for the last one (see ``HoldSession``).
@@ -158,7 +159,7 @@ class AgenticDriver:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     sessions_started: int = 0
 
-    async def run(self, ctx: LoadContext) -> None:
+    def conversations(self, ctx: LoadContext) -> Steps:
         sizes = SizeStreams(self.shape, self.seed, self.index)
         # The same words for every agent of the workload (seeded by the seed alone), so the server caches it once.
         system = system_prompt(self.seed, ctx.sizing.words(self.shape.system_tokens))
@@ -166,14 +167,12 @@ class AgenticDriver:
         while not ctx.should_stop():
             n = self.sessions_started
             self.sessions_started += 1
-            session = session_kind(self, ctx, sizes, n, system)
-            end = await converse(session, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
-            if end.reason == STOPPED:  # the level ended mid-session: not a finished session, not reported
+            end = yield session_kind(self, ctx, sizes, n, system)
+            if end is None or end.reason == STOPPED:  # the level ended mid-session: not a finished session
                 return
             if end.reason == FAILED:
                 ctx.session_done(self.agent_id, ok=False)
-                if not await between_turns(ctx, FAILURE_PAUSE_S):
-                    return
+                yield Wait(FAILURE_PAUSE_S)
             else:
                 ctx.session_done(self.agent_id, ok=True)
 
@@ -319,11 +318,6 @@ def hold_margin(context: int) -> int:
     return 2 + math.ceil(0.002 * context)
 
 
-async def between_turns(ctx: LoadContext, seconds: float) -> bool:
-    """Sleep between sessions; False when the level is over (before or after the sleep)."""
-    return await pause(ctx.clock, seconds, ctx.should_stop)
-
-
 def agent_ids(count: int) -> list[str]:
     """``agent-0`` … with a fixed width, so they sort in order (the suite runner names agents the same way)."""
     if count < 1:
@@ -375,6 +369,6 @@ class AgenticWorkload:
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         shape = self.shape(context)
         return [
-            AgenticDriver(agent_id, i, shape, seed, dict(self.extra_body))
+            ConversationDriver(AgenticDriver(agent_id, i, shape, seed, dict(self.extra_body)))
             for i, agent_id in enumerate(agent_ids(count))
         ]

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentload.agent.loop import ChatBackend
+from agentload.agent.loop import ChatBackend, pause
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.suite.cases import select
@@ -29,7 +29,7 @@ from agentload.suite.model import Category, SuiteTest
 from agentload.suite.results import AgentStatus
 from agentload.suite.runner import LevelAccumulator, SuiteConfig, run_session
 from agentload.suite.scoring import Status
-from agentload.workload.agentic import FAILURE_PAUSE_S, agent_ids, between_turns
+from agentload.workload.agentic import FAILURE_PAUSE_S, agent_ids
 from agentload.workload.base import AgentDriver, LoadContext
 
 
@@ -81,8 +81,8 @@ class SuiteDriver:
                 scored += len(pooled)
                 # An unscored test means a request failed; against a dead server that takes no time at all, so
                 # wait a little rather than spin through the suite.
-                if any(t.status is Status.UNSCORED for t in result.tests) and not await between_turns(
-                    ctx, FAILURE_PAUSE_S
+                if any(t.status is Status.UNSCORED for t in result.tests) and not await pause(
+                    ctx.clock, FAILURE_PAUSE_S, ctx.should_stop
                 ):
                     break
             ctx.session_done(self.agent_id, ok=ok, passed=passed, scored=scored)

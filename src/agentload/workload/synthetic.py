@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agentload.agent.loop import Request, converse
+from agentload.agent.loop import ConversationDriver, Request, Steps, Wait
 from agentload.endpoint.records import RequestIds
 from agentload.errors import ConfigError
 from agentload.workload.agentic import (
@@ -34,7 +34,6 @@ from agentload.workload.agentic import (
     OneTurn,
     SizeStreams,
     agent_ids,
-    between_turns,
     grow_turn_sizes,
     stable_int,
     words,
@@ -51,7 +50,7 @@ class SyntheticDriver:
     pace: bool = False
     extra_body: Mapping[str, Any] = field(default_factory=dict)
 
-    async def run(self, ctx: LoadContext) -> None:
+    def conversations(self, ctx: LoadContext) -> Steps:
         sizes = SizeStreams(self.shape, self.seed, self.index)
         turns = grow_turn_sizes(self.shape, sizes)
         # Salted with the run and level so no prompt of this level was ever sent before (see agentic's text).
@@ -62,15 +61,15 @@ class SyntheticDriver:
             content = words(rng, ctx.sizing.words(max(1, prompt - SINGLE_MESSAGE_OVERHEAD_TOKENS)))
             body = {"model": ctx.model, "messages": [{"role": "user", "content": content}], "max_tokens": out}
             ids = RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.agent_id}/r{n}", turn=0)
-            end = await converse(OneTurn(Request({**body, **self.extra_body}, ids)), ctx.backend, ctx.clock)
+            end = yield OneTurn(Request({**body, **self.extra_body}, ids))
             n += 1
-            ok = end.reason == DONE
+            ok = end is not None and end.reason == DONE
             ctx.session_done(self.agent_id, ok=ok)
             pause = sizes.pause_s() if self.pace else 0.0
             if not ok:
                 pause = max(pause, FAILURE_PAUSE_S)  # a dead server is not hammered in a tight loop
-            if pause > 0 and not await between_turns(ctx, pause):
-                return
+            if pause > 0:
+                yield Wait(pause)
 
 
 @dataclass
@@ -91,6 +90,6 @@ class SyntheticWorkload:
         # The grow shape: its turns are the distribution of prompt sizes an agentic run sends.
         shape = AgenticShape.published(context, "grow", **self.shape_options)
         return [
-            SyntheticDriver(agent_id, i, shape, seed, self.pace, dict(self.extra_body))
+            ConversationDriver(SyntheticDriver(agent_id, i, shape, seed, self.pace, dict(self.extra_body)))
             for i, agent_id in enumerate(agent_ids(count))
         ]

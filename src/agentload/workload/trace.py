@@ -49,7 +49,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentload.agent.loop import STOPPED, End, Next, Request, converse, wait_until
+from agentload.agent.loop import STOPPED, ConversationDriver, End, Ending, Next, Request, Spawn, Steps, Wait
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.inputs import parse_json
@@ -62,7 +62,6 @@ from agentload.workload.agentic import (
     TURN_OVERHEAD_TOKENS,
     VOCAB,
     agent_ids,
-    between_turns,
     stable_int,
     tokens_per_word,
     words,
@@ -315,9 +314,9 @@ class _Origin:
         return self.t
 
 
-async def _wait_until(ctx: LoadContext, when: float) -> bool:
-    """Sleep until ``when`` on ``ctx.clock`` in slices; False as soon as the level is over."""
-    return await wait_until(ctx.clock, when, ctx.should_stop, WAIT_SLICE_S)
+def _due(when: float) -> Wait:
+    """Wait until ``when`` on the level's clock in slices, so the level's end is seen within one."""
+    return Wait(until=when, slice_s=WAIT_SLICE_S)
 
 
 @dataclass
@@ -329,31 +328,18 @@ class MooncakeDriver:
     seed: int
     extra_body: Mapping[str, Any] = field(default_factory=dict)
 
-    async def run(self, ctx: LoadContext) -> None:
+    def conversations(self, ctx: LoadContext) -> Steps:
         origin = self.origin.at(ctx.clock.now())
         salt = (self.seed, ctx.level, stable_int(ctx.run_id))
-        running: set[asyncio.Task[None]] = set()
-        try:
-            for job in self.jobs:
-                if not await _wait_until(ctx, origin + job.start_s / self.speed):
-                    break
-                await self.origin.slots.acquire()
-                task = asyncio.create_task(self._job(ctx, job, origin, salt))
-                running.add(task)
-                task.add_done_callback(running.discard)
-                task.add_done_callback(lambda _: self.origin.slots.release())
-            if running:
-                await asyncio.gather(*running)
-        finally:
-            for task in running:
-                task.cancel()
 
-    async def _job(self, ctx: LoadContext, job: _Job, origin: float, salt: tuple[int, ...]) -> None:
-        end = await converse(
-            _JobRows(self, ctx, job, origin, salt), ctx.backend, ctx.clock, should_stop=ctx.should_stop
-        )
-        if end.reason != STOPPED:  # the level ended mid-session: not a finished session
-            ctx.session_done(self.agent_id, ok=end.reason == DONE)
+        def ended(end: Ending) -> None:
+            if end.reason != STOPPED:  # the level ended mid-session: not a finished session
+                ctx.session_done(self.agent_id, ok=end.reason == DONE)
+
+        for job in self.jobs:
+            yield _due(origin + job.start_s / self.speed)
+            # Open loop: the job starts at its time whether or not the earlier ones have finished.
+            yield Spawn(_JobRows(self, ctx, job, origin, salt), self.origin.slots, ended)
 
 
 class _JobRows:
@@ -406,7 +392,9 @@ class MooncakeWorkload:
         ids = agent_ids(count)
         origin = _Origin()
         return [
-            MooncakeDriver(agent_id, self._jobs[i::count], origin, self.speed, seed, dict(self.extra_body))
+            ConversationDriver(
+                MooncakeDriver(agent_id, self._jobs[i::count], origin, self.speed, seed, dict(self.extra_body))
+            )
             for i, agent_id in enumerate(ids)
         ]
 
@@ -440,7 +428,7 @@ class SessionReplayDriver:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     replayed: int = 0
 
-    async def run(self, ctx: LoadContext) -> None:
+    def conversations(self, ctx: LoadContext) -> Steps:
         origin = self.origin.at(ctx.clock.now())
         if not self.sessions:
             return
@@ -448,16 +436,16 @@ class SessionReplayDriver:
         while True:
             for session in self.sessions:
                 if rounds == 0 and self.timing == "recorded":
-                    if not await _wait_until(ctx, origin + session.start_s / self.speed):
-                        return
+                    yield _due(origin + session.start_s / self.speed)
                 elif ctx.should_stop():
                     return
-                ok = await self._session(ctx, session, rounds)
-                if ok is None:
+                end = yield self._session(ctx, session, rounds)
+                if end is None or end.reason == STOPPED:  # the level ended first
                     return
+                ok = end.reason == DONE
                 ctx.session_done(self.agent_id, ok=ok)
-                if not ok and not await between_turns(ctx, FAILURE_PAUSE_S):
-                    return
+                if not ok:
+                    yield Wait(FAILURE_PAUSE_S)
             rounds += 1
             if not self.repeat:
                 return
@@ -466,8 +454,8 @@ class SessionReplayDriver:
         # One text for the level; a session sharing fewer tokens takes its beginning, so all share a prefix.
         return words(np.random.default_rng([self.seed, ctx.level, stable_int(ctx.run_id), stable_int("shared")]), n)
 
-    async def _session(self, ctx: LoadContext, session: SessionTrace, rounds: int) -> bool | None:
-        """Replay one session: True / False when it finished / failed, None when the level ended first."""
+    def _session(self, ctx: LoadContext, session: SessionTrace, rounds: int) -> _SessionTurns:
+        """One session's replay, as a conversation."""
         name = f"{self.agent_id}/s{self.replayed}"
         self.replayed += 1
         rng = np.random.default_rng(
@@ -475,9 +463,7 @@ class SessionReplayDriver:
         )
         shared = session.shared_prefix_tokens
         system = [{"role": "system", "content": self._shared(ctx, shared)}] if shared > 0 else []
-        replay = _SessionTurns(self, ctx, session, name, rng, system)
-        end = await converse(replay, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
-        return None if end.reason == STOPPED else end.reason == DONE
+        return _SessionTurns(self, ctx, session, name, rng, system)
 
 
 class _SessionTurns:
@@ -575,8 +561,10 @@ class SessionReplayWorkload:
         origin = _Origin()
         shares = _deal(self.trace.sessions, len(agent_ids(count)))
         return [
-            SessionReplayDriver(
-                agent_id, share, origin, self.speed, seed, self.timing, self.repeat, dict(self.extra_body)
+            ConversationDriver(
+                SessionReplayDriver(
+                    agent_id, share, origin, self.speed, seed, self.timing, self.repeat, dict(self.extra_body)
+                )
             )
             for agent_id, share in zip(agent_ids(count), shares, strict=True)
         ]
