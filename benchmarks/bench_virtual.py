@@ -15,7 +15,9 @@ Scenarios (pick with ``--scenario``; default: all):
   Qwen3-235B at its knee (24 sessions near 40k tokens) and the sliding-window model at 48 sessions.
 
 ``--exact`` runs the step-by-step path (no fast-forwarding of decode steps) for comparison; both must print the
-same simulation figures. ``--profile`` prints the top of a cProfile of each run.
+same simulation figures, and the same ``digest``: a hash of every field of the result, each float by its exact
+``repr`` and every TTFT included, so two runs that print the same digest agree to the last bit. ``--profile``
+prints the top of a cProfile of each run.
 
     .venv/bin/python benchmarks/bench_virtual.py [--scenario fleet] [--exact] [--profile]
 """
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
+import hashlib
 import pstats
 import time
 from collections.abc import Callable
@@ -108,6 +112,12 @@ def run(sc: Scenario, *, fast: bool) -> VirtualRunResult:
     )
 
 
+def digest(res: VirtualRunResult) -> str:
+    """A hash of every field of the result: floats by their exact repr, the TTFT list in full, the step count."""
+    fields = {f.name: getattr(res, f.name) for f in dataclasses.fields(res)}
+    return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", choices=[s.name for s in SCENARIOS], action="append")
@@ -131,7 +141,8 @@ def main() -> None:
             f"({cpu:.2f} CPU s = {res.end_s / cpu:,.0f}x); "
             f"{res.wall_events:,} steps ({res.wall_events / wall:,.0f}/s), {res.turns_completed:,} turns; "
             f"output {res.output_tps:,.1f} tok/s, prefill {res.prefill_tps:,.0f} tok/s, "
-            f"hit {res.prefix_hit_rate:.3f}, preemptions {res.preemptions}, running {res.mean_running:.1f}",
+            f"hit {res.prefix_hit_rate:.3f}, preemptions {res.preemptions}, running {res.mean_running:.1f}; "
+            f"digest {digest(res)}",
             flush=True,
         )
         if profiler is not None:

@@ -297,3 +297,40 @@ def test_sliding_groups_hold_only_their_window() -> None:
     kv.free(held)
     assert kv.num_free == 1000
     kv.check_invariants()
+
+
+def cache(kv: KVCacheManager, held: BlockTable, hashes: list[int], one_by_one: bool) -> None:
+    if one_by_one:
+        for i in range(len(hashes)):
+            kv.register(held, hashes, i, i + 1)
+    else:
+        kv.register(held, hashes, 0, len(hashes))
+
+
+def test_caching_block_by_block_is_caching_the_blocks_at_once() -> None:
+    """A decoder caches one block at a time (``register_one``); a prefill caches a run of them (``register``):
+    the first request under a hash keeps it, an evicted block's entry is taken over, either way."""
+    outcomes = []
+    hashes = chain(1, 3)
+    for one_by_one in (False, True):
+        kv = KVCacheManager(dense_layout(), 8)
+        first, second = new_held(kv), new_held(kv)
+        assert kv.allocate(first, 3 * BS)
+        assert kv.allocate(second, 3 * BS)
+        cache(kv, first, hashes, one_by_one)
+        cache(kv, second, hashes, one_by_one)  # the same content again: the first request's blocks keep the hashes
+        kept = kv.lookup(hashes, 3).hit_blocks[0].tolist()
+        assert kept == first[0].tolist()
+        kv.free(second)
+        kv.free(first)
+        evictor = new_held(kv)
+        assert kv.allocate(evictor, 8 * BS)  # every block taken: every cached hash's entry goes stale
+        assert kv.lookup(hashes, 3).num_hit_blocks == 0
+        kv.free(evictor)
+        again = new_held(kv)
+        assert kv.allocate(again, 3 * BS)
+        cache(kv, again, hashes, one_by_one)  # stale entries are taken over by the blocks now holding the content
+        outcomes.append((kept, again[0].tolist(), kv.lookup(hashes, 3).hit_blocks[0].tolist()))
+        kv.check_invariants()
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[1][2] == outcomes[1][1]

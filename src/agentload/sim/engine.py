@@ -582,7 +582,10 @@ class Engine:
             hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, block))
         else:
             extend_block_hashes(hashes, _Tokens(req), bs, after)
-        self.kv.register(req.blocks, hashes, req.num_hashed, full)
+        if full - req.num_hashed == 1:
+            self.kv.register_one(req.blocks, hashes[full - 1], full - 1)
+        else:
+            self.kv.register(req.blocks, hashes, req.num_hashed, full)
         req.num_hashed = full
         self._at(t + bs, _REGISTER, req)
 

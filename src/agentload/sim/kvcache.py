@@ -309,7 +309,7 @@ class KVCacheManager:
         ]
         self._ref = np.zeros(num_blocks, dtype=np.int32)
         # The free queue: live entries are queue[head:tail] whose block is unreferenced and stamped there.
-        self._queue = np.empty(2 * num_blocks + 1024, dtype=np.int32)
+        self._queue = np.empty(4 * num_blocks + 1024, dtype=np.int32)
         self._queue[:num_blocks] = np.arange(num_blocks, dtype=np.int32)
         self._stamp = np.arange(num_blocks, dtype=np.int64)
         self._head = 0
@@ -385,7 +385,9 @@ class KVCacheManager:
         n = len(blocks)
         if self._tail + n > len(self._queue):
             live = self._live_entries(self._head, self._tail)
-            size = max(len(self._queue), 2 * (len(live) + n) + 1024)
+            # Room for four times the live entries: each compaction gathers over the whole queue (tens of
+            # milliseconds for a million-block pool), so it should come rarely.
+            size = max(len(self._queue), 4 * (len(live) + n) + 1024)
             if size > len(self._queue):
                 self._queue = np.empty(size, dtype=np.int32)
                 self._queue_one = _one_by_one(self._queue)
@@ -646,21 +648,11 @@ class KVCacheManager:
         """Cache the full blocks ``start..stop-1`` of a request under their chained hashes."""
         if not self.prefix_caching or stop <= start:
             return
+        if stop - start == 1:
+            self.register_one(held, hashes[start], start)
+            return
         for gi in self.full_groups:
             index = self._index[gi]
-            if stop - start == 1:
-                h, b = hashes[start], held[gi][start]
-                if not index.room_for(1):
-                    self._rebuild(gi)
-                slot, had_slot = index.place_one(h)
-                if had_slot:
-                    owner = index.block_at(slot)
-                    if self._key_group_one[owner] == gi and self._key_hash_one[owner] == h:
-                        continue  # the first block cached under a hash keeps it
-                index.set_block(slot, b)
-                self._key_group_one[b] = gi
-                self._key_hash_one[b] = h
-                continue
             blocks = held[gi].view()[start:stop]
             mine = np.array(hashes[start:stop], dtype=np.int64)
             if not index.room_for(len(mine)):
@@ -676,6 +668,40 @@ class KVCacheManager:
             index.blocks[slots] = blocks
             self._key_group[blocks] = gi
             self._key_hash[blocks] = mine
+
+    def register_one(self, held: BlockTable, h: int, position: int) -> None:
+        """``register`` of the one block at ``position`` under hash ``h``: a decoding request's newly full block.
+
+        ``_HashIndex.place_one`` inlined, with scalar reads only: a decode fleet caches a block per request every
+        ``block_size`` steps, so this runs hundreds of thousands of times in a long run.
+        """
+        if not self.prefix_caching:
+            return
+        key_group, key_hash = self._key_group_one, self._key_hash_one
+        wrapped = (h & _MASK64) * _GOLDEN & _MASK64
+        for gi in self.full_groups:
+            index = self._index[gi]
+            if (index.used + 1) * _MAX_LOAD > len(index.keys):
+                self._rebuild(gi)
+            keys, mask = index._keys_one, index._mask
+            slot = wrapped >> (64 - index._bits)
+            while True:
+                k = keys[slot]
+                if k == h:
+                    owner = index._blocks_one[slot]
+                    if key_group[owner] == gi and key_hash[owner] == h:
+                        break  # the first block cached under a hash keeps it
+                    k = _EMPTY  # a stale entry (its block was evicted): taken over
+                if k == _EMPTY:
+                    if keys[slot] != h:
+                        keys[slot] = h
+                        index.used += 1
+                    b = held[gi][position]
+                    index._blocks_one[slot] = b
+                    key_group[b] = gi
+                    key_hash[b] = h
+                    break
+                slot = (slot + 1) & mask
 
     def _rebuild(self, gi: int) -> None:
         keyed = np.flatnonzero(self._key_group == gi).astype(np.int32)

@@ -47,10 +47,15 @@ def extend_block_hashes(
     position ``hashes`` does not cover); ``upto`` is a position in the whole sequence.
     """
     limit = offset + len(tokens) if upto is None else upto
+    first = len(hashes) * block_size
+    if first > limit - block_size:
+        return hashes  # nothing new (the usual call: a prompt whose hashes the driver already knows)
     parent = hashes[-1] if hashes else ROOT_HASH
-    for start in range(len(hashes) * block_size, limit - block_size + 1, block_size):
-        parent = chain_hash(parent, tokens[start - offset : start - offset + block_size])
-        hashes.append(parent)
+    append = hashes.append
+    # chain_hash inlined: this loop hashes every block of every prompt, and the call is a third of its cost.
+    for start in range(first - offset, limit - offset - block_size + 1, block_size):
+        parent = hash((parent, tuple(tokens[start : start + block_size])))
+        append(parent)
     return hashes
 
 
