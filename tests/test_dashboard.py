@@ -8,6 +8,7 @@ send times), not from the dashboard's own state.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from agentload.cli.run import RunOptions, run_fleet
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
 from agentload.dashboard.state import LiveState, Tee
+from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import LOG, CheckpointLog, load_log
 from agentload.fleet.config import expand, load_fleet
 from agentload.fleet.limiter import AdaptiveWidth, FixedWidth, Limiter, Mode, make_policy
@@ -328,3 +330,21 @@ async def test_without_the_flag_nothing_is_served(tmp_path: Path) -> None:
     result = await run_fleet(opts)
     assert result.totals.done == 3
     assert opts.dashboard_url is None
+
+
+async def test_a_port_in_use_is_one_error_before_the_run_is_recorded(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        opts = _opts(tmp_path, _fleet(tmp_path, count=2, rounds=2, think=0.0), dashboard_port=port)
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await run_fleet(opts)
+    assert opts.run_dir is None
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+async def test_a_virtual_run_refuses_the_dashboard(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, _fleet(tmp_path), virtual=True)
+    with pytest.raises(ConfigError, match="no real time to watch"):
+        await run_fleet(opts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -34,8 +34,8 @@ from agentload.cli.common import (
     resolve_key_env,
 )
 from agentload.cli.sim import make_behaviour
-from agentload.dashboard import Board, open_board
-from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
+from agentload.dashboard import open_board
+from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
 from agentload.endpoint.redact import MASK, redact_url
 from agentload.endpoint.transport import Transport, signed_transport
@@ -221,14 +221,6 @@ async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExit
     return _Server(url, f"embedded simulator (profile {profile})", None)
 
 
-def _board(
-    opts: RunOptions, plans: list[AgentPlan], clock: LoopClock, conn: Connection, manifest: RunManifest
-) -> AbstractAsyncContextManager[Board]:
-    """The live dashboard of this run (``--dashboard``), fed by the connection's one monitor and watchdog."""
-    return open_board(plans, clock, monitor=conn.monitor, watchdog=conn.watchdog.statistics, max_width=len(plans),
-                      port=opts.dashboard_port, fleet=manifest.fleet.name, run_id=manifest.run_id)  # fmt: skip
-
-
 async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult:
     """Run (or resume) a fleet and return its compiled result; ``results.json`` is written in the run dir.
 
@@ -241,6 +233,13 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
     plans = expand(manifest.fleet)
     clock = LoopClock()
     async with AsyncExitStack() as stack:
+        board = None
+        if opts.dashboard:  # serving before anything else, so a port in use stops the run before it is recorded
+            board = await stack.enter_async_context(
+                open_board(plans, clock, max_width=len(plans), port=opts.dashboard_port, fleet=manifest.fleet.name)
+            )
+            opts.dashboard_url = board.url
+            err_console.print(f"dashboard: {board.url}", markup=False, soft_wrap=True)
         server = await _open_server(opts, manifest, stack)
         url = server.url
         probed = await probe(url, model=opts.model or manifest.model, transport=server.transport)
@@ -284,7 +283,8 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             progress = stack.enter_context(LiveProgress(ids, display))
         elif kind == "lines":
             progress = LineProgress(ids, display)
-        board = await stack.enter_async_context(_board(opts, plans, clock, conn, manifest)) if opts.dashboard else None
+        if board is not None:
+            board.connect(conn.monitor, conn.watchdog.statistics, manifest.run_id)
         chat: ChatBackend = backend if board is None else board.backend(backend)
         progress = progress if board is None else board.progress(progress)
         runner = FleetRunner(
@@ -304,8 +304,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             stop=board.control.stop if board is not None else None,
         )
         if board is not None:
-            opts.dashboard_url = await board.start(runner)
-            err_console.print(f"dashboard: {opts.dashboard_url}", markup=False, soft_wrap=True)
+            board.start(runner)
         outcome = await runner.run()
     final_state = load_log(run_dir / LOG, repair=False)
     result = compile_result(

@@ -18,12 +18,20 @@ from agentload.fleet.turns import FleetProgress
 
 @dataclass
 class Board:
-    """A dashboard attached to one run: wrap the run's backend and progress with it, then ``start`` it."""
+    """A dashboard for one run, serving from the start: ``connect`` the server's monitor, wrap the run's backend
+    and progress, then ``start`` it with the runner (controls that need the runner answer 400 until then)."""
 
     state: LiveState
     control: FleetControl
     server: Dashboard
     url: str = ""
+    _unsubscribe: Callable[[], None] | None = None
+
+    def connect(self, monitor: SignalPoller, watchdog: Callable[[], WatchdogView] | None, run_id: str) -> None:
+        """Feed the timelines from the connection's one monitor (no second poller) and show the watchdog."""
+        self._unsubscribe = monitor.subscribe(self.state.on_scrape)
+        self.state.watchdog = watchdog
+        self.state.run_id = run_id
 
     def backend(self, inner: ChatBackend) -> WatchedBackend:
         return WatchedBackend(inner, self.state, self.control)
@@ -31,36 +39,26 @@ class Board:
     def progress(self, inner: FleetProgress | None) -> Tee:
         return Tee(self.state, inner)
 
-    async def start(self, run: Run) -> str:
+    def start(self, run: Run) -> None:
         self.control.attach(run)
         self.state.limiter_changed(run.limiter.statistics())
-        self.url = await self.server.start()
-        return self.url
 
 
 @asynccontextmanager
 async def open_board(
-    plans: Sequence[AgentPlan],
-    clock: Clock,
-    *,
-    monitor: SignalPoller | None,
-    watchdog: Callable[[], WatchdogView] | None = None,
-    max_width: int,
-    port: int = 0,
-    fleet: str = "",
-    run_id: str = "",
+    plans: Sequence[AgentPlan], clock: Clock, *, max_width: int, port: int = 0, fleet: str = ""
 ) -> AsyncIterator[Board]:
-    """A board for the block; its server (once started) is closed on the way out, the page told the run ended."""
-    state = LiveState(plans, clock, fleet=fleet, run_id=run_id)
-    state.watchdog = watchdog
+    """A board serving on 127.0.0.1 for the block (a port in use is a ``ConfigError`` before anything starts);
+    on the way out the page is told the run ended and the server closes."""
+    state = LiveState(plans, clock, fleet=fleet)
     control = FleetControl(state, clock, max_width=max_width)
     board = Board(state, control, Dashboard(state, control, port=port))
-    unsubscribe = monitor.subscribe(state.on_scrape) if monitor is not None else None
+    board.url = await board.server.start()
     try:
         yield board
     finally:
-        if unsubscribe is not None:
-            unsubscribe()
+        if board._unsubscribe is not None:
+            board._unsubscribe()
         state.finished = True
         state.control_changed(paused=False)
         await board.server.close()
