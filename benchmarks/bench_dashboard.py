@@ -6,7 +6,8 @@ is in this process), three times:
 
 1. without ``--dashboard`` — the baseline client CPU (user + system seconds of this process);
 2. with ``--dashboard`` and one event-stream reader in this process (so its parsing counts against the
-   dashboard) — the client CPU again, the share it adds, and the deltas a second the reader got;
+   dashboard) — the client CPU again, the share it adds, and the deltas a second the reader got
+   (1 and 2 run twice, in the order 1 2 2 1, and are averaged);
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
@@ -158,23 +159,28 @@ def main() -> None:
         url = f"http://{host}:{port}"
         out = Path(tmp) / "runs"
 
-        c0, w0 = _cpu(), time.monotonic()
-        base = asyncio.run(run_fleet(_opts(fleet, out, url, args.agents, dashboard=False)))
-        base_cpu, base_wall = _cpu() - c0, time.monotonic() - w0
-
+        # In the order A B B A: drift of a shared machine (or of the server's warm cache) falls on both sides.
+        cpu = {False: 0.0, True: 0.0}
+        wall = {False: 0.0, True: 0.0}
+        results: dict[bool, FleetResult] = {}
         counts = {"deltas": 0.0, "bytes": 0.0, "span": 0.0}
-        opts = _opts(fleet, out, url, args.agents, dashboard=True)
-        c0, w0 = _cpu(), time.monotonic()
-        dash = asyncio.run(_with_reader(opts, counts))
-        dash_cpu, dash_wall = _cpu() - c0, time.monotonic() - w0
+        for dashboard in (False, True, True, False):
+            opts = _opts(fleet, out, url, args.agents, dashboard=dashboard)
+            c0, w0 = _cpu(), time.monotonic()
+            results[dashboard] = asyncio.run(_with_reader(opts, counts) if dashboard else run_fleet(opts))
+            cpu[dashboard] += _cpu() - c0
+            wall[dashboard] += time.monotonic() - w0
+        base, dash = results[False], results[True]
+        base_cpu, dash_cpu, base_wall, dash_wall = cpu[False] / 2, cpu[True] / 2, wall[False] / 2, wall[True] / 2
 
         print(f"{args.agents} agents × {args.rounds} rounds, think {args.think:g} s, simulator step {args.step:g} s")
         for name, r in (("without", base), ("with", dash)):
             if r.server_failure is not None or r.totals.done != args.agents:
                 print(f"  warning: the run {name} the dashboard did not finish cleanly: {r.totals.done} agents done; "
                       f"server failure: {r.server_failure}")  # fmt: skip
-        print(f"  without dashboard: {base.totals.turns} turns, {base_wall:.1f} s wall, {base_cpu:.2f} s client CPU")
-        print(f"  with dashboard + 1 stream reader: {dash.totals.turns} turns, {dash_wall:.1f} s wall, "
+        print(f"  without dashboard (mean of 2): {base.totals.turns} turns, {base_wall:.1f} s wall, "
+              f"{base_cpu:.2f} s client CPU")  # fmt: skip
+        print(f"  with dashboard + 1 stream reader (mean of 2): {dash.totals.turns} turns, {dash_wall:.1f} s wall, "
               f"{dash_cpu:.2f} s client CPU ({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
         rate = counts["deltas"] / counts["span"] if counts["span"] > 0 else 0.0
         print(f"  stream: {counts['deltas']:.0f} deltas, {rate:.2f} per second, "

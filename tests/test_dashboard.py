@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,14 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from agentload.agent.loop import TurnLog
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
 from agentload.dashboard.state import LiveState, Tee
+from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.scrape import parse_metrics
+from agentload.endpoint.signals import ServerSignals
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import LOG, CheckpointLog, load_log
 from agentload.fleet.config import expand, load_fleet
@@ -348,3 +352,60 @@ async def test_a_virtual_run_refuses_the_dashboard(tmp_path: Path) -> None:
     opts = _opts(tmp_path, _fleet(tmp_path), virtual=True)
     with pytest.raises(ConfigError, match="no real time to watch"):
         await run_fleet(opts)
+
+
+def _turn(round_: int, ttft: float, out: int, content: str = "", *, sent: float = 10.0) -> TurnLog:
+    record = RequestRecord(t_sent=sent, t_first_token=sent + ttft, t_done=sent + 1, prompt_tokens=500 + round_,
+                           completion_tokens=out, content=content)  # fmt: skip
+    return TurnLog(round=round_, records=[record], assistant={"role": "assistant", "content": content})
+
+
+async def test_the_timelines_are_rates_between_scrapes(board: Board) -> None:
+    _, state, *_ = board
+    metrics = "vllm:prefix_cache_queries_total {q}\nvllm:prefix_cache_hits_total {h}\n"
+    state.on_scrape(ServerSignals(t=state.t0 + 1, responding=True, kv_usage=0.25, running=3, waiting=0,
+                                  preemptions=7.0), parse_metrics(metrics.format(q=100, h=50)))  # fmt: skip
+    for i, ttft in enumerate((0.4, 0.1, 0.3, 0.2)):
+        state.turn(f"w.{i}", _turn(0, ttft, 10 + i))
+    state.on_scrape(ServerSignals(t=state.t0 + 2, responding=True, kv_usage=0.5, running=4, waiting=2,
+                                  preemptions=10.0), parse_metrics(metrics.format(q=300, h=200)))  # fmt: skip
+    state.on_scrape(ServerSignals(t=state.t0 + 3, responding=True), None)
+    first, second, third = state.points
+    assert (first["hit"], first["preempt"], first["ttft_p50"], first["turns"]) == (None, 0.0, None, 0)
+    # (200 − 50) hits of (300 − 100) queries; 10 − 7 preemptions since the first scrape; nearest-rank p50 and p95
+    # of 0.1 0.2 0.3 0.4 are 0.2 and 0.4; 10 + 11 + 12 + 13 completion tokens.
+    assert second["hit"] == pytest.approx(0.75)
+    assert second["preempt"] == 3.0
+    assert second["ttft_p50"] == pytest.approx(0.2)
+    assert second["ttft_p95"] == pytest.approx(0.4)
+    assert (second["turns"], second["out"], second["kv"], second["waiting"]) == (4, 46, 0.5, 2)
+    assert (third["hit"], third["kv"], third["ttft_p50"]) == (None, None, None)  # no scrape, no TTFT: not drawn
+
+
+async def test_a_card_follows_its_turns(board: Board) -> None:
+    _, state, *_ = board
+    state.agent("w.0", AgentState.RUNNING, rounds=0)
+    state.request_started("w.0")
+    assert state.cards["w.0"].phase == "prefilling"
+
+    @dataclass
+    class Stream:
+        t_first_token: float | None = None
+        content: list[str] = field(default_factory=list)
+
+    stream = Stream()
+    state.stream_started("w.0", stream)
+    state.refresh()
+    assert state.cards["w.0"].phase == "prefilling"  # no token yet
+    stream.t_first_token = 1.0
+    stream.content.extend(["x" * 150, "y" * 100])
+    state.refresh()
+    assert state.cards["w.0"].phase == "streaming"
+    assert state.cards["w.0"].preview == "x" * 100 + "y" * 100  # the last 200 characters
+    state.request_done("w.0", _turn(0, 0.05, 7, "the answer").records)
+    state.turn("w.0", _turn(0, 0.05, 7, "the answer"))
+    card = state.cards["w.0"]
+    assert (card.phase, card.turn, card.out, card.context, card.preview) == ("think", 1, 7, 500, "the answer")
+    assert card.ttft == pytest.approx(0.05)
+    state.agent("w.0", AgentState.DONE, rounds=1)
+    assert (state.cards["w.0"].state, state.cards["w.0"].phase) == ("done", "")

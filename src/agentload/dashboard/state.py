@@ -13,6 +13,7 @@ makes the phase ``streaming``, the last ~200 characters are the preview.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -134,6 +135,8 @@ class LiveState:
         self.control: dict[str, Any] = {"paused": False, "stopping": False}
         self.finished = False
         self.turns = 0
+        self.out_tokens = 0  # completion tokens of the turns committed in this process
+        self._ttfts: list[float] = []  # TTFTs of the turns committed since the last scrape
         self._streams: dict[str, tuple[StreamView, int]] = {}  # agent → its request in flight, chunks seen
         self._last_counters: tuple[float, float] | None = None  # prefix queries, hits at the last scrape
         self._preempt0: float | None = None
@@ -176,6 +179,9 @@ class LiveState:
         card.context = final.prompt_tokens
         card.out += sum(r.completion_tokens for r in turn.records)
         card.ttft = final.ttft
+        if final.ttft is not None:
+            self._ttfts.append(final.ttft)
+        self.out_tokens += sum(r.completion_tokens for r in turn.records)
         card.preview = _reply_preview(final) or card.preview
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
@@ -226,6 +232,8 @@ class LiveState:
                 self._preempt0 = sig.preemptions
             preemptions = sig.preemptions - self._preempt0
         live = sum(1 for c in self.cards.values() if c.state == AgentState.RUNNING.value)
+        ttfts = sorted(self._ttfts)
+        self._ttfts = []
         self.points.append(
             {
                 "t": round(sig.t - self.t0, 3),
@@ -237,6 +245,10 @@ class LiveState:
                 "width": self.limiter.limit if self.limiter is not None else None,
                 "live": live,
                 "turns": self.turns,
+                "out": self.out_tokens,
+                # The TTFTs of the turns committed since the previous point (nearest rank); None without any.
+                "ttft_p50": ttfts[(len(ttfts) - 1) // 2] if ttfts else None,
+                "ttft_p95": ttfts[math.ceil(0.95 * len(ttfts)) - 1] if ttfts else None,
             }
         )
         if len(self.points) > MAX_POINTS:
