@@ -82,17 +82,20 @@ async def _read_stream(opts: RunOptions, counts: dict[str, float]) -> None:
         await asyncio.sleep(0.01)
     base, token = opts.dashboard_url.split("/?token=")
     async with aiohttp.ClientSession() as session, session.get(f"{base}/events", params={"token": token}) as resp:
-        first: float | None = None
-        async for line in resp.content:
-            if line.startswith(b"event: delta"):
-                counts["deltas"] += 1
-                now = time.monotonic()
-                first = first or now
-                counts["span"] = now - first
-            elif line.startswith(b"data: "):
-                counts["bytes"] += len(line)
-            elif line.startswith(b"event: end"):
-                return
+        first = last = None
+        try:
+            async for line in resp.content:
+                if line.startswith(b"event: delta"):
+                    counts["deltas"] += 1
+                    last = time.monotonic()
+                    first = first or last
+                elif line.startswith(b"data: "):
+                    counts["bytes"] += len(line)
+                elif line.startswith(b"event: end"):
+                    return
+        finally:
+            if first is not None and last is not None:
+                counts["span"] += last - first  # summed over the runs, as the deltas are
 
 
 async def _with_reader(opts: RunOptions, counts: dict[str, float]) -> FleetResult:

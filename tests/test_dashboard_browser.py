@@ -137,7 +137,7 @@ def test_24_agents_render_and_pause_resume_from_the_page(tmp_path: Path) -> None
             # The last delta and the end of the stream reach the page.
             expect(page.locator("#conn")).to_have_text("run ended", timeout=10_000)
             expect(page.locator('.card[data-state="done"]')).to_have_count(24)
-            for chart in ("c-share", "c-req", "c-width", "c-misc"):
+            for chart in ("c-share", "c-req", "c-width", "c-ttft", "c-tok", "c-misc"):
                 polyline = page.locator(f"#{chart} polyline").first
                 assert (polyline.get_attribute("points") or "").count(",") >= 2, chart  # a line, not a dot
             assert page.locator(".card .nums").first.inner_text().startswith("turn ")
