@@ -1,7 +1,7 @@
 """The dashboard at 1,000 agents: its update rate, the client CPU it adds, and the browser tab's frame time.
 
-The same fleet (``--agents`` one-task agents, ``--rounds`` tool-calling turns, ``--think`` s between turns, all at
-once: ``--mode parallel --width N``) runs against the simulator in a separate process (``simproc``: only the client
+The same fleet (``--agents`` one-task agents, ``--rounds`` tool-calling turns, ``--think`` s between turns,
+``--width`` of them at once, all by default: ``--mode parallel --width N``) runs against the simulator in a separate process (``simproc``: only the client
 is in this process), three times:
 
 1. without ``--dashboard`` — the baseline client CPU (user + system seconds of this process);
@@ -12,6 +12,7 @@ is in this process), three times:
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
     .venv/bin/python benchmarks/bench_dashboard.py                   # 1,000 agents × 4 rounds, 2 s think
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300   # a 2-core machine's simulator
     .venv/bin/python benchmarks/bench_dashboard.py --agents 200 --no-browser
 """
 
@@ -72,8 +73,8 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _opts(fleet: Path, out: Path, url: str, agents: int, dashboard: bool) -> RunOptions:
-    return RunOptions(fleet=fleet, out=out, url=url, mode=Mode.PARALLEL, width=agents, progress="none",
+def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool) -> RunOptions:
+    return RunOptions(fleet=fleet, out=out, url=url, mode=Mode.PARALLEL, width=width, progress="none",
                       dashboard=dashboard, fsync=False)  # fmt: skip
 
 
@@ -153,9 +154,11 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--think", type=float, default=2.0)
+    ap.add_argument("--width", type=int, default=None, help="agents live at once (default: all)")
     ap.add_argument("--step", type=float, default=0.02, help="the simulator's step time, s")
     ap.add_argument("--no-browser", action="store_true")
     args = ap.parse_args()
+    width = args.width or args.agents
     with tempfile.TemporaryDirectory() as tmp, sim_process(fast_profile(args.step)) as (_, host, port):
         fleet = Path(tmp) / "fleet.toml"
         fleet.write_text(FLEET.format(agents=args.agents, rounds=args.rounds, think=args.think))
@@ -168,7 +171,7 @@ def main() -> None:
         results: dict[bool, FleetResult] = {}
         counts = {"deltas": 0.0, "bytes": 0.0, "span": 0.0}
         for dashboard in (False, True, True, False):
-            opts = _opts(fleet, out, url, args.agents, dashboard=dashboard)
+            opts = _opts(fleet, out, url, width, dashboard=dashboard)
             c0, w0 = _cpu(), time.monotonic()
             results[dashboard] = asyncio.run(_with_reader(opts, counts) if dashboard else run_fleet(opts))
             cpu[dashboard] += _cpu() - c0
@@ -176,7 +179,8 @@ def main() -> None:
         base, dash = results[False], results[True]
         base_cpu, dash_cpu, base_wall, dash_wall = cpu[False] / 2, cpu[True] / 2, wall[False] / 2, wall[True] / 2
 
-        print(f"{args.agents} agents × {args.rounds} rounds, think {args.think:g} s, simulator step {args.step:g} s")
+        print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
+              f"simulator step {args.step:g} s")  # fmt: skip
         for name, r in (("without", base), ("with", dash)):
             if r.server_failure is not None or r.totals.done != args.agents:
                 print(f"  warning: the run {name} the dashboard did not finish cleanly: {r.totals.done} agents done; "
@@ -190,7 +194,7 @@ def main() -> None:
               f"{counts['bytes'] / max(counts['deltas'], 1) / 1024:.1f} KiB each on average")  # fmt: skip
         if args.no_browser:
             return
-        browsed = _browser_pass(_opts(fleet, out, url, args.agents, dashboard=True))
+        browsed = _browser_pass(_opts(fleet, out, url, width, dashboard=True))
         if browsed is None:
             print("  browser: skipped (no /usr/bin/chromium or no playwright)")
             return
