@@ -1,8 +1,8 @@
 """The dashboard at 1,000 agents: its update rate, the client CPU it adds, and the browser tab's frame time.
 
 The same fleet (``--agents`` one-task agents, ``--rounds`` tool-calling turns, ``--think`` s between turns,
-``--width`` of them at once, all by default: ``--mode parallel --width N``) runs against the simulator in a separate process (``simproc``: only the client
-is in this process), three times:
+``--width`` of them at once, all by default: ``--mode parallel --width N``) runs against the simulator in a
+separate process (``simproc``: only the client is in this process), three times:
 
 1. without ``--dashboard`` — the baseline client CPU (user + system seconds of this process);
 2. with ``--dashboard`` and one event-stream reader in this process (so its parsing counts against the
