@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.fleet.limiter import Mode
@@ -78,12 +79,13 @@ def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool) -> RunO
                       dashboard=dashboard, fsync=False)  # fmt: skip
 
 
-async def _read_stream(opts: RunOptions, counts: dict[str, float]) -> None:
+async def _read_stream(opts: RunOptions, counts: dict[str, float], gaps: list[float]) -> None:
     while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
         await asyncio.sleep(0.01)
     base, token = opts.dashboard_url.split("/?token=")
     async with aiohttp.ClientSession() as session, session.get(f"{base}/events", params={"token": token}) as resp:
         first = last = None
+        changed_at: float | None = None  # when the last delta that carried an agent's change arrived
         try:
             async for line in resp.content:
                 if line.startswith(b"event: delta"):
@@ -92,6 +94,10 @@ async def _read_stream(opts: RunOptions, counts: dict[str, float]) -> None:
                     first = first or last
                 elif line.startswith(b"data: "):
                     counts["bytes"] += len(line)
+                    if last is not None and orjson.loads(line[6:]).get("agents"):
+                        if changed_at is not None:
+                            gaps.append(last - changed_at)
+                        changed_at = last
                 elif line.startswith(b"event: end"):
                     return
         finally:
@@ -99,8 +105,8 @@ async def _read_stream(opts: RunOptions, counts: dict[str, float]) -> None:
                 counts["span"] += last - first  # summed over the runs, as the deltas are
 
 
-async def _with_reader(opts: RunOptions, counts: dict[str, float]) -> FleetResult:
-    reader = asyncio.ensure_future(_read_stream(opts, counts))
+async def _with_reader(opts: RunOptions, counts: dict[str, float], gaps: list[float]) -> FleetResult:
+    reader = asyncio.ensure_future(_read_stream(opts, counts, gaps))
     try:
         return await run_fleet(opts)
     finally:
@@ -170,10 +176,11 @@ def main() -> None:
         wall = {False: 0.0, True: 0.0}
         results: dict[bool, FleetResult] = {}
         counts = {"deltas": 0.0, "bytes": 0.0, "span": 0.0}
+        gaps: list[float] = []  # between consecutive deltas that carried agents' changes
         for dashboard in (False, True, True, False):
             opts = _opts(fleet, out, url, width, dashboard=dashboard)
             c0, w0 = _cpu(), time.monotonic()
-            results[dashboard] = asyncio.run(_with_reader(opts, counts) if dashboard else run_fleet(opts))
+            results[dashboard] = asyncio.run(_with_reader(opts, counts, gaps) if dashboard else run_fleet(opts))
             cpu[dashboard] += _cpu() - c0
             wall[dashboard] += time.monotonic() - w0
         base, dash = results[False], results[True]
@@ -192,6 +199,11 @@ def main() -> None:
         rate = counts["deltas"] / counts["span"] if counts["span"] > 0 else 0.0
         print(f"  stream: {counts['deltas']:.0f} deltas, {rate:.2f} per second, "
               f"{counts['bytes'] / max(counts['deltas'], 1) / 1024:.1f} KiB each on average")  # fmt: skip
+        if gaps:
+            gaps.sort()
+            print(f"  while agents change: {len(gaps) + 1} deltas carried changes, {1 / statistics.median(gaps):.2f} "
+                  f"a second at the median gap ({statistics.median(gaps) * 1000:.0f} ms; p95 "
+                  f"{gaps[int(0.95 * (len(gaps) - 1))] * 1000:.0f} ms, max {gaps[-1] * 1000:.0f} ms)")  # fmt: skip
         if args.no_browser:
             return
         browsed = _browser_pass(_opts(fleet, out, url, width, dashboard=True))
