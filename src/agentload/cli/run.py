@@ -21,6 +21,7 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
+from agentload.agent.loop import ChatBackend
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import (
     ApiKeyEnvOption,
@@ -33,6 +34,7 @@ from agentload.cli.common import (
     resolve_key_env,
 )
 from agentload.cli.sim import make_behaviour
+from agentload.dashboard import open_board
 from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
 from agentload.endpoint.redact import MASK, redact_url
@@ -83,6 +85,9 @@ class RunOptions:
     progress: str = "auto"  # auto | live | lines | none
     fsync: bool = True
     virtual: bool = False  # the in-process simulator in simulated time (no sockets, no waiting)
+    dashboard: bool = False  # serve the live page (agentload.dashboard) on 127.0.0.1 for the run
+    dashboard_port: int = 0  # 0: a free port
+    dashboard_url: str | None = None  # set once it serves (the token is in it)
     run_dir: Path | None = None  # set once known, so an interrupted run can say where to resume
     notes: list[str] = field(default_factory=list)  # what was decided before the run, for the caller to print
 
@@ -222,10 +227,19 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
     A run made with ``virtual`` must be awaited on a ``VirtualTimeLoop`` (``vtime.run_virtual``).
     """
     manifest, existing = _manifest(opts)
+    if opts.dashboard and (opts.virtual or manifest.virtual):
+        raise ConfigError("--dashboard shows a run as it happens; a --virtual run has no real time to watch")
     opts.run_dir = existing
     plans = expand(manifest.fleet)
     clock = LoopClock()
     async with AsyncExitStack() as stack:
+        board = None
+        if opts.dashboard:  # serving before anything else, so a port in use stops the run before it is recorded
+            board = await stack.enter_async_context(
+                open_board(plans, clock, max_width=len(plans), port=opts.dashboard_port, fleet=manifest.fleet.name)
+            )
+            opts.dashboard_url = board.url
+            err_console.print(f"dashboard: {board.url}", markup=False, soft_wrap=True)
         server = await _open_server(opts, manifest, stack)
         url = server.url
         probed = await probe(url, model=opts.model or manifest.model, transport=server.transport)
@@ -269,9 +283,13 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             progress = stack.enter_context(LiveProgress(ids, display))
         elif kind == "lines":
             progress = LineProgress(ids, display)
+        if board is not None:
+            board.connect(conn.monitor, conn.watchdog.statistics, manifest.run_id)
+        chat: ChatBackend = backend if board is None else board.backend(backend)
+        progress = progress if board is None else board.progress(progress)
         runner = FleetRunner(
             plans,
-            backend=backend,
+            backend=chat,
             limiter=limiter,
             log=log,
             state=state,
@@ -283,7 +301,10 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             signals=poller,
             progress=progress,
             stop_after_s=opts.stop_after_s,
+            stop=board.control.stop if board is not None else None,
         )
+        if board is not None:
+            board.start(runner)
         outcome = await runner.run()
     final_state = load_log(run_dir / LOG, repair=False)
     result = compile_result(
@@ -385,6 +406,10 @@ def run(
         typer.Option(help="Without --url: run the simulator in process, in simulated time (no waiting)."),
     ] = False,
     progress: Annotated[str, typer.Option(help="auto, live, lines or none.")] = "auto",
+    dashboard: Annotated[
+        bool, typer.Option(help="Serve a live page with controls on 127.0.0.1; its URL (with a token) is printed.")
+    ] = False,
+    dashboard_port: Annotated[int, typer.Option(min=0, max=65535, help="The dashboard's port (0: a free one).")] = 0,
     as_json: JsonOption = False,
 ) -> None:
     """Run a fleet of agent tasks at the concurrency the server can carry; checkpointed, resumable after a kill."""
@@ -410,6 +435,8 @@ def run(
         stop_after_s=stop_after,
         progress="none" if as_json else progress,
         virtual=virtual,
+        dashboard=dashboard,
+        dashboard_port=dashboard_port,
     )
     try:
         resumed_virtual = resume is not None and read_manifest(resume).virtual

@@ -21,7 +21,8 @@ import asyncio
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -102,6 +103,11 @@ _KIND = {
     Phase.FIRST_TOKEN: ErrorKind.FIRST_TOKEN_TIMEOUT,
     Phase.IDLE: ErrorKind.IDLE_TIMEOUT,
 }
+
+
+# Who watches a request's stream as it arrives (the fleet dashboard's live preview), set per agent task. It is
+# handed the accumulator once, when the request starts, and reads it on its own schedule: nothing per chunk.
+stream_watch: ContextVar[Callable[[_Acc], None] | None] = ContextVar("stream_watch", default=None)
 
 
 class _Guard:
@@ -264,6 +270,8 @@ class ChatClient:
             payload["stream_options"] = opts
         raw = json.dumps(payload).encode()
         acc = _Acc(self.clock.now())
+        if (watch := stream_watch.get()) is not None:
+            watch(acc)
         guard = _Guard(policy)
         guard.start_total(policy.total_s)
         guard.arm(Phase.CONNECT, policy.budget(Phase.CONNECT, prompt_tokens_hint))

@@ -26,10 +26,11 @@ turn or stops the run — is ``fleet/turns.py``'s, so ``run_agent`` never calls 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from agentload.agent.loop import ChatBackend, run_agent
 from agentload.clock import Clock
@@ -41,7 +42,7 @@ from agentload.fleet.toolbox import ToolSettings, build_registry
 from agentload.fleet.turns import AgentBackend, CheckpointHook, NoProgress
 from agentload.fleet.turns import AgentState as AgentState  # re-exported: progress and the CLI name it here
 from agentload.fleet.turns import FleetProgress as FleetProgress
-from agentload.load.runner import End, run_load
+from agentload.load.runner import End, LoadOutcome, run_load
 from agentload.load.strategy import Gated
 
 # How often the limiter's policy is asked for a decision (it decides only once a round of fresh turns is in).
@@ -85,6 +86,7 @@ class FleetRunner:
         progress: FleetProgress | None = None,
         stop_after_s: float | None = None,
         control_interval_s: float = CONTROL_INTERVAL_S,
+        stop: asyncio.Event | None = None,
     ) -> None:
         self.plans = list(plans)
         self.backend = backend
@@ -100,6 +102,7 @@ class FleetRunner:
         self.progress: FleetProgress = progress or NoProgress()
         self.stop_after_s = stop_after_s
         self.control_interval_s = control_interval_s
+        self.stop = stop  # set from outside (the dashboard's Stop): ends the segment as --stop-after does
         self.t0 = clock.now()
         self.by_task: dict[str, list[AgentPlan]] = {}
         for p in self.plans:
@@ -117,7 +120,10 @@ class FleetRunner:
         self.t0 = self.clock.now()
         agents = [_FleetAgent(self, p) for p in self.plans]
         strategy = Gated(self.limiter.gate, clock=self.clock, control=self._tick, interval_s=self.control_interval_s)
-        outcome = await run_load(agents, None, strategy=strategy, stop_after_s=self.stop_after_s, clock=self.clock)
+        load = run_load(agents, None, strategy=strategy, stop_after_s=self.stop_after_s, clock=self.clock)
+        outcome = await load if self.stop is None else await _unless(load, self.stop)
+        if outcome is None:  # stopped from outside
+            return SegmentOutcome(self.clock.now() - self.t0, True, self.limiter.statistics())
         stopped = outcome.ended in (End.TIMER, End.LOST) and outcome.cancelled > 0
         return SegmentOutcome(self.clock.now() - self.t0, stopped, self.limiter.statistics(), outcome.lost)
 
@@ -132,6 +138,21 @@ class FleetRunner:
         await self.log.append(line)
         self.outcomes[plan.agent_id] = line
         self.progress.agent(plan.agent_id, AgentState(line.outcome), detail=line.detail)
+
+
+async def _unless(load: Coroutine[Any, Any, LoadOutcome], stop: asyncio.Event) -> LoadOutcome | None:
+    """``load``'s outcome, or None when ``stop`` is set first: then it is cancelled like a --stop-after with no
+    grace (its cleanup cancels and awaits every agent; a turn cut short is not committed, so it is sent again on
+    resume)."""
+    task, waiter = asyncio.ensure_future(load), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, waiter, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 class _FleetAgent:

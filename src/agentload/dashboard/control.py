@@ -1,0 +1,131 @@
+"""What the dashboard's buttons do to a running fleet, each through the path the fleet already has for it.
+
+* **pause / resume** — ``WatchedBackend`` sits between each agent's turn and the shared backend: while paused, a
+  turn waits there before its request is sent, so no new turn starts and the turns in flight finish (and are
+  committed) as usual. Nothing is checkpointed by a pause because nothing is lost by one.
+* **stop** — sets the event ``FleetRunner`` races its load against (``stop=``): the load is cancelled as
+  ``--stop-after`` cancels it, the turns cut short are not committed, and ``agentload run --resume`` sends them
+  again — the same checkpointed path as a kill.
+* **width** — replaces the limiter's policy (``fleet.limiter.make_policy``: sequential, parallel N, auto from
+  the current width) and moves its gate, logged as a ``LimitLine`` like any change the limiter makes; a
+  narrower width parks agents at their next turn boundary as the adaptive limiter's own narrowing does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from agentload.agent.loop import ChatBackend
+from agentload.clock import Clock
+from agentload.dashboard.state import LiveState
+from agentload.endpoint.client import stream_watch
+from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.errors import ConfigError
+from agentload.fleet.checkpoint import CheckpointLog, LimitLine
+from agentload.fleet.limiter import LimitChange, Limiter, Mode, make_policy
+from agentload.fleet.turns import FleetProgress
+
+
+class Run(Protocol):
+    """What the controls reach of the running fleet (``fleet.runner.FleetRunner`` fits)."""
+
+    limiter: Limiter
+    log: CheckpointLog
+    progress: FleetProgress
+    segment: int
+    t0: float
+
+
+class FleetControl:
+    """Pause, resume, stop and width for one run; ``attach`` the runner once it exists."""
+
+    def __init__(self, state: LiveState, clock: Clock, *, max_width: int) -> None:
+        self.state = state
+        self.clock = clock
+        self.max_width = max_width
+        self.running = asyncio.Event()  # clear while paused
+        self.running.set()
+        self.stop = asyncio.Event()
+        self.pauses: list[tuple[float, float | None]] = []  # (paused, resumed) on the run's clock
+        self.run: Run | None = None
+
+    def attach(self, run: Run) -> None:
+        self.run = run
+
+    @property
+    def paused(self) -> bool:
+        return not self.running.is_set()
+
+    def pause(self) -> None:
+        if self.paused:
+            return
+        self.running.clear()
+        self.pauses.append((self.clock.now(), None))
+        self.state.control_changed(paused=True)
+
+    def resume(self) -> None:
+        if not self.paused:
+            return
+        start, _ = self.pauses[-1]
+        self.pauses[-1] = (start, self.clock.now())
+        self.running.set()
+        self.state.control_changed(paused=False)
+
+    def request_stop(self) -> None:
+        self.stop.set()
+        self.state.control_changed(stopping=True)
+
+    async def set_width(self, mode: Mode, width: int | None) -> LimitChange:
+        """Switch the limiter to ``mode`` (at ``width`` for parallel; from ``width`` or the current one for auto)."""
+        run = self.run
+        if run is None:
+            raise ConfigError("the run has not started yet")
+        limiter = run.limiter
+        old = limiter.limit
+        if mode is Mode.SEQUENTIAL:
+            if width not in (None, 1):
+                raise ConfigError("sequential runs one agent at a time; give no width")
+            width = 1
+        elif mode is Mode.PARALLEL and width is None:
+            raise ConfigError("parallel needs a width")
+        width = old if width is None else width
+        if not 1 <= width <= self.max_width:
+            raise ConfigError(f"the width must be between 1 and {self.max_width} (the fleet's agents), got {width}")
+        limiter.policy = make_policy(mode, width, max_width=self.max_width)
+        new = limiter.policy.initial()
+        label = mode.value if mode is not Mode.PARALLEL else f"parallel {width}"
+        change = LimitChange(t=self.clock.now() - run.t0, old=old, new=new, reason=f"set from the dashboard: {label}")
+        limiter.history.append(change)
+        limiter.gate.set_limit(new)
+        await run.log.append(LimitLine(segment=run.segment, change=change))
+        run.progress.limiter(limiter.statistics())
+        return change
+
+
+class WatchedBackend:
+    """The shared backend as the dashboard sees it: a turn waits here while paused, and is watched as it streams."""
+
+    def __init__(self, inner: ChatBackend, state: LiveState, control: FleetControl) -> None:
+        self.inner = inner
+        self.state = state
+        self.control = control
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        agent = ids.agent
+        if self.control.paused:
+            await self.control.running.wait()  # the pause: this turn has not started, so nothing is lost
+        self.state.request_started(agent)
+
+        def watch(view: Any) -> None:
+            self.state.stream_started(agent, view)
+
+        # Set in this agent's task only (a context variable): every attempt of this turn hands its stream over.
+        token = stream_watch.set(watch)
+        try:
+            records = await self.inner.complete(body, ids)
+        finally:
+            stream_watch.reset(token)
+        self.state.request_done(agent, records)
+        return records

@@ -1,0 +1,188 @@
+"""The dashboard's HTTP side: the page, its event stream and its controls, on 127.0.0.1 behind a random token.
+
+* ``GET /?token=T`` — the page (one vendored file, ``dashboard.html``: no CDN, no framework);
+* ``GET /events?token=T`` — server-sent events: ``snapshot`` (everything) on connect, then ``delta`` (only what
+  changed, coalesced per agent) at most ``1 / interval_s`` times a second, and ``end`` when the run is over;
+* ``GET /api/state?token=T`` — the snapshot as JSON;
+* ``POST /api/control?token=T`` — ``{"action": "pause" | "resume" | "stop"}`` or
+  ``{"action": "width", "mode": "sequential" | "parallel" | "auto", "width": N}``.
+
+The token (``secrets.token_urlsafe``) is in the URL the command prints, as notebook servers do; it is also
+accepted as an ``X-Agentload-Token`` header. Without it every route answers 403; a malformed control body 400 with
+a JSON error; an error inside a handler 500 with one line, never a traceback — and never anything the run sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from agentload.dashboard.control import FleetControl
+from agentload.dashboard.state import LiveState
+from agentload.errors import AgentloadError, ConfigError
+from agentload.fleet.limiter import Mode
+
+# The page's update rate: 4 Hz keeps 1,000 cards fluid without flooding the browser.
+INTERVAL_S = 0.25
+TOKEN_HEADER = "X-Agentload-Token"
+_log = logging.getLogger(__name__)
+_STATE: web.AppKey[LiveState] = web.AppKey("state", LiveState)
+_CONTROL: web.AppKey[FleetControl] = web.AppKey("control", FleetControl)
+_TOKEN: web.AppKey[str] = web.AppKey("token", str)
+_CLOSING: web.AppKey[asyncio.Event] = web.AppKey("closing", asyncio.Event)
+_INTERVAL: web.AppKey[float] = web.AppKey("interval", float)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def page() -> str:
+    return resources.files("agentload.dashboard").joinpath("dashboard.html").read_text(encoding="utf-8")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    given = request.query.get("token") or request.headers.get(TOKEN_HEADER) or ""
+    if not secrets.compare_digest(given.encode(), request.app[_TOKEN].encode()):
+        return _error(403, "a valid token is required (the URL agentload printed carries it)")
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # one line in the log, none of it in the answer: the run goes on either way
+        _log.warning("dashboard: %s %s failed: %s", request.method, request.path, type(exc).__name__)
+        return _error(500, "internal error in the dashboard (the run is unaffected)")
+
+
+def _json(body: Any) -> bytes:
+    return orjson.dumps(body)
+
+
+async def _index(request: web.Request) -> web.StreamResponse:
+    return web.Response(text=page(), content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+async def _state(request: web.Request) -> web.StreamResponse:
+    body, _ = request.app[_STATE].snapshot()
+    return web.Response(body=_json(body), content_type="application/json")
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    state, closing, interval = request.app[_STATE], request.app[_CLOSING], request.app[_INTERVAL]
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
+    await resp.prepare(request)
+    body, cursor = state.snapshot()
+    with contextlib.suppress(ConnectionResetError):
+        await resp.write(b"event: snapshot\ndata: " + _json(body) + b"\n\n")
+        while not closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closing.wait(), interval)
+            delta = state.delta(cursor)
+            if delta is not None:
+                await resp.write(b"event: delta\ndata: " + _json(delta) + b"\n\n")
+            elif not closing.is_set():
+                await resp.write(b": keep-alive\n\n")  # a comment: lets the server notice a closed tab
+        await resp.write(b"event: end\ndata: {}\n\n")
+    return resp
+
+
+async def _control(request: web.Request) -> web.StreamResponse:
+    control = request.app[_CONTROL]
+    try:
+        body = await request.json(loads=orjson.loads)
+    except (ValueError, orjson.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "the body must be a JSON object")
+    if not isinstance(body, dict):
+        return _error(400, "the body must be a JSON object")
+    action = body.get("action")
+    if action == "pause":
+        control.pause()
+    elif action == "resume":
+        control.resume()
+    elif action == "stop":
+        control.request_stop()
+    elif action == "width":
+        try:
+            mode = Mode(str(body.get("mode")))
+        except ValueError:
+            return _error(400, "mode must be one of sequential, parallel, auto")
+        width = body.get("width")
+        if width is not None and (isinstance(width, bool) or not isinstance(width, int)):
+            return _error(400, "width must be a whole number")
+        try:
+            change = await control.set_width(mode, width)
+        except AgentloadError as exc:
+            return _error(400, str(exc))
+        return web.json_response({"ok": True, "action": action, "limit": change.new, "reason": change.reason})
+    else:
+        return _error(400, "action must be one of pause, resume, stop, width")
+    return web.json_response({"ok": True, "action": action, "paused": control.paused})
+
+
+def make_app(state: LiveState, control: FleetControl, token: str, *, interval_s: float = INTERVAL_S) -> web.Application:
+    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
+    app[_STATE] = state
+    app[_CONTROL] = control
+    app[_TOKEN] = token
+    app[_CLOSING] = asyncio.Event()
+    app[_INTERVAL] = interval_s
+
+    async def closing(app: web.Application) -> None:
+        app[_CLOSING].set()  # open event streams send what is left and ``end``, then return
+
+    app.on_shutdown.append(closing)
+    app.router.add_get("/", _index)
+    app.router.add_get("/events", _events)
+    app.router.add_get("/api/state", _state)
+    app.router.add_post("/api/control", _control)
+    return app
+
+
+class Dashboard:
+    """The dashboard served on 127.0.0.1 for the length of a run: ``await start()``, ``await close()``."""
+
+    def __init__(
+        self, state: LiveState, control: FleetControl, *, port: int = 0, interval_s: float = INTERVAL_S
+    ) -> None:
+        self.token = secrets.token_urlsafe(24)
+        self.app = make_app(state, control, self.token, interval_s=interval_s)
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        """Serve; returns the page's URL, token included."""
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise ConfigError(f"the dashboard cannot listen on 127.0.0.1:{self.port}: {exc.strerror}") from None
+        self.port = self._runner.addresses[0][1]
+        return self.url
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/?token={self.token}"
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

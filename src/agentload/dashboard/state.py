@@ -1,0 +1,352 @@
+"""The dashboard's live state: accumulated from the run's events, compiled into snapshots and deltas on demand.
+
+Nothing here feeds back into the run. The fleet reports through its ``FleetProgress`` calls (agent states, turns,
+width changes), the dashboard's backend wrapper (``dashboard.control.WatchedBackend``: a turn sent, its stream,
+its reply) and the connection's one server monitor (``SignalPoller.subscribe``: no second poller). Each change
+bumps a version; a page's stream asks for what changed since the version it last saw (``delta``), so an agent
+that changed ten times between two flushes is sent once (coalesced per agent) and a flush costs O(changed).
+
+A streaming reply is not followed chunk by chunk: the chat client hands the request's accumulator over once
+(``endpoint.client.stream_watch``) and ``refresh`` reads it at the page's rate — the first token's arrival
+makes the phase ``streaming``, the last ~200 characters are the preview.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentload.agent.loop import TurnLog
+from agentload.clock import Clock
+from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.scrape import MetricsSnapshot
+from agentload.endpoint.signals import ServerSignals
+from agentload.fleet.config import AgentPlan
+from agentload.fleet.limiter import LimiterStatistics
+from agentload.fleet.turns import AgentState, FleetProgress
+
+PREVIEW_CHARS = 200
+# Server samples kept for the page's timelines (one a second by default: an hour); older ones are dropped.
+MAX_POINTS = 3600
+
+
+class StreamView(Protocol):
+    """What the dashboard reads of a request in flight (``endpoint.client._Acc`` fits)."""
+
+    t_first_token: float | None
+    content: list[str]
+
+
+class WatchdogView(Protocol):
+    """The stall watchdog's decisions so far (``endpoint.watchdog.Watchdog.statistics()`` fits)."""
+
+    granted: dict[str, int]
+    refused: dict[str, int]
+
+
+@dataclass
+class Card:
+    """One agent as its card shows it."""
+
+    id: str
+    group: str
+    wave: int
+    depends_on: list[str]
+    state: str = AgentState.WAITING.value
+    phase: str = "queued"  # queued | prefilling | streaming | tool | think | "" (not live)
+    turn: int = 0  # turns committed
+    context: int = 0  # the last turn's prompt tokens
+    out: int = 0  # completion tokens over the turns seen in this process
+    ttft: float | None = None  # the last turn's time to first token, s
+    preview: str = ""
+    error: str = ""
+    v: int = 0  # the state's version when the card last changed
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "group": self.group,
+            "wave": self.wave,
+            "depends_on": self.depends_on,
+            "state": self.state,
+            "phase": self.phase,
+            "turn": self.turn,
+            "context": self.context,
+            "out": self.out,
+            "ttft": self.ttft,
+            "preview": self.preview,
+            "error": self.error,
+        }
+
+
+@dataclass
+class Cursor:
+    """How far one page's stream has been sent."""
+
+    version: int = 0
+    points: int = 0
+    decisions: int = 0
+
+
+def _tail(pieces: Sequence[str], chars: int = PREVIEW_CHARS) -> str:
+    """The last ``chars`` characters of the joined pieces, joining only as many pieces as that takes."""
+    out: list[str] = []
+    n = 0
+    for piece in reversed(pieces):
+        out.append(piece)
+        n += len(piece)
+        if n >= chars:
+            break
+    return "".join(reversed(out))[-chars:]
+
+
+def _reply_preview(record: RequestRecord) -> str:
+    if record.tool_calls:
+        return "→ " + ", ".join(f"{c.name}({c.arguments[:60]})" for c in record.tool_calls)
+    if record.content:
+        return record.content[-PREVIEW_CHARS:]
+    if not record.ok:
+        return f"{record.outcome.value}: {record.error_message}"[:PREVIEW_CHARS]
+    return ""
+
+
+_ENDED = {AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED}
+
+
+class LiveState:
+    """Every card, the width and its decisions, the server's gauges over time; see the module docstring."""
+
+    def __init__(self, plans: Sequence[AgentPlan], clock: Clock, *, fleet: str = "", run_id: str = "") -> None:
+        self.clock = clock
+        self.t0 = clock.now()
+        self.fleet = fleet
+        self.run_id = run_id
+        self.version = 0
+        self.cards: dict[str, Card] = {
+            p.agent_id: Card(p.agent_id, p.task_id, p.wave, list(p.depends_on)) for p in plans
+        }
+        self.limiter: LimiterStatistics | None = None
+        self.decisions: list[dict[str, Any]] = []
+        self.points: list[dict[str, Any]] = []
+        self.dropped_points = 0
+        self.watchdog: Callable[[], WatchdogView] | None = None  # read at each flush
+        self.control: dict[str, Any] = {"paused": False, "stopping": False}
+        self.finished = False
+        self.turns = 0
+        self.out_tokens = 0  # completion tokens of the turns committed in this process
+        self._ttfts: list[float] = []  # TTFTs of the turns committed since the last scrape
+        self._streams: dict[str, tuple[StreamView, int]] = {}  # agent → its request in flight, chunks seen
+        self._last_counters: tuple[float, float] | None = None  # prefix queries, hits at the last scrape
+        self._preempt0: float | None = None
+        self._summary_v = 0  # version of the last change outside the cards (limiter, control, points)
+
+    # -- events ---------------------------------------------------------------------------------------------
+    def _bump(self, card: Card | None = None) -> None:
+        self.version += 1
+        if card is None:
+            self._summary_v = self.version
+        else:
+            card.v = self.version
+
+    def _card(self, agent: str) -> Card:
+        card = self.cards.get(agent)
+        if card is None:  # an agent the plans did not name (cannot happen in a fleet; kept rather than lost)
+            card = self.cards[agent] = Card(agent, "", 0, [])
+        return card
+
+    def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
+        card = self._card(agent)
+        card.state = state.value
+        if rounds is not None:
+            card.turn = rounds
+        if state in (AgentState.WAITING, AgentState.PARKED):
+            card.phase = "queued"
+        elif state in _ENDED:
+            card.phase = ""
+            self._streams.pop(agent, None)
+        elif card.phase == "queued":
+            card.phase = ""  # admitted: its request is on its way (prefilling as soon as it is sent)
+        if detail:
+            card.error = detail[:300]
+        self._bump(card)
+
+    def turn(self, agent: str, turn: TurnLog) -> None:
+        card = self._card(agent)
+        final = turn.final
+        card.turn = turn.round + 1
+        card.context = final.prompt_tokens
+        card.out += sum(r.completion_tokens for r in turn.records)
+        card.ttft = final.ttft
+        if final.ttft is not None:
+            self._ttfts.append(final.ttft)
+        self.out_tokens += sum(r.completion_tokens for r in turn.records)
+        card.preview = _reply_preview(final) or card.preview
+        card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
+        self.turns += 1
+        self._bump(card)
+
+    def limiter_changed(self, stats: LimiterStatistics) -> None:
+        self.limiter = stats
+        for change in stats.history[len(self.decisions) :]:
+            self.decisions.append(change.model_dump(mode="json"))
+        self._bump()
+
+    def request_started(self, agent: str) -> None:
+        card = self._card(agent)
+        card.phase = "prefilling"
+        self._bump(card)
+
+    def stream_started(self, agent: str, view: StreamView) -> None:
+        self._streams[agent] = (view, 0)
+
+    def request_done(self, agent: str, records: Sequence[RequestRecord]) -> None:
+        self._streams.pop(agent, None)
+        card = self._card(agent)
+        final = records[-1]
+        card.phase = "tool" if final.ok and final.tool_calls else "think"
+        if final.ttft is not None:
+            card.ttft = final.ttft
+        card.preview = _reply_preview(final) or card.preview
+        self._bump(card)
+
+    def control_changed(self, **fields: Any) -> None:
+        self.control.update(fields)
+        self._bump()
+
+    def on_scrape(self, sig: ServerSignals, snapshot: MetricsSnapshot | None) -> None:
+        """A ``SignalPoller`` listener: one point of the server's timelines per scrape."""
+        hit: float | None = None
+        preemptions: float | None = None
+        if snapshot is not None:
+            norm = snapshot.normalised()
+            q, h = norm.get("prefix_queries"), norm.get("prefix_hits")
+            if q is not None and h is not None:
+                if self._last_counters is not None:
+                    dq, dh = q - self._last_counters[0], h - self._last_counters[1]
+                    hit = dh / dq if dq > 0 else None  # no prompt tokens asked this interval: no rate
+                self._last_counters = (q, h)
+        if sig.preemptions is not None:
+            if self._preempt0 is None:
+                self._preempt0 = sig.preemptions
+            preemptions = sig.preemptions - self._preempt0
+        live = sum(1 for c in self.cards.values() if c.state == AgentState.RUNNING.value)
+        ttfts = sorted(self._ttfts)
+        self._ttfts = []
+        self.points.append(
+            {
+                "t": round(sig.t - self.t0, 3),
+                "kv": sig.kv_usage,
+                "running": sig.running,
+                "waiting": sig.waiting,
+                "hit": hit,
+                "preempt": preemptions,
+                "width": self.limiter.limit if self.limiter is not None else None,
+                "live": live,
+                "turns": self.turns,
+                "out": self.out_tokens,
+                # The TTFTs of the turns committed since the previous point (nearest rank); None without any.
+                "ttft_p50": ttfts[(len(ttfts) - 1) // 2] if ttfts else None,
+                "ttft_p95": ttfts[math.ceil(0.95 * len(ttfts)) - 1] if ttfts else None,
+            }
+        )
+        if len(self.points) > MAX_POINTS:
+            drop = len(self.points) - MAX_POINTS
+            del self.points[:drop]
+            self.dropped_points += drop
+        self._bump()
+
+    # -- compiling ------------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Read the streams in flight: their first token makes the phase ``streaming``, their tail the preview."""
+        for agent, (view, seen) in list(self._streams.items()):
+            n = len(view.content)
+            if view.t_first_token is None or n == seen:
+                continue
+            self._streams[agent] = (view, n)
+            card = self._card(agent)
+            card.phase = "streaming"
+            card.preview = _tail(view.content)
+            self._bump(card)
+
+    def _summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for c in self.cards.values():
+            counts[c.state] = counts.get(c.state, 0) + 1
+        lim = self.limiter
+        wd = self.watchdog() if self.watchdog is not None else None
+        return {
+            "fleet": self.fleet,
+            "run_id": self.run_id,
+            "t": round(self.clock.now() - self.t0, 3),
+            "counts": counts,
+            "turns": self.turns,
+            "limiter": None
+            if lim is None
+            else {
+                "mode": lim.mode.value,
+                "limit": lim.limit,
+                "min": lim.min_limit,
+                "max": lim.max_limit,
+                "live": lim.live,
+                "queued": lim.queued,
+                "parked_total": lim.parked_total,
+                "decisions": lim.decisions,
+            },
+            "watchdog": None if wd is None else {"granted": dict(wd.granted), "refused": dict(wd.refused)},
+            "control": dict(self.control),
+            "finished": self.finished,
+        }
+
+    def snapshot(self) -> tuple[dict[str, Any], Cursor]:
+        """Everything, and the cursor a stream goes on from."""
+        self.refresh()
+        body = {
+            "summary": self._summary(),
+            "agents": [c.public() for c in self.cards.values()],
+            "decisions": list(self.decisions),
+            "points": list(self.points),
+        }
+        return body, Cursor(self.version, self.dropped_points + len(self.points), len(self.decisions))
+
+    def delta(self, cursor: Cursor) -> dict[str, Any] | None:
+        """What changed since ``cursor`` (which is moved on), or None when nothing did."""
+        self.refresh()
+        if self.version == cursor.version:
+            return None
+        agents = [c.public() for c in self.cards.values() if c.v > cursor.version]
+        start = max(0, cursor.points - self.dropped_points)
+        body = {
+            "summary": self._summary(),
+            "agents": agents,
+            "decisions": self.decisions[cursor.decisions :],
+            "points": self.points[start:],
+        }
+        cursor.version = self.version
+        cursor.points = self.dropped_points + len(self.points)
+        cursor.decisions = len(self.decisions)
+        return body
+
+
+@dataclass
+class Tee:
+    """A ``FleetProgress`` that reports to the terminal's display (if any) and to the dashboard's state."""
+
+    state: LiveState
+    inner: FleetProgress | None = None  # the run's own display
+
+    def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
+        if self.inner is not None:
+            self.inner.agent(agent, state, rounds=rounds, detail=detail)
+        self.state.agent(agent, state, rounds=rounds, detail=detail)
+
+    def turn(self, agent: str, turn: TurnLog) -> None:
+        if self.inner is not None:
+            self.inner.turn(agent, turn)
+        self.state.turn(agent, turn)
+
+    def limiter(self, stats: LimiterStatistics) -> None:
+        if self.inner is not None:
+            self.inner.limiter(stats)
+        self.state.limiter_changed(stats)

@@ -1,0 +1,411 @@
+"""The fleet dashboard without a browser: its token, its bad-request answers, its snapshot and deltas, and its
+controls on real runs against the embedded simulator (real time: a pause must be seen by real requests).
+
+Every claim about the run is read from what the run wrote (the checkpoint log: each turn's attempts with their
+send times), not from the dashboard's own state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from agentload.agent.loop import TurnLog
+from agentload.cli.run import RunOptions, run_fleet
+from agentload.dashboard.control import FleetControl
+from agentload.dashboard.server import make_app
+from agentload.dashboard.state import LiveState, Tee
+from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.scrape import parse_metrics
+from agentload.endpoint.signals import ServerSignals
+from agentload.errors import ConfigError
+from agentload.fleet.checkpoint import LOG, CheckpointLog, load_log
+from agentload.fleet.config import expand, load_fleet
+from agentload.fleet.limiter import AdaptiveWidth, FixedWidth, Limiter, Mode, make_policy
+from agentload.fleet.results import FleetResult
+from agentload.fleet.turns import AgentState, FleetProgress
+from agentload.vtime import LoopClock
+
+FAST = "llama-8b-h100"
+TOKEN = "t0ken"
+
+FLEET = """
+name = "dash"
+[defaults]
+tools = ["search"]
+tool_choice = "required"
+max_rounds = ROUNDS
+max_tokens = 16
+think_time_s = THINK
+context_tokens = 300
+tool_result_tokens = 40
+
+[[tasks]]
+id = "plan"
+prompt = "Plan {replica}."
+max_rounds = 2
+
+[[tasks]]
+id = "w"
+prompt = "Work item {replica}."
+count = COUNT
+depends_on = ["plan"]
+"""
+
+
+def _fleet(tmp_path: Path, count: int = 5, rounds: int = 4, think: float = 0.2) -> Path:
+    path = tmp_path / "dash.toml"
+    path.write_text(FLEET.replace("COUNT", str(count)).replace("ROUNDS", str(rounds)).replace("THINK", str(think)))
+    return path
+
+
+@dataclass
+class _Run:
+    """What the controls reach of a run, without one running."""
+
+    limiter: Limiter
+    log: CheckpointLog
+    progress: FleetProgress
+    segment: int = 0
+    t0: float = 0.0
+
+
+@pytest.fixture
+async def board(tmp_path: Path) -> AsyncIterator[tuple[TestClient[Any, Any], LiveState, FleetControl, _Run]]:
+    plans = expand(load_fleet(_fleet(tmp_path)))
+    clock = LoopClock()
+    state = LiveState(plans, clock, fleet="dash")
+    control = FleetControl(state, clock, max_width=len(plans))
+    run = _Run(Limiter(make_policy(Mode.AUTO, 3, max_width=len(plans))), CheckpointLog(tmp_path / LOG), Tee(state))
+    control.attach(run)
+    state.limiter_changed(run.limiter.statistics())
+    client = TestClient(TestServer(make_app(state, control, TOKEN, interval_s=0.05)))
+    await client.start_server()
+    try:
+        yield client, state, control, run
+    finally:
+        await client.close()
+        run.log.close()
+
+
+Board = tuple[TestClient[Any, Any], LiveState, FleetControl, _Run]
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/"), ("GET", "/events"), ("GET", "/api/state"),
+                                              ("POST", "/api/control")])  # fmt: skip
+@pytest.mark.parametrize("token", [None, "", "wrong", TOKEN + "x"])
+async def test_every_route_needs_the_token(board: Board, method: str, path: str, token: str | None) -> None:
+    client, _, control, run = board
+    params = {} if token is None else {"token": token}
+    resp = await client.request(method, path, params=params, json={"action": "pause"})
+    assert resp.status == 403
+    assert "token" in (await resp.json())["error"]
+    assert not control.paused
+    assert run.limiter.limit == 3
+
+
+async def test_the_token_opens_every_route(board: Board) -> None:
+    client, *_ = board
+    page = await client.get("/", params={"token": TOKEN})
+    assert page.status == 200
+    assert 'id="waves"' in await page.text()
+    header = await client.get("/api/state", headers={"X-Agentload-Token": TOKEN})
+    assert header.status == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b"not json", "JSON object"),
+        (b"[1, 2]", "JSON object"),
+        (b'"pause"', "JSON object"),
+        (b"{}", "action must be"),
+        (b'{"action": "explode"}', "action must be"),
+        (b'{"action": "width", "mode": "fast"}', "mode must be"),
+        (b'{"action": "width", "mode": "parallel"}', "needs a width"),
+        (b'{"action": "width", "mode": "parallel", "width": "4"}', "whole number"),
+        (b'{"action": "width", "mode": "parallel", "width": true}', "whole number"),
+        (b'{"action": "width", "mode": "parallel", "width": 0}', "between 1 and 6"),
+        (b'{"action": "width", "mode": "parallel", "width": 7}', "between 1 and 6"),
+        (b'{"action": "width", "mode": "sequential", "width": 3}', "one agent at a time"),
+        (b"\xff\xfe", "JSON object"),
+    ],
+)
+async def test_malformed_control_is_a_400_with_a_json_error(board: Board, body: bytes, words: str) -> None:
+    client, state, control, run = board
+    before = state.version
+    resp = await client.post("/api/control", params={"token": TOKEN}, data=body)
+    assert resp.status == 400
+    answer = await resp.json()
+    assert words in answer["error"]
+    assert "Traceback" not in answer["error"]
+    assert not control.paused
+    assert not control.stop.is_set()
+    assert run.limiter.limit == 3
+    assert run.limiter.history == []
+    assert state.version == before
+
+
+async def test_width_reaches_the_limiter_and_the_log(board: Board, tmp_path: Path) -> None:
+    client, state, _, run = board
+    resp = await client.post("/api/control", params={"token": TOKEN}, json={"action": "width", "mode": "parallel",
+                                                                              "width": 2})  # fmt: skip
+    assert resp.status == 200
+    assert (await resp.json())["limit"] == 2
+    assert run.limiter.limit == 2
+    assert run.limiter.gate.limit == 2
+    assert isinstance(run.limiter.policy, FixedWidth)
+    assert run.limiter.mode is Mode.PARALLEL
+    resp = await client.post("/api/control", params={"token": TOKEN}, json={"action": "width", "mode": "sequential"})
+    assert resp.status == 200
+    assert run.limiter.limit == 1
+    assert run.limiter.policy.mode is Mode.SEQUENTIAL
+    resp = await client.post("/api/control", params={"token": TOKEN}, json={"action": "width", "mode": "auto"})
+    assert isinstance(run.limiter.policy, AdaptiveWidth)
+    assert run.limiter.limit == 1
+    # Each change is a LimitLine in the checkpoint, as the limiter's own are (so results and reports show it).
+    logged = load_log(tmp_path / LOG).limits
+    assert [(x.change.old, x.change.new) for x in logged] == [(3, 2), (2, 1), (1, 1)]
+    assert logged[0].change.reason == "set from the dashboard: parallel 2"
+    assert [d["new"] for d in state.decisions] == [2, 1, 1]
+
+
+async def test_pause_resume_stop_answer_and_show(board: Board) -> None:
+    client, state, control, _ = board
+    for action, paused in (("pause", True), ("pause", True), ("resume", False), ("resume", False)):
+        resp = await client.post("/api/control", params={"token": TOKEN}, json={"action": action})
+        assert resp.status == 200
+        assert (await resp.json())["paused"] is paused
+        assert control.paused is paused
+        assert state.snapshot()[0]["summary"]["control"]["paused"] is paused
+    assert len(control.pauses) == 1  # a second pause of a paused run is not a new pause
+    resp = await client.post("/api/control", params={"token": TOKEN}, json={"action": "stop"})
+    assert resp.status == 200
+    assert control.stop.is_set()
+
+
+async def test_snapshot_then_deltas_coalesced_per_agent(board: Board) -> None:
+    _, state, *_ = board
+    body, cursor = state.snapshot()
+    assert [a["id"] for a in body["agents"]] == ["plan", "w.0", "w.1", "w.2", "w.3", "w.4"]
+    assert {a["wave"] for a in body["agents"]} == {0, 1}
+    assert body["agents"][1]["depends_on"] == ["plan"]
+    assert body["summary"]["counts"] == {"waiting": 6}
+    assert body["summary"]["limiter"]["limit"] == 3
+    assert state.delta(cursor) is None  # nothing changed
+    for rounds in range(10):
+        state.agent("w.2", AgentState.RUNNING, rounds=rounds)
+    state.agent("w.4", AgentState.PARKED)
+    delta = state.delta(cursor)
+    assert delta is not None
+    assert [(a["id"], a["state"], a["turn"], a["phase"]) for a in delta["agents"]] == [
+        ("w.2", "running", 9, ""),
+        ("w.4", "parked", 0, "queued"),
+    ]
+    assert delta["summary"]["counts"] == {"waiting": 4, "running": 1, "parked": 1}
+    assert state.delta(cursor) is None
+
+
+async def test_the_event_stream_sends_a_snapshot_then_deltas(board: Board) -> None:
+    client, state, *_ = board
+    resp = await client.get("/events", params={"token": TOKEN})
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+
+    async def event() -> tuple[str, dict[str, Any]]:
+        name, data = "", b""
+        while True:
+            line = (await resp.content.readline()).rstrip(b"\n")
+            if line.startswith(b"event: "):
+                name = line[7:].decode()
+            elif line.startswith(b"data: "):
+                data = line[6:]
+            elif line == b"" and name:
+                return name, orjson.loads(data)
+
+    name, snap = await asyncio.wait_for(event(), 5)
+    assert name == "snapshot"
+    assert len(snap["agents"]) == 6
+    state.agent("w.1", AgentState.DONE, rounds=4)
+    name, delta = await asyncio.wait_for(event(), 5)
+    assert name == "delta"
+    assert [(a["id"], a["state"]) for a in delta["agents"]] == [("w.1", "done")]
+    resp.close()
+
+
+# -- on real runs ---------------------------------------------------------------------------------------------------
+async def _start(opts: RunOptions) -> tuple[asyncio.Task[FleetResult], str, str]:
+    task = asyncio.ensure_future(run_fleet(opts))
+    for _ in range(400):
+        if opts.dashboard_url is not None or task.done():
+            break
+        await asyncio.sleep(0.025)
+    assert opts.dashboard_url is not None, task.result()
+    base, token = opts.dashboard_url.split("/?token=")
+    return task, base, token
+
+
+async def _committed(run_dir: Path) -> int:
+    return sum(len(t) for t in load_log(run_dir / LOG, repair=False).turns.values())
+
+
+async def _wait_turns(opts: RunOptions, at_least: int) -> None:
+    for _ in range(800):
+        if opts.run_dir is not None and (opts.run_dir / LOG).exists() and await _committed(opts.run_dir) >= at_least:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"fewer than {at_least} turns committed")
+
+
+async def _post(session: aiohttp.ClientSession, base: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with session.post(f"{base}/api/control", params={"token": token}, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        answer: dict[str, Any] = await resp.json()
+        return answer
+
+
+def _opts(tmp_path: Path, fleet: Path | None, **kw: Any) -> RunOptions:
+    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", profile=FAST, dashboard=True)
+    for k, v in kw.items():
+        setattr(opts, k, v)
+    return opts
+
+
+async def test_pause_starts_no_turn_and_resume_finishes_every_turn_once(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, _fleet(tmp_path, count=5, rounds=6, think=0.2))
+    task, base, token = await _start(opts)
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as session:
+        await _wait_turns(opts, 4)  # the planner done, its dependents under way
+        await _post(session, base, token, {"action": "pause"})
+        paused_at = loop.time()  # the pause is in force from here (the answer came after it was set)
+        await asyncio.sleep(1.5)
+        assert opts.run_dir is not None
+        during = await _committed(opts.run_dir)
+        await asyncio.sleep(1.0)
+        assert await _committed(opts.run_dir) == during  # in-flight turns finished; none started since
+        resumed_at = loop.time()  # the resume is sent after this reading
+        await _post(session, base, token, {"action": "resume"})
+        result = await asyncio.wait_for(task, 60)
+    assert result.totals.done == 6
+    assert not result.stopped_early
+    state = load_log(opts.run_dir / LOG, repair=False)  # raises on a turn lost or repeated
+    assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": 6 for i in range(5)}}
+    records = [r for lines in state.turns.values() for line in lines for r in line.turn.records]
+    sent = [r.t_sent for r in records if r.ids.attempt == 0]
+    assert len(sent) == 32
+    assert [t for t in sent if paused_at <= t <= resumed_at] == []
+    assert any(t < paused_at for t in sent)
+    assert any(t > resumed_at for t in sent)
+
+
+async def test_stop_leaves_the_run_resumable_with_every_turn_once(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path, count=5, rounds=8, think=0.3)
+    opts = _opts(tmp_path, fleet)
+    task, base, token = await _start(opts)
+    async with aiohttp.ClientSession() as session:
+        await _wait_turns(opts, 6)
+        await _post(session, base, token, {"action": "width", "mode": "parallel", "width": 2})
+        await _post(session, base, token, {"action": "stop"})
+        first = await asyncio.wait_for(task, 30)
+    assert first.stopped_early
+    assert first.totals.done < 6
+    assert [c.reason for c in first.limiter.history] == ["set from the dashboard: parallel 2"]
+    assert opts.run_dir is not None
+    resumed = await run_fleet(RunOptions(resume=opts.run_dir, progress="none", out=tmp_path / "runs"))
+    assert resumed.totals.done == 6
+    assert not resumed.stopped_early
+    state = load_log(opts.run_dir / LOG, repair=False)
+    assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": 8 for i in range(5)}}
+    assert len(state.segments) == 2
+
+
+async def test_without_the_flag_nothing_is_served(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, _fleet(tmp_path, count=2, rounds=2, think=0.0), dashboard=False)
+    result = await run_fleet(opts)
+    assert result.totals.done == 3
+    assert opts.dashboard_url is None
+
+
+async def test_a_port_in_use_is_one_error_before_the_run_is_recorded(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        opts = _opts(tmp_path, _fleet(tmp_path, count=2, rounds=2, think=0.0), dashboard_port=port)
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await run_fleet(opts)
+    assert opts.run_dir is None
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+async def test_a_virtual_run_refuses_the_dashboard(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, _fleet(tmp_path), virtual=True)
+    with pytest.raises(ConfigError, match="no real time to watch"):
+        await run_fleet(opts)
+
+
+def _turn(round_: int, ttft: float, out: int, content: str = "", *, sent: float = 10.0) -> TurnLog:
+    record = RequestRecord(t_sent=sent, t_first_token=sent + ttft, t_done=sent + 1, prompt_tokens=500 + round_,
+                           completion_tokens=out, content=content)  # fmt: skip
+    return TurnLog(round=round_, records=[record], assistant={"role": "assistant", "content": content})
+
+
+async def test_the_timelines_are_rates_between_scrapes(board: Board) -> None:
+    _, state, *_ = board
+    metrics = "vllm:prefix_cache_queries_total {q}\nvllm:prefix_cache_hits_total {h}\n"
+    state.on_scrape(ServerSignals(t=state.t0 + 1, responding=True, kv_usage=0.25, running=3, waiting=0,
+                                  preemptions=7.0), parse_metrics(metrics.format(q=100, h=50)))  # fmt: skip
+    for i, ttft in enumerate((0.4, 0.1, 0.3, 0.2)):
+        state.turn(f"w.{i}", _turn(0, ttft, 10 + i))
+    state.on_scrape(ServerSignals(t=state.t0 + 2, responding=True, kv_usage=0.5, running=4, waiting=2,
+                                  preemptions=10.0), parse_metrics(metrics.format(q=300, h=200)))  # fmt: skip
+    state.on_scrape(ServerSignals(t=state.t0 + 3, responding=True), None)
+    first, second, third = state.points
+    assert (first["hit"], first["preempt"], first["ttft_p50"], first["turns"]) == (None, 0.0, None, 0)
+    # (200 − 50) hits of (300 − 100) queries; 10 − 7 preemptions since the first scrape; nearest-rank p50 and p95
+    # of 0.1 0.2 0.3 0.4 are 0.2 and 0.4; 10 + 11 + 12 + 13 completion tokens.
+    assert second["hit"] == pytest.approx(0.75)
+    assert second["preempt"] == 3.0
+    assert second["ttft_p50"] == pytest.approx(0.2)
+    assert second["ttft_p95"] == pytest.approx(0.4)
+    assert (second["turns"], second["out"], second["kv"], second["waiting"]) == (4, 46, 0.5, 2)
+    assert (third["hit"], third["kv"], third["ttft_p50"]) == (None, None, None)  # no scrape, no TTFT: not drawn
+
+
+async def test_a_card_follows_its_turns(board: Board) -> None:
+    _, state, *_ = board
+    state.agent("w.0", AgentState.RUNNING, rounds=0)
+    state.request_started("w.0")
+    assert state.cards["w.0"].phase == "prefilling"
+
+    @dataclass
+    class Stream:
+        t_first_token: float | None = None
+        content: list[str] = field(default_factory=list)
+
+    stream = Stream()
+    state.stream_started("w.0", stream)
+    state.refresh()
+    assert state.cards["w.0"].phase == "prefilling"  # no token yet
+    stream.t_first_token = 1.0
+    stream.content.extend(["x" * 150, "y" * 100])
+    state.refresh()
+    assert state.cards["w.0"].phase == "streaming"
+    assert state.cards["w.0"].preview == "x" * 100 + "y" * 100  # the last 200 characters
+    state.request_done("w.0", _turn(0, 0.05, 7, "the answer").records)
+    state.turn("w.0", _turn(0, 0.05, 7, "the answer"))
+    card = state.cards["w.0"]
+    assert (card.phase, card.turn, card.out, card.context, card.preview) == ("think", 1, 7, 500, "the answer")
+    assert card.ttft == pytest.approx(0.05)
+    state.agent("w.0", AgentState.DONE, rounds=1)
+    assert (state.cards["w.0"].state, state.cards["w.0"].phase) == ("done", "")

@@ -1,0 +1,155 @@
+"""The fleet dashboard in a real browser: Debian's headless Chromium (Playwright), a 24-agent fleet on the
+embedded simulator, driven from the page's own buttons.
+
+The run goes on in a thread of its own (its own event loop, real time) while Playwright's sync API drives the
+page from the test's thread. What the page shows is asserted on its DOM; what the run did is read from its
+checkpoint log (each turn's attempts with their send times), the way the other fleet tests read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import ConsoleMessage, Route, expect, sync_playwright
+
+from agentload.cli.run import RunOptions, run_fleet
+from agentload.fleet.checkpoint import LOG, load_log
+from agentload.fleet.results import FleetResult
+from tests.test_report_browser import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not CHROMIUM.is_file(),
+        reason=f"Debian's chromium is not installed at {CHROMIUM} (scripts/install-chromium installs it)",
+    ),
+]
+
+FLEET = """
+name = "dash24"
+[defaults]
+tools = ["search"]
+tool_choice = "required"
+max_rounds = 6
+max_tokens = 16
+think_time_s = 1.0
+context_tokens = 300
+tool_result_tokens = 40
+
+[[tasks]]
+id = "plan"
+prompt = "Plan the work."
+max_rounds = 2
+think_time_s = 0.2
+
+[[tasks]]
+id = "w"
+prompt = "Work item {replica}."
+count = 23
+depends_on = ["plan"]
+"""
+
+
+class _Run(threading.Thread):
+    def __init__(self, opts: RunOptions) -> None:
+        super().__init__(daemon=True)
+        self.opts = opts
+        self.result: FleetResult | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = asyncio.run(run_fleet(self.opts))
+        except BaseException as exc:  # handed to the test's thread
+            self.error = exc
+
+
+def _committed(run_dir: Path) -> int:
+    return sum(len(t) for t in load_log(run_dir / LOG, repair=False).turns.values())
+
+
+def test_24_agents_render_and_pause_resume_from_the_page(tmp_path: Path) -> None:
+    (tmp_path / "f.toml").write_text(FLEET)
+    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
+                      dashboard=True)  # fmt: skip
+    run = _Run(opts)
+    run.start()
+    deadline = time.monotonic() + 30
+    while opts.dashboard_url is None and run.error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run.error is None, run.error
+    assert opts.dashboard_url is not None
+    origin = opts.dashboard_url.split("/?")[0]
+    console_errors: list[str] = []
+    foreign: list[str] = []
+
+    def only_the_dashboard(route: Route) -> None:
+        if route.request.url.startswith(origin):
+            route.continue_()
+        else:
+            foreign.append(route.request.url)
+            route.abort()
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            console_errors.append(msg.text)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("console", on_console)
+            page.route("**/*", only_the_dashboard)
+            page.goto(opts.dashboard_url)
+            cards = page.locator("#waves .card[data-id]")
+            expect(cards).to_have_count(24, timeout=15_000)
+            expect(page.locator(".wave")).to_have_count(2)  # the planner's wave and its 23 dependents
+            expect(page.locator('.wave[data-wave="1"] .card')).to_have_count(23)
+            # Some worker is live: its card shows a phase of a turn.
+            expect(page.locator('.card[data-state="running"]').first).to_be_visible(timeout=15_000)
+
+            # The width, from the page's own controls, reaches the limiter (the panel shows what it answered).
+            page.select_option("#width-mode", "parallel")
+            page.fill("#width-n", "6")
+            page.click("#width-apply")
+            expect(page.locator("#limit")).to_have_text("6", timeout=5_000)
+            expect(page.locator("#decisions li").first).to_contain_text("set from the dashboard: parallel 6")
+
+            page.click("#pause")
+            expect(page.locator("#paused-flag")).to_be_visible(timeout=5_000)
+            paused_at = time.monotonic()  # the page shows the pause only once the run is paused
+            assert opts.run_dir is not None
+            time.sleep(2.0)  # turns in flight finish and are committed
+            during = _committed(opts.run_dir)
+            time.sleep(1.5)
+            assert _committed(opts.run_dir) == during  # no new turn started
+            resumed_at = time.monotonic()
+            page.click("#resume")
+            expect(page.locator("#paused-flag")).to_be_hidden(timeout=5_000)
+
+            run.join(90)
+            assert not run.is_alive()
+            assert run.error is None, run.error
+            # The last delta and the end of the stream reach the page.
+            expect(page.locator("#conn")).to_have_text("run ended", timeout=10_000)
+            expect(page.locator('.card[data-state="done"]')).to_have_count(24)
+            for chart in ("c-share", "c-req", "c-width", "c-ttft", "c-tok", "c-misc"):
+                polyline = page.locator(f"#{chart} polyline").first
+                assert (polyline.get_attribute("points") or "").count(",") >= 2, chart  # a line, not a dot
+            assert page.locator(".card .nums").first.inner_text().startswith("turn ")
+        finally:
+            browser.close()
+    assert console_errors == []
+    assert foreign == []
+    result = run.result
+    assert result is not None
+    assert result.totals.done == 24
+    state = load_log(opts.run_dir / LOG, repair=False)  # raises on a turn lost or repeated
+    assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i:02d}": 6 for i in range(23)}}
+    sent = [r.t_sent for lines in state.turns.values() for line in lines for r in line.turn.records]
+    assert [t for t in sent if paused_at < t < resumed_at] == []
+    assert any(t > resumed_at for t in sent)
