@@ -361,6 +361,7 @@ class SimServer:
         )
         if self.llamacpp:
             self._asked[req.request_id] = llamacpp.Asked(asked or -1, bool(body.stream), bool(body.ignore_eos))
+            req.id_slot = llamacpp.id_slot((body.model_extra or {}).get("id_slot"))
         return req, pieces, cut
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -670,7 +671,8 @@ def _native_body(raw: bytes) -> bytes:
         raise BadRequestError("key 'prompt' not found", param="prompt")
     if not isinstance(data["prompt"], str):
         raise BadRequestError("the simulator takes a text prompt", param="prompt")
-    kept = {k: data[k] for k in ("prompt", "n_predict", "max_tokens", "stream", "ignore_eos", "seed") if k in data}
+    honoured = ("prompt", "n_predict", "max_tokens", "stream", "ignore_eos", "seed", "id_slot")
+    kept = {k: data[k] for k in honoured if k in data}
     return json.dumps(kept).encode()
 
 
