@@ -329,3 +329,25 @@ def test_the_engine_defers_a_pinned_request_until_its_slot_frees_and_admits_othe
     while engine.has_work():
         now = engine.step(now).end
     assert c2.cached_tokens == 107
+
+
+def test_a_pinned_knee_is_explained_as_turns_waiting_for_their_own_slot() -> None:
+    good = level(3, tps=100.0, hit=0.978, running=2.4, waiting=0.0, kv=None)
+    bad = level(4, tps=85.0, hit=0.70, running=3.0, waiting=0.35, kv=None)
+    why = explain_knee(good, bad, slots=3, pinned=True)
+    assert why.cause == "slots_full"
+    assert "pinned to slots (id_slot = agent mod 3)" in why.summary
+    assert "turns queue for their own slot (0.35 requests waiting" in why.summary
+    assert "finds the other agent's prompt in its slot" in why.summary
+    assert "97.8% to 70.0%" in why.summary
+    assert "whichever slot is idle" not in why.summary  # that is the unpinned reading
+    assert "whichever slot is idle" in explain_knee(good, bad, slots=3).summary
+
+
+def test_pinned_cache_loss_below_the_slot_count_is_not_called_slots_taken() -> None:
+    good = level(1, tps=100.0, hit=0.977, running=0.1, waiting=0.0, kv=None)
+    bad = level(2, tps=60.0, hit=0.506, running=0.2, waiting=0.0, kv=None)
+    why = explain_knee(good, bad, slots=3, pinned=True)
+    assert why.cause == "cache_eviction"
+    assert "each agent pinned to its own" in why.summary
+    assert "take each other's slots" not in why.summary

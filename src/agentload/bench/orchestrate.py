@@ -272,7 +272,7 @@ async def run_bench(
             async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
                 return await measure_with(plan.workload, agents, context, scale)
 
-            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots)
+            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots, pinned=pinned is not None)
             if plan.mode == "find-knee":
                 knee = await find_knee(search, context, max_agents=plan.max_agents)
             elif plan.mode in ("sweep", "grid"):

@@ -787,7 +787,8 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
     prefill = sm.chunked_prefill_time(context, profile.max_num_batched_tokens)
     past = (
         f"agent {n + 1} and beyond: every slot is busy, so a turn waits for one (llamacpp:requests_deferred; bench's "
-        f"knee cause slots_full), then takes whichever slot is idle, whose cache holds another agent's prompt, and "
+        f"knee cause slots_full), then takes whichever slot is idle (pinned with id_slot: its own, once the agent "
+        f"sharing it is done), whose cache holds another agent's prompt, and "
         f"re-prefills its whole context (≈ {prefill:.2f} s for {context:,} tokens); more memory does not help"
     )
     notes: list[str] = []
@@ -800,8 +801,10 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
             "slot of its own takes the idle slot most like it (another agent's) over an empty one (llama.cpp skips "
             "empty slots in that test), so when agents' turns seldom overlap they can end up sharing one slot and "
             "re-prefilling every turn while other slots stay empty, a knee below the slot count; the simulated curve "
-            "shows whether it happens here. A client can pin each agent to its own slot with llama.cpp's id_slot "
-            "request field (not modelled by the simulator)"
+            "shows whether it happens here, for clients that let the server choose. A client can pin each agent to "
+            "its own slot with llama.cpp's id_slot request field (agentload bench does: agent i → slot i mod N), so "
+            "no agent takes another's slot below N and past N a turn waits for its own slot (queueing) and "
+            "re-prefills only when the agent sharing that slot ran in between"
         )
     slots = SlotFigures(
         slots=n,
