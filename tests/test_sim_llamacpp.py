@@ -26,6 +26,7 @@ from agentload.endpoint.probe import preflight, probe
 from agentload.endpoint.scrape import _NORMALISED, _SUMMED, _llamacpp_pool, parse_metrics
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.errors import ConfigError
+from agentload.sim.faults import parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 from agentload.sim.tokens import tokenize
@@ -359,3 +360,20 @@ async def test_a_chat_request_names_its_slot_and_an_id_past_the_last_wraps() -> 
     assert (status, body["id_slot"]) == (200, 2)
     assert status_junk == 200
     assert body_junk["id_slot"] == 2  # any slot: slot 2 holds this very prompt (similarity 1 > 0.1)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_malformed_fault_ends_a_completion_reply_with_the_broken_text(stream: bool) -> None:
+    _server, transport = sim(faults=[parse_fault("malformed:1")])
+    try:
+        raw = json.dumps({"prompt": words(10), "n_predict": 6, "stream": stream}).encode()
+        resp = await transport.send("POST", URL + "/completion", raw, {})
+        body = (await resp.read()).decode()
+    finally:
+        await transport.aclose()
+    if stream:
+        lines = [ln for ln in body.split("\n\n") if ln]
+        assert lines[-1] == 'data: {"index":0,"content": '  # the broken event is the last: no final object
+        assert all(json.loads(ln.removeprefix("data: "))["stop"] is False for ln in lines[:-1])
+    else:
+        assert body == '{"index": 0, "content'
