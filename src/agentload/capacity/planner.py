@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 from agentload.capacity import catalog
 from agentload.capacity.hfconfig import load_hf_config, looks_like_config_path
 from agentload.capacity.hybrid_kv import ConcurrencyFormula
-from agentload.capacity.kv import KVDtype, parse_kv_dtype
+from agentload.capacity.kv import KVDtype, KVLayout, parse_kv_dtype
 from agentload.capacity.models import WEIGHT_BYTES, AttentionKind, ModelSpec
 from agentload.capacity.profile import (
     MAX_BATCHED_TOKENS,
@@ -493,17 +493,7 @@ def plan(spec: PlanSpec) -> Plan:
         gpu_memory_utilization=spec.gpu_memory_utilization,
         kv_pool_gb=profile.num_blocks * layout.stored_page_bytes / 1e9,
     )
-    kv = KVFigures(
-        dtype=layout.dtype,
-        attention=model.attention,
-        bytes_per_token=layout.bytes_per_token,
-        growing_bytes_per_token=layout.growing_bytes_per_token,
-        fixed_bytes_per_session=layout.fixed_bytes_per_session,
-        block_size=layout.block_size,
-        page_bytes=layout.page_bytes,
-        num_groups=layout.num_groups,
-        replication=layout.replication,
-    )
+    kv = _kv_figures(layout, model)
     pool = PoolFigures(
         num_blocks=profile.num_blocks,
         tokens=profile.pool_tokens,
@@ -541,6 +531,21 @@ def plan(spec: PlanSpec) -> Plan:
         offload=offload,
         serve=_serve_command(spec, profile, model, weight_dtype),
         derivations=_derivations(spec, profile, found, offload),
+    )
+
+
+def _kv_figures(layout: KVLayout, model: ModelSpec) -> KVFigures:
+    """The KV cache's shape as the plan reports it (the same for a vLLM pool and llama.cpp's slots)."""
+    return KVFigures(
+        dtype=layout.dtype,
+        attention=model.attention,
+        bytes_per_token=layout.bytes_per_token,
+        growing_bytes_per_token=layout.growing_bytes_per_token,
+        fixed_bytes_per_session=layout.fixed_bytes_per_session,
+        block_size=layout.block_size,
+        page_bytes=layout.page_bytes,
+        num_groups=layout.num_groups,
+        replication=layout.replication,
     )
 
 
@@ -836,17 +841,7 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
             gpu_memory_utilization=1.0,  # llama.cpp allocates what it needs; it has no utilisation target
             kv_pool_gb=kv_all / 1e9,
         ),
-        kv=KVFigures(
-            dtype=layout.dtype,
-            attention=model.attention,
-            bytes_per_token=layout.bytes_per_token,
-            growing_bytes_per_token=layout.growing_bytes_per_token,
-            fixed_bytes_per_session=layout.fixed_bytes_per_session,
-            block_size=layout.block_size,
-            page_bytes=layout.page_bytes,
-            num_groups=layout.num_groups,
-            replication=layout.replication,
-        ),
+        kv=_kv_figures(layout, model),
         pool=PoolFigures(
             num_blocks=profile.num_blocks,
             tokens=n * per_slot,
