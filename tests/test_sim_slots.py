@@ -280,23 +280,15 @@ def test_a_busy_pinned_slot_cannot_take_a_request_while_another_slot_is_idle() -
         cache.claim("b", seq(0, 10), block_hashes(seq(0, 10), BS), id_slot=0)
 
 
-def test_an_id_past_the_last_slot_wraps_and_other_negatives_mean_any_slot() -> None:
+def test_an_id_past_the_last_slot_wraps_and_other_negatives_wrap_unsigned() -> None:
+    # llama.cpp: id_slot % slots.size() in size_t; the real -np 3 server served id_slot 4 in slot 1, 5 in slot 2,
+    # -2 in slot 2 ((2**64 - 2) mod 3 = 2).
     cache = SlotCache(3, BS)
     assert (cache.pinned_slot(0), cache.pinned_slot(2), cache.pinned_slot(3), cache.pinned_slot(7)) == (0, 2, 0, 1)
-    assert (cache.pinned_slot(-1), cache.pinned_slot(-2)) == (None, None)
+    assert (cache.pinned_slot(4), cache.pinned_slot(5)) == (1, 2)
+    assert (cache.pinned_slot(-1), cache.pinned_slot(-2)) == (None, 2)
     cache.claim("x", seq(0, 10), block_hashes(seq(0, 10), BS), id_slot=4)  # 4 mod 3 = slot 1
     assert [v.busy for v in cache.view()] == [False, True, False]
-
-
-def test_a_negative_id_other_than_minus_one_skips_the_similarity_rule() -> None:
-    # llama.cpp: id_slot -2 names no slot, so the similarity loop skips every slot and LRU chooses.
-    cache = SlotCache(2, BS)
-    p = seq(0, 100)
-    claim(cache, "a", p)  # slot 1 (LRU tie → highest id)
-    cache.release("a", p)
-    # Unpinned the same prompt would go back to slot 1 (similarity 1.0); with -2 the LRU slot 0 (never used) wins.
-    assert cache.claim("b", p, block_hashes(p, BS), id_slot=-2) == 0
-    assert [v.task for v in cache.view()] == ["b", "a"]
 
 
 @pytest.mark.parametrize("fast", [False, True])

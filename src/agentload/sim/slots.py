@@ -13,8 +13,8 @@ and then re-prefills its whole context.
 
 A request may name its slot (``id_slot`` in the body, llama.cpp's ``task.id_slot``): it is served there and nowhere
 else, deferred while that slot is busy (``pinned_slot`` / ``can_take``); an id past the last slot wraps around
-(``get_slot_by_id`` takes it modulo the slot count), -1 is any slot, and any other negative id matches no slot, so
-llama.cpp falls through to its least-recently-used choice and skips the similarity rule. bench pins agent i to
+(``get_slot_by_id`` takes it modulo the slot count, unsigned, so other negative ids name a slot too), -1 is any
+slot. bench pins agent i to
 slot i mod N: below N slots no agent takes another's; past N two agents share a slot, and a turn waits for it
 (queueing) and then re-prefills what the other agent overwrote.
 
@@ -87,8 +87,14 @@ class SlotCache:
         return [SlotView(s.index, s.busy, s.task, s.cached, len(s.tokens)) for s in self._slots]
 
     def pinned_slot(self, id_slot: int) -> int | None:
-        """The slot a request naming ``id_slot`` must use (llama.cpp wraps ids past the last), None: any slot."""
-        return id_slot % len(self._slots) if id_slot >= 0 else None
+        """The slot a request naming ``id_slot`` must use, None (-1): any slot.
+
+        llama.cpp's ``get_slot_by_id`` takes ``id_slot % slots.size()`` in unsigned arithmetic: an id past the last
+        slot wraps, and a negative one other than -1 becomes 2**64 + id first (-2 on 3 slots is slot 2, as the real
+        server logged "selected slot by id (-2)" for slot 2)."""
+        if id_slot == -1:
+            return None
+        return (id_slot % (1 << 64)) % len(self._slots)
 
     def can_take(self, id_slot: int) -> bool:
         """Whether a request naming ``id_slot`` can be given a slot now (llama.cpp defers it otherwise)."""
@@ -128,7 +134,7 @@ class SlotCache:
         if pinned is not None:
             # The named slot whatever its similarity; it reuses its common prefix as any slot does.
             chosen = idle[0]
-        elif self._similarity > 0 and prompt and id_slot == -1:
+        elif self._similarity > 0 and prompt:
             best = self._similarity
             for slot in idle:
                 if not slot.tokens:
