@@ -26,6 +26,7 @@ from agentload.endpoint.probe import preflight, probe
 from agentload.endpoint.scrape import _NORMALISED, _SUMMED, _llamacpp_pool, parse_metrics
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.errors import ConfigError
+from agentload.sim.faults import parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 from agentload.sim.tokens import tokenize
@@ -316,3 +317,63 @@ async def test_a_request_that_waited_for_a_slot_keeps_what_it_asked() -> None:
     assert queued[0]["params"]["n_predict"] == 3000  # a held the slot while b waited
     assert busy[0]["is_processing"] is True
     assert busy[0]["params"]["n_predict"] == 2500  # was -1: b's request was forgotten when a's response ended
+
+
+async def test_id_slot_pins_a_request_and_a_busy_slot_defers_it() -> None:
+    # llama.cpp (get_available_slot): a task naming a busy slot is deferred although another slot is idle.
+    _server, transport = sim(slot_profile(slots=2))
+    try:
+        body_a = {"prompt": words(30), "n_predict": 3000, "ignore_eos": True, "stream": True, "id_slot": 0}
+        body_b = {"prompt": words(30, start=500), "n_predict": 4, "id_slot": 0}
+        a = await transport.send("POST", URL + "/completion", json.dumps(body_a).encode(), {})
+        await anext(a.chunks())
+        b = await transport.send("POST", URL + "/completion", json.dumps(body_b).encode(), {})
+        waiting = await get_json(transport, "/slots")
+        metrics = (await (await transport.send("GET", URL + "/metrics", None, {})).read()).decode()
+        a.close()
+        done = json.loads(await b.read())
+    finally:
+        await transport.aclose()
+    assert [s["is_processing"] for s in waiting] == [True, False]
+    assert re.search(r"^llamacpp:requests_deferred 1(\.0)?$", metrics, flags=re.M)
+    assert done["id_slot"] == 0
+
+
+async def test_a_chat_request_names_its_slot_and_an_id_past_the_last_wraps() -> None:
+    _server, transport = sim(slot_profile(slots=3))
+    try:
+        chat = {"model": "agentload-llamacpp", "messages": [{"role": "user", "content": words(20)}],
+                "max_tokens": 3000, "ignore_eos": True, "stream": True, "id_slot": 1}  # fmt: skip
+        a = await transport.send("POST", URL + "/v1/chat/completions", json.dumps(chat).encode(), {})
+        chunks = a.chunks()
+        await anext(chunks)
+        await anext(chunks)  # the role chunk, then the first token: the request holds its slot
+        first = await get_json(transport, "/slots")
+        wrapped = {"prompt": words(10), "n_predict": 2, "id_slot": 5}  # 5 mod 3 = slot 2
+        status, body = await post_json(transport, "/completion", wrapped)
+        junk = {"prompt": words(10), "n_predict": 2, "id_slot": "zero"}  # llama.cpp: wrong type → -1, any slot
+        status_junk, body_junk = await post_json(transport, "/completion", junk)
+        a.close()
+    finally:
+        await transport.aclose()
+    assert [s["is_processing"] for s in first] == [False, True, False]
+    assert (status, body["id_slot"]) == (200, 2)
+    assert status_junk == 200
+    assert body_junk["id_slot"] == 2  # any slot: slot 2 holds this very prompt (similarity 1 > 0.1)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_malformed_fault_ends_a_completion_reply_with_the_broken_text(stream: bool) -> None:
+    _server, transport = sim(faults=[parse_fault("malformed:1")])
+    try:
+        raw = json.dumps({"prompt": words(10), "n_predict": 6, "stream": stream}).encode()
+        resp = await transport.send("POST", URL + "/completion", raw, {})
+        body = (await resp.read()).decode()
+    finally:
+        await transport.aclose()
+    if stream:
+        lines = [ln for ln in body.split("\n\n") if ln]
+        assert lines[-1] == 'data: {"index":0,"content": '  # the broken event is the last: no final object
+        assert all(json.loads(ln.removeprefix("data: "))["stop"] is False for ln in lines[:-1])
+    else:
+        assert body == '{"index": 0, "content'

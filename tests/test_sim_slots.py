@@ -245,3 +245,101 @@ def test_cache_loss_below_the_slot_count_is_explained_as_slots_taken_not_a_pool_
     assert "outgrow the KV pool" not in why.summary
     # Without slots (a paged-pool server) the same figures keep the pool reading.
     assert "outgrow the KV pool" in explain_knee(good, bad).summary
+
+
+# -- id_slot: a request pinned to its slot (llama.cpp's get_available_slot / get_slot_by_id) -----------------------
+
+
+def test_a_pinned_request_takes_its_slot_even_when_another_holds_more_of_its_prompt() -> None:
+    cache = SlotCache(3, BS)
+    shared = seq(0, 60)
+    claim(cache, "a", shared + seq(100, 40))
+    cache.release("a", shared + seq(100, 40))  # slot 2 (a fresh server's first claim goes to the last slot)
+    # Unpinned, b would take slot 2 by similarity (60 / 100 > 0.1) and reuse 60 tokens; pinned to 0 it gets the
+    # empty slot 0 and reuses nothing.
+    assert cache.claim("b", shared + seq(200, 40), block_hashes(shared + seq(200, 40), BS), id_slot=0) == 0
+    assert [v.task for v in cache.view()] == ["b", None, "a"]
+
+
+def test_a_pinned_request_reuses_its_own_slots_prefix() -> None:
+    cache = SlotCache(2, BS)
+    first = seq(0, 50)
+    cache.claim("a1", first, block_hashes(first, BS), id_slot=1)
+    cache.release("a1", first + seq(700, 5))
+    second = first + seq(700, 5) + seq(800, 9)
+    assert cache.claim("a2", second, block_hashes(second, BS), id_slot=1) == 55
+
+
+def test_a_busy_pinned_slot_cannot_take_a_request_while_another_slot_is_idle() -> None:
+    cache = SlotCache(2, BS)
+    cache.claim("a", seq(0, 10), block_hashes(seq(0, 10), BS), id_slot=0)
+    assert cache.can_take(1) is True
+    assert cache.can_take(0) is False  # llama.cpp defers it ("requested slot is unavailable")
+    assert cache.can_take(-1) is True  # any slot: slot 1 is idle
+    with pytest.raises(SimulationError, match="no idle slot"):
+        cache.claim("b", seq(0, 10), block_hashes(seq(0, 10), BS), id_slot=0)
+
+
+def test_an_id_past_the_last_slot_wraps_and_other_negatives_wrap_unsigned() -> None:
+    # llama.cpp: id_slot % slots.size() in size_t; the real -np 3 server served id_slot 4 in slot 1, 5 in slot 2,
+    # -2 in slot 2 ((2**64 - 2) mod 3 = 2).
+    cache = SlotCache(3, BS)
+    assert (cache.pinned_slot(0), cache.pinned_slot(2), cache.pinned_slot(3), cache.pinned_slot(7)) == (0, 2, 0, 1)
+    assert (cache.pinned_slot(4), cache.pinned_slot(5)) == (1, 2)
+    assert (cache.pinned_slot(-1), cache.pinned_slot(-2)) == (None, 2)
+    cache.claim("x", seq(0, 10), block_hashes(seq(0, 10), BS), id_slot=4)  # 4 mod 3 = slot 1
+    assert [v.busy for v in cache.view()] == [False, True, False]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_engine_defers_a_pinned_request_until_its_slot_frees_and_admits_others_past_it(fast: bool) -> None:
+    engine = Engine(slot_profile(2), fast=fast)
+    a, b, c = seq(0, 100), seq(1000, 100), seq(2000, 100)
+    ra = SimRequest("a", a, seq(9000, 8), arrival=0.0, id_slot=0)
+    rb = SimRequest("b", b, seq(9000, 8), arrival=0.0, id_slot=0)  # same slot as a: must wait although slot 1 idles
+    rc = SimRequest("c", c, seq(9000, 8), arrival=0.0, id_slot=1)  # behind b in the queue, its slot is free
+    for r in (ra, rb, rc):
+        engine.add(r)
+    now = engine.step(0.0).end
+    assert [r.request_id for r in engine.running] == ["a", "c"]
+    assert [r.request_id for r in engine.waiting] == ["b"]
+    while engine.has_work():
+        now = engine.step(now).end
+    engine.sync()
+    assert rb.first_scheduled is not None
+    assert ra.finished_at is not None
+    assert rb.first_scheduled >= ra.finished_at  # b started only once a had left slot 0
+    # a's next turn, pinned to slot 0, finds b there (b took it after a): nothing of a's is left.
+    a2 = SimRequest("a2", a + seq(9000, 8) + seq(300, 30), seq(9000, 8), arrival=now, id_slot=0)
+    engine.add(a2)
+    while engine.has_work():
+        now = engine.step(now).end
+    assert a2.cached_tokens == 0
+    # c's next turn on slot 1 finds its 100-token prompt and 7 decoded reply tokens there.
+    c2 = SimRequest("c2", c + seq(9000, 8) + seq(400, 30), seq(9000, 8), arrival=now, id_slot=1)
+    engine.add(c2)
+    while engine.has_work():
+        now = engine.step(now).end
+    assert c2.cached_tokens == 107
+
+
+def test_a_pinned_knee_is_explained_as_turns_waiting_for_their_own_slot() -> None:
+    good = level(3, tps=100.0, hit=0.978, running=2.4, waiting=0.0, kv=None)
+    bad = level(4, tps=85.0, hit=0.70, running=3.0, waiting=0.35, kv=None)
+    why = explain_knee(good, bad, slots=3, pinned=True)
+    assert why.cause == "slots_full"
+    assert "pinned to slots (id_slot = agent mod 3)" in why.summary
+    assert "turns queue for their own slot (0.35 requests waiting" in why.summary
+    assert "finds the other agent's prompt in its slot" in why.summary
+    assert "97.8% to 70.0%" in why.summary
+    assert "whichever slot is idle" not in why.summary  # that is the unpinned reading
+    assert "whichever slot is idle" in explain_knee(good, bad, slots=3).summary
+
+
+def test_pinned_cache_loss_below_the_slot_count_is_not_called_slots_taken() -> None:
+    good = level(1, tps=100.0, hit=0.977, running=0.1, waiting=0.0, kv=None)
+    bad = level(2, tps=60.0, hit=0.506, running=0.2, waiting=0.0, kv=None)
+    why = explain_knee(good, bad, slots=3, pinned=True)
+    assert why.cause == "cache_eviction"
+    assert "each agent pinned to its own" in why.summary
+    assert "take each other's slots" not in why.summary

@@ -1,12 +1,15 @@
 """The knee of a real llama-server at its slot count, and the calibrated simulator's slot mode against it.
 
-``bench --find-knee`` on SLOTS slots: agents up to SLOTS each keep a slot (their prompt cache with it) and run at
-once; one more agent than slots waits for a slot (llamacpp:requests_deferred), and the slot it gets was another
-agent's, so it re-prefills its context. The knee must be found at SLOTS and explained as slots full (queueing),
-not as a paged pool overflowing (the pool is nowhere near full). Then ``agentload calibrate`` against the same
-server writes a profile in slot mode (``slots = SLOTS``), and ``bench --sim`` runs the same search in virtual time.
-Issue 17's goal is ±15 % per level; the ratios are printed, and what is gated is what the simulator must do
-whatever the real run's noise on two shared cores: the same knee, and within a factor of two up to it.
+``bench --find-knee`` on SLOTS slots, each agent pinned to its own slot (bench sends ``id_slot`` = agent mod SLOTS
+on a slot server, ``endpoint.pinning``): agents up to SLOTS each keep a slot (their prompt cache with it) and run at
+once; with one more agent than slots two agents share slot 0, so a turn waits for its own slot
+(llamacpp:requests_deferred) and finds the other agent's prompt there, so it re-prefills its context. The knee must
+be found at SLOTS and explained as slots full (queueing), not as a paged pool overflowing (the pool is nowhere near
+full). Unpinned, llama.cpp's similarity rule put new conversations into other agents' idle slots (agents share a
+system prompt) and the knee came one early in half the runs. Then ``agentload calibrate`` against the same server
+writes a profile in slot mode (``slots = SLOTS``), and ``bench --sim`` runs the same search in virtual time, pinned
+the same way. Issue 17's goal is ±15 % per level; the ratios are printed, and what is gated is what the simulator
+must do whatever the real run's noise on two shared cores: the same knee, and within a factor of two up to it.
 """
 
 from __future__ import annotations
@@ -64,28 +67,23 @@ def knee_run(llamacpp: LlamaServer, tmp_path_factory: pytest.TempPathFactory) ->
     FIGURES["knee"] = (
         f"{knee.agents} agents on {SLOTS} slots at {CONTEXT} tokens (estimate {run.capacity[0].sessions}, "
         f"measured/predicted {knee.measured_over_predicted}); decided by {knee.decided_by or '-'}; cause "
-        f"{knee.explanation.cause}: {knee.explanation.summary}; levels {levels_text(run)}"
+        f"{knee.explanation.cause}: {knee.explanation.summary}; pinned {run.settings.get('pin_slots')}; levels "
+        f"{levels_text(run)}"
     )
     return run
 
 
-def test_the_knee_is_at_most_the_slot_count_and_past_it_turns_queue(knee_run: RunResult) -> None:
+def test_the_knee_is_at_the_slot_count_and_past_it_turns_queue(knee_run: RunResult) -> None:
     knee = knee_run.knee[0]
     why = FIGURES["knee"]
-    # At the slot count in one run of three here; at SLOTS - 1 in others, decided by the hit rate: an agent's
-    # first turn shares the system prompt (a third of its context) with every other agent, so llama.cpp's
-    # similarity rule puts it in another agent's slot rather than an empty one, and agents thrash below the
-    # slot count too (the simulator's slot mode does the same).
-    assert 1 <= knee.agents <= SLOTS, why
-    if knee.agents == SLOTS:
-        assert knee.explanation.cause == "slots_full", why
+    assert knee_run.settings["pin_slots"] is True, why
+    assert knee.agents == SLOTS, why
+    assert knee.explanation.cause == "slots_full", why
     by = {lv.agents: lv for lv in knee_run.levels}
     past = by[min(n for n in by if n > SLOTS)]
     at = by[knee.agents]
-    # Past the slots a turn either waits for one (llamacpp:requests_deferred, which the 1 s sampling catches in
-    # some runs only: turns are short here) or finds its slot taken by another agent and loses its cache — next
-    # to the knee level, the last one whose agents kept their slots (when the knee is one before the slot count,
-    # the level at the slot count has already lost its cache, so it is no baseline).
+    # Past the slots a turn waits for its own slot (llamacpp:requests_deferred, which the 1 s sampling catches
+    # only when a wait spans a scrape: turns are short here) and then finds the other agent's prompt there.
     assert past.mean_waiting is not None
     assert at.mean_waiting is not None
     hit_past, hit_at = past.prefix_hit_rate_usage or 0.0, at.prefix_hit_rate_usage or 0.0
@@ -131,11 +129,10 @@ def test_the_calibrated_simulator_finds_the_same_knee(calibrated: Path, knee_run
         + f"; simulated levels {levels_text(sim)}"
     )
     why = FIGURES["calibrated simulator"]
-    # The real knee is the slot count or one before it (agents thrash in each other's idle slots, see
-    # test_the_knee_is_at_most_the_slot_count…); the simulator models that rule too, so it must land within one.
+    # Pinned on both, the knee is the slot count on both.
     real_knee = knee_run.knee[0].agents
-    assert abs(sim.knee[0].agents - real_knee) <= 1, why
-    assert sim.knee[0].agents <= SLOTS, why
+    assert sim.knee[0].agents == real_knee == SLOTS, why
+    assert sim.settings["pin_slots"] is True, why
     for n, ratio in ratios.items():
         if n <= real_knee:
             assert 0.5 <= ratio <= 2.0, why

@@ -187,11 +187,14 @@ def summarise(data: LevelData) -> LevelSummary:
     )
 
 
-def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | None = None) -> KneeExplanation:
+def explain_knee(
+    good: LevelSummary, bad: LevelSummary | None, *, slots: int | None = None, pinned: bool = False
+) -> KneeExplanation:
     """Attribute the drop from ``good`` (at the knee) to ``bad`` (just past it), with the numbers.
 
     ``slots``: the server is slot-based (llama.cpp ``-np``), so a knee where every slot is busy and requests wait
     for one, with the pool not full, is the slots filling up (``slots_full``), not the pool overflowing.
+    ``pinned``: each agent's turns named its slot (``id_slot`` = agent mod slots, ``endpoint.pinning``).
     """
     if bad is None:
         return KneeExplanation(cause="none", summary=f"no drop up to {good.agents} agents")
@@ -248,12 +251,22 @@ def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | N
     if slots is not None and good.agents <= slots < bad.agents and pre_up <= 0.5 and not pool_full:
         cause = "slots_full"
         parts = []
+        if pinned:
+            # Pinned, agent i and agent i + slots share slot i: a turn can only wait for its own slot, and what it
+            # loses is what the other agent's turn left there in between.
+            parts.append(f"agents are pinned to slots (id_slot = agent mod {slots}), so some slots serve two agents")
         if waited:
             parts.append(
-                f"turns queue for a slot ({bad.mean_waiting or 0:.2f} requests waiting on average, "
-                f"{bad.mean_running or 0:.1f} running)"
+                f"turns queue for {'their own' if pinned else 'a'} slot ({bad.mean_waiting or 0:.2f} requests "
+                f"waiting on average, the server's deferred-request gauge on llama.cpp, {bad.mean_running or 0:.1f} "
+                "running)"
             )
-        if h_good is not None and h_bad is not None and hit_drop >= 0.01:
+        if pinned and h_good is not None and h_bad is not None and hit_drop >= 0.01:
+            parts.append(
+                f"a turn then finds the other agent's prompt in its slot and re-prefills its context: the per-slot "
+                f"prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%}"
+            )
+        elif h_good is not None and h_bad is not None and hit_drop >= 0.01:
             parts.append(
                 f"a turn takes whichever slot is idle, whose cache holds another agent's prompt, so the per-slot "
                 f"prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} and the turn re-prefills its context"
@@ -271,7 +284,15 @@ def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | N
         )
     elif hit_drop >= 0.10 or (hit_drop >= 0.01 and miss_ratio >= 1.5 and pool_full):
         cause = "cache_eviction"
-        if slots is not None and bad.agents <= slots:
+        if slots is not None and bad.agents <= slots and pinned:
+            # Pinned below the slot count every agent has a slot of its own: the loss is not slot sharing.
+            summary = (
+                f"past {good.agents} agents, within the server's {slots} slots and each agent pinned to its own "
+                f"(id_slot), the per-slot prompt-cache hit rate still falls from {h_good:.1%} to {h_bad:.1%} "
+                f"({miss_ratio:.1f}× the prompt tokens to recompute): not slots taken by other agents, but turns "
+                "whose prompt no longer starts with what their slot holds (a new session, or a context cut to fit)"
+            )
+        elif slots is not None and bad.agents <= slots:
             # Below the slot count a slot server has no shared pool to outgrow: its cache loss is agents taking
             # each other's slots (llama.cpp gives a turn the idle slot most like its prompt, a shared system prompt
             # included, before an empty one).
@@ -280,7 +301,8 @@ def explain_knee(good: LevelSummary, bad: LevelSummary | None, *, slots: int | N
                 f"the per-slot prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} ({miss_ratio:.1f}× the "
                 "prompt tokens to recompute), as a turn is given the idle slot most like its prompt (llama.cpp's "
                 "--slot-prompt-similarity; a shared system prompt makes another agent's slot look alike) rather "
-                "than an empty one; pinning each agent to its own slot (llama.cpp's id_slot) avoids it"
+                "than an empty one; pinning each agent to its own slot (llama.cpp's id_slot, which bench does unless "
+                "--no-pin-slots) avoids it"
             )
         else:
             summary = (

@@ -54,6 +54,7 @@ class BenchPlan:
     # (``--natural-output``).
     exact_output: bool = True
     min_turns: int | None = None  # completed turns a window wants in all (default 60; 8 per agent apply)
+    pin_slots: bool = True  # on a slot server, agent i's turns go to slot i mod N (``endpoint.pinning``)
     settings: dict[str, str | int | float | bool | None] = field(default_factory=dict)
 
 
@@ -182,6 +183,10 @@ async def run_bench(
     if sizing_note:
         notes.append(sizing_note)
     engine = probe_target.engine
+    pinned = slots if plan.pin_slots and slots else None
+    if pinned:
+        notes.append(f"agents pinned to the server's {pinned} slots (id_slot = agent mod {pinned}; --no-pin-slots "
+                     "lets the server choose)")  # fmt: skip
     exact_engine = engine if plan.exact_output and can_force_length(engine) else None
     if plan.exact_output and exact_engine is None:
         notes.append(
@@ -222,6 +227,7 @@ async def run_bench(
                 sink=sink,
                 sizing=sizing,
                 exact_output_engine=exact_engine,
+                pin_slots=pinned,
             )
         finally:
             if target.virtual:
@@ -266,7 +272,7 @@ async def run_bench(
             async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
                 return await measure_with(plan.workload, agents, context, scale)
 
-            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots)
+            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots, pinned=pinned is not None)
             if plan.mode == "find-knee":
                 knee = await find_knee(search, context, max_agents=plan.max_agents)
             elif plan.mode in ("sweep", "grid"):
@@ -324,6 +330,7 @@ async def run_bench(
             "tolerance": plan.tolerance,
             "slo": str(plan.slo) if plan.slo else None,
             "exact_output": exact_engine is not None,
+            "pin_slots": pinned is not None if slots else None,  # None: not a slot server
             "tokens_per_word": round(sizing.tokens_per_word, 4),
             "token_sizing": sizing.source,
             **plan.settings,

@@ -22,6 +22,7 @@ from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.endpoint.connection import connect
 from agentload.endpoint.output import exact_output
+from agentload.endpoint.pinning import SlotPins
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.signals import SignalPoller
 from agentload.load.runner import LoadHandle, StopSignal, run_load
@@ -54,8 +55,10 @@ class RecordingBackend:
         *,
         gate: QuiesceGate | None = None,
         engine: str | None = None,
+        pin_slots: int | None = None,
     ) -> None:
         self.inner = inner
+        self.pins = SlotPins(pin_slots) if pin_slots else None  # set: agent i → slot i mod N (``endpoint.pinning``)
         self.records = records
         self.sink = sink
         self.gate = gate
@@ -64,6 +67,8 @@ class RecordingBackend:
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
         if self.engine is not None:
             body = exact_output(self.engine, body)
+        if self.pins is not None:
+            body = self.pins.pin(body, ids.agent)
         if self.gate is not None:
             await self.gate.enter()
         try:
@@ -124,10 +129,12 @@ async def run_level(
     sink: RecordSink | None = None,
     sizing: TokenSizing = SIMULATOR_SIZING,
     exact_output_engine: str | None = None,
+    pin_slots: int | None = None,
 ) -> LevelData:
     """Run ``agents`` agents for a warm-up and a work-sized window on the target's clock; return what they did.
 
     ``exact_output_engine``: ask that engine for exactly each request's ``max_tokens`` (None: the model decides).
+    ``pin_slots``: a slot server's slot count; each agent's turns go to its own slot (None: the server chooses).
     """
     clock = LoopClock()
     start = clock.now() - run_t0
@@ -142,7 +149,8 @@ async def run_level(
     conn = await connect(target.base_url, target.transport, clock=clock)  # the target's transport stays open
     poller = conn.monitor
     gate = QuiesceGate(clock)
-    backend = RecordingBackend(conn.backend, data.records, sink, gate=gate, engine=exact_output_engine)
+    backend = RecordingBackend(conn.backend, data.records, sink, gate=gate, engine=exact_output_engine,
+                              pin_slots=pin_slots)  # fmt: skip
     ctx = _Context(backend, target.model, run_id, level, data, sizing)
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()

@@ -70,6 +70,7 @@ class Search:
     tolerance: float = 0.10
     slo: Slo | None = None
     slots: int | None = None  # a slot-based server's parallel slots (llama.cpp -np), for the knee's explanation
+    pinned: bool = False  # agents' turns named their slot (id_slot), for the knee's explanation
     levels: dict[int, LevelSummary] = field(default_factory=dict)
 
     def _slo_ok(self, s: LevelSummary) -> bool:
@@ -102,7 +103,7 @@ class Search:
                         decided_by="slo")  # fmt: skip
         good = self.levels[lo]
         bad = self.levels.get(hi) if hi is not None else None
-        why = explain_knee(good, bad, slots=self.slots)
+        why = explain_knee(good, bad, slots=self.slots, pinned=self.pinned)
         verdict = self.verdicts().get(hi) if hi is not None else None
         if bad is not None and not self._slo_ok(bad) and why.cause == "compute_saturation":
             why = KneeExplanation(cause="slo", summary=f"past {lo} agents the level misses {self.slo}",

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 from agentload.capacity import catalog
 from agentload.capacity.hfconfig import load_hf_config, looks_like_config_path
 from agentload.capacity.hybrid_kv import ConcurrencyFormula
-from agentload.capacity.kv import KVDtype, parse_kv_dtype
+from agentload.capacity.kv import KVDtype, KVLayout, parse_kv_dtype
 from agentload.capacity.models import WEIGHT_BYTES, AttentionKind, ModelSpec
 from agentload.capacity.profile import (
     MAX_BATCHED_TOKENS,
@@ -494,17 +494,7 @@ def plan(spec: PlanSpec) -> Plan:
         gpu_memory_utilization=spec.gpu_memory_utilization,
         kv_pool_gb=profile.num_blocks * layout.stored_page_bytes / 1e9,
     )
-    kv = KVFigures(
-        dtype=layout.dtype,
-        attention=model.attention,
-        bytes_per_token=layout.bytes_per_token,
-        growing_bytes_per_token=layout.growing_bytes_per_token,
-        fixed_bytes_per_session=layout.fixed_bytes_per_session,
-        block_size=layout.block_size,
-        page_bytes=layout.page_bytes,
-        num_groups=layout.num_groups,
-        replication=layout.replication,
-    )
+    kv = _kv_figures(layout, model)
     pool = PoolFigures(
         num_blocks=profile.num_blocks,
         tokens=profile.pool_tokens,
@@ -542,6 +532,21 @@ def plan(spec: PlanSpec) -> Plan:
         offload=offload,
         serve=_serve_command(spec, profile, model, weight_dtype),
         derivations=_derivations(spec, profile, found, offload),
+    )
+
+
+def _kv_figures(layout: KVLayout, model: ModelSpec) -> KVFigures:
+    """The KV cache's shape as the plan reports it (the same for a vLLM pool and llama.cpp's slots)."""
+    return KVFigures(
+        dtype=layout.dtype,
+        attention=model.attention,
+        bytes_per_token=layout.bytes_per_token,
+        growing_bytes_per_token=layout.growing_bytes_per_token,
+        fixed_bytes_per_session=layout.fixed_bytes_per_session,
+        block_size=layout.block_size,
+        page_bytes=layout.page_bytes,
+        num_groups=layout.num_groups,
+        replication=layout.replication,
     )
 
 
@@ -788,7 +793,8 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
     prefill = sm.chunked_prefill_time(context, profile.max_num_batched_tokens)
     past = (
         f"agent {n + 1} and beyond: every slot is busy, so a turn waits for one (llamacpp:requests_deferred; bench's "
-        f"knee cause slots_full), then takes whichever slot is idle, whose cache holds another agent's prompt, and "
+        f"knee cause slots_full), then takes whichever slot is idle (pinned with id_slot: its own, once the agent "
+        f"sharing it is done), whose cache holds another agent's prompt, and "
         f"re-prefills its whole context (≈ {prefill:.2f} s for {context:,} tokens); more memory does not help"
     )
     notes: list[str] = []
@@ -801,8 +807,10 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
             "slot of its own takes the idle slot most like it (another agent's) over an empty one (llama.cpp skips "
             "empty slots in that test), so when agents' turns seldom overlap they can end up sharing one slot and "
             "re-prefilling every turn while other slots stay empty, a knee below the slot count; the simulated curve "
-            "shows whether it happens here. A client can pin each agent to its own slot with llama.cpp's id_slot "
-            "request field (not modelled by the simulator)"
+            "shows whether it happens here, for clients that let the server choose. A client can pin each agent to "
+            "its own slot with llama.cpp's id_slot request field (agentload bench does: agent i → slot i mod N), so "
+            "no agent takes another's slot below N and past N a turn waits for its own slot (queueing) and "
+            "re-prefills only when the agent sharing that slot ran in between"
         )
     slots = SlotFigures(
         slots=n,
@@ -834,17 +842,7 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
             gpu_memory_utilization=1.0,  # llama.cpp allocates what it needs; it has no utilisation target
             kv_pool_gb=kv_all / 1e9,
         ),
-        kv=KVFigures(
-            dtype=layout.dtype,
-            attention=model.attention,
-            bytes_per_token=layout.bytes_per_token,
-            growing_bytes_per_token=layout.growing_bytes_per_token,
-            fixed_bytes_per_session=layout.fixed_bytes_per_session,
-            block_size=layout.block_size,
-            page_bytes=layout.page_bytes,
-            num_groups=layout.num_groups,
-            replication=layout.replication,
-        ),
+        kv=_kv_figures(layout, model),
         pool=PoolFigures(
             num_blocks=profile.num_blocks,
             tokens=n * per_slot,

@@ -155,6 +155,14 @@ def bench(
             min=1, help="Completed turns a level's window wants in all (default 60; and 8 per agent); --window caps it."
         ),
     ] = None,
+    no_pin_slots: Annotated[
+        bool,
+        typer.Option(
+            "--no-pin-slots",
+            help="On a slot server (llama.cpp -np N), let the server choose each turn's slot (default: agent i's "
+            "turns name slot i mod N with id_slot, so past N slots a turn queues for its own slot).",
+        ),
+    ] = False,
     wait_ready: Annotated[
         str,
         typer.Option(help="With --url: how long to wait for a server still starting (refusing, or /health 503)."),
@@ -184,7 +192,7 @@ def bench(
 INVOCATION_FLAGS = (
     "url", "model", "api_key_env", "sim", "workload", "context", "sweep", "find_knee", "slo", "soak", "agents",
     "warmup", "window", "tolerance", "max_agents", "compare_synthetic", "seed", "natural_output", "min_turns",
-    "wait_ready",
+    "no_pin_slots", "wait_ready",
 )  # fmt: skip
 
 
@@ -213,6 +221,7 @@ class StoredFlags(BaseModel):
     seed: int = 0
     natural_output: bool = False
     min_turns: int | None = None
+    no_pin_slots: bool = False
     wait_ready: str = "120s"
 
 
@@ -246,6 +255,9 @@ def resumed_flags(ref: str, out: Path | None, given: dict[str, Any]) -> tuple[Pa
         named = ", ".join("--" + k.replace("_", "-") for k in extra)
         raise ConfigError(f"--resume continues the run with the flags it was started with; drop {named}")
     flags = {**given, **stored}
+    # A run started before slot pinning existed let the server choose slots: resumed, it goes on the same way.
+    if "no_pin_slots" not in stored:
+        flags["no_pin_slots"] = True
     if stored.get("url_redacted"):
         # The URL held credentials, which the run directory does not keep: the same server, given again.
         if given["url"] is None or redact_url(given["url"]) != stored["url"]:
@@ -284,6 +296,7 @@ def run(
     seed: int,
     natural_output: bool,
     min_turns: int | None,
+    no_pin_slots: bool,
     wait_ready: str,
     out: Path | None,
     json_out: bool,
@@ -372,6 +385,7 @@ def run(
         seed=seed,
         exact_output=not natural_output,
         min_turns=min_turns,
+        pin_slots=not no_pin_slots,
         settings={"workload": workload, "contexts": context},
     )
     store = RunStore(out)

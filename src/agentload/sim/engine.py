@@ -73,6 +73,7 @@ class SimRequest:
     seq: int = -1  # admission order (the running list's order); renewed on every admission
     cohort_tick: int = -1  # fast mode: the tick the counters are valid at while in the cohort, else -1
     cohort_epoch: int = 0  # fast mode: bumped on leaving the cohort, so its pending events go stale
+    id_slot: int = -1  # slot mode: the slot the request named (llama.cpp's id_slot; -1 any), sim/slots.py
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt)
@@ -360,7 +361,10 @@ class Engine:
         if not preempted:
             max_seqs = self.profile.max_num_seqs
             while self.waiting and budget > 0 and len(running) < max_seqs:
-                req = self.waiting[0]
+                pick = self.waiting[0] if self.slots is None else self._next_for_slot(self.slots)
+                if pick is None:
+                    break  # every waiting request named a busy slot: llama.cpp defers them until it frees
+                req = pick
                 total = req.total_tokens
                 lookup: Lookup | None = None
                 slot_hit: int | None = None
@@ -371,13 +375,17 @@ class Engine:
                         lookup = kv.lookup(req.hashes, (total - 1) // bs)
                         start = (lookup.num_hit_blocks + lookup.offload_blocks) * bs
                     else:
-                        start = slot_hit = min(self.slots.claim(req, _Tokens(req), req.hashes), total - 1)
+                        claimed = self.slots.claim(req, _Tokens(req), req.hashes, req.id_slot)
+                        start = slot_hit = min(claimed, total - 1)
                 n = min(total - start, budget)
                 if not kv.allocate(req.blocks, start + n, lookup):
                     if self.slots is not None:
                         self.slots.cancel(req)
                     break
-                self.waiting.popleft()
+                if req is self.waiting[0]:
+                    self.waiting.popleft()
+                else:
+                    self.waiting.remove(req)
                 running.append(req)
                 req.seq = self._admitted
                 self._admitted += 1
@@ -588,6 +596,10 @@ class Engine:
             self.kv.register(req.blocks, hashes, req.num_hashed, full)
         req.num_hashed = full
         self._at(t + bs, _REGISTER, req)
+
+    def _next_for_slot(self, slots: SlotCache) -> SimRequest | None:
+        """Slot mode: the first waiting request whose slot can take it; a pinned one whose slot is busy waits."""
+        return next((r for r in self.waiting if slots.can_take(r.id_slot)), None)
 
     def _release_slot(self, req: SimRequest) -> None:
         """Slot mode: the request's slot keeps what it computed (prompt and reply so far) and is idle again."""

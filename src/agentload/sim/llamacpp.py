@@ -28,6 +28,7 @@ The text is written by hand, like llama.cpp's: prometheus_client would append ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,6 +232,22 @@ def slots(engine: Engine, profile: ServingProfile, asked: dict[str, Asked]) -> l
             )
         out.append(entry)
     return out
+
+
+def id_slot(value: object) -> int:
+    """A body's ``id_slot`` as llama.cpp reads it (``json_value(data, "id_slot", -1)``, nlohmann's ``get<int>``).
+
+    A number is taken (a fraction truncated toward zero, a bool as 0 / 1); a missing, null or non-number value is
+    -1, any slot (llama.cpp logs "Wrong type supplied" and uses the default). What the id then means (wrap past
+    the last slot, a busy slot defers the task) is ``sim.slots``'s.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return -1
 
 
 def slot_of(engine: Engine, req: SimRequest) -> int:

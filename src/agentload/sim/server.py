@@ -361,6 +361,7 @@ class SimServer:
         )
         if self.llamacpp:
             self._asked[req.request_id] = llamacpp.Asked(asked or -1, bool(body.stream), bool(body.ignore_eos))
+            req.id_slot = llamacpp.id_slot((body.model_extra or {}).get("id_slot"))
         return req, pieces, cut
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -529,35 +530,21 @@ class SimServer:
     ) -> AsyncIterator[bytes]:
         """llama.cpp's ``/completion`` reply: one final object, or SSE events of one token each then the final one
         (no ``[DONE]``), as the recorded llama-server sends them."""
-        sent = 0
-        strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
-        while True:
-            await delivery.event.wait()
-            delivery.event.clear()
-            out: list[str] = []
-            while sent < min(req.num_output, len(pieces)):
-                if sent == strike and fault is not None:
-                    if out:
-                        yield "".join(out).encode()
-                        out = []
-                    if fault.kind == "stall":
-                        await asyncio.sleep(fault.seconds)
-                    elif fault.kind == "reset":
-                        raise ResetConnection
-                    elif fault.kind == "malformed":
-                        yield b'data: {"index":0,"content": \n\n' if stream else b'{"index": 0, "content'
-                        return
-                    fault = None
-                piece = pieces[sent]
-                sent += 1
-                if stream:
-                    event = {"index": 0, "content": piece.text, "tokens": [token_id(piece.text)], "stop": False,
-                             "id_slot": -1, "tokens_predicted": sent, "tokens_evaluated": req.prompt_len}  # fmt: skip
-                    out.append(f"data: {json.dumps(event)}\n\n")
-            if out:
-                yield "".join(out).encode()
-            if req.finished_at is not None or req.finish_reason == "abort":
-                break
+
+        def event(sent: int, piece: Piece) -> str | None:
+            if not stream:
+                return None
+            body = {"index": 0, "content": piece.text, "tokens": [token_id(piece.text)], "stop": False, "id_slot": -1,
+                    "tokens_predicted": sent + 1, "tokens_evaluated": req.prompt_len}  # fmt: skip
+            return f"data: {json.dumps(body)}\n\n"
+
+        # A malformed fault ends the reply there (llama.cpp's format has no way to go on after a broken event).
+        broken = b'data: {"index":0,"content": \n\n' if stream else b'{"index": 0, "content'
+        pacing = _Pacing()
+        async for block in self._paced(req, pieces, delivery, fault, event, broken, pacing, end_on_malformed=True):
+            yield block
+        if pacing.broken:
+            return
         n = req.num_output
         cached = req.cached_tokens or 0
         start = req.first_scheduled if req.first_scheduled is not None else req.arrival
@@ -598,6 +585,54 @@ class SimServer:
         }
         yield (f"data: {json.dumps(final)}\n\n" if stream else json.dumps(final)).encode()
 
+    async def _paced(
+        self,
+        req: SimRequest,
+        pieces: list[Piece],
+        delivery: Delivery,
+        fault: FaultSpec | None,
+        render: Callable[[int, Piece], str | None],
+        broken: bytes,
+        pacing: _Pacing,
+        *,
+        end_on_malformed: bool,
+    ) -> AsyncIterator[bytes]:
+        """The pieces as the engine makes them, ``render``ed (piece index, piece), with the request's fault struck
+        at its point: a stall sleeps, a reset drops the connection, a malformed one sends ``broken`` (and, with
+        ``end_on_malformed``, ends there: ``pacing.broken``). Ends when the request finishes or is aborted."""
+        sent = 0
+        strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
+        while True:
+            await delivery.event.wait()
+            delivery.event.clear()
+            out: list[str] = []
+            # Re-read the engine's progress every token: a stall fault sleeps inside this loop, and tokens made
+            # meanwhile must still be sent before the stream ends.
+            while sent < min(req.num_output, len(pieces)):
+                if sent == strike and fault is not None:
+                    if out:
+                        yield "".join(out).encode()
+                        out = []
+                    if fault.kind == "stall":
+                        await asyncio.sleep(fault.seconds)
+                    elif fault.kind == "reset":
+                        raise ResetConnection
+                    elif fault.kind == "malformed":
+                        if end_on_malformed:
+                            pacing.broken = True
+                            yield broken
+                            return
+                        out.append(broken.decode())
+                    fault = None
+                text = render(sent, pieces[sent])
+                sent += 1
+                if text is not None:
+                    out.append(text)
+            if out:
+                yield "".join(out).encode()
+            if req.finished_at is not None or req.finish_reason == "abort":
+                break
+
     async def _stream(
         self,
         body: _Common,
@@ -618,37 +653,17 @@ class SimServer:
             # vLLM sends the role at once; with a long prefill the stream then stays silent (domain.md §3).
             yield (head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
                    '"finish_reason":null}]}\n\n').encode()  # fmt: skip
-        strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
         stamp = self.config.stamp_chunks
-        sent = 0
         calls_started: set[int] = set()
-        while True:
-            await delivery.event.wait()
-            delivery.event.clear()
-            out: list[str] = []
-            # Re-read the engine's progress every token: a stall fault sleeps inside this loop, and tokens made
-            # meanwhile must still be sent before the stream ends.
-            while sent < min(req.num_output, len(pieces)):
-                if sent == strike and fault is not None:
-                    if out:
-                        yield "".join(out).encode()
-                        out = []
-                    if fault.kind == "stall":
-                        await asyncio.sleep(fault.seconds)
-                    elif fault.kind == "reset":
-                        raise ResetConnection
-                    elif fault.kind == "malformed":
-                        out.append('data: {"id": "broken", "choices": [{"delta": \n\n')
-                    fault = None
-                piece = pieces[sent]
-                if stamp and piece.kind == "content":
-                    piece = Piece("content", f"{time.monotonic():.6f} ")
-                out.append(head + _delta(piece, chat, req.request_id, calls_started) + "]}\n\n")
-                sent += 1
-            if out:
-                yield "".join(out).encode()
-            if req.finished_at is not None or req.finish_reason == "abort":
-                break
+
+        def chunk(_sent: int, piece: Piece) -> str:
+            if stamp and piece.kind == "content":
+                piece = Piece("content", f"{time.monotonic():.6f} ")
+            return head + _delta(piece, chat, req.request_id, calls_started) + "]}\n\n"
+
+        broken = b'data: {"id": "broken", "choices": [{"delta": \n\n'
+        async for block in self._paced(req, pieces, delivery, fault, chunk, broken, _Pacing(), end_on_malformed=False):
+            yield block
         finish = req.finish_reason or "stop"
         tail = [
             head + (f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}' if chat else
@@ -661,6 +676,12 @@ class SimServer:
         yield "".join(tail).encode()
 
 
+class _Pacing:
+    """What ``SimServer._paced`` tells its caller after the last piece: whether a malformed fault ended the reply."""
+
+    broken = False
+
+
 def _native_body(raw: bytes) -> bytes:
     """A llama.cpp ``/completion`` body as the completions request the simulator parses (the fields it honours)."""
     data = load_json(raw)
@@ -670,7 +691,8 @@ def _native_body(raw: bytes) -> bytes:
         raise BadRequestError("key 'prompt' not found", param="prompt")
     if not isinstance(data["prompt"], str):
         raise BadRequestError("the simulator takes a text prompt", param="prompt")
-    kept = {k: data[k] for k in ("prompt", "n_predict", "max_tokens", "stream", "ignore_eos", "seed") if k in data}
+    honoured = ("prompt", "n_predict", "max_tokens", "stream", "ignore_eos", "seed", "id_slot")
+    kept = {k: data[k] for k in honoured if k in data}
     return json.dumps(kept).encode()
 
 

@@ -9,8 +9,17 @@ if that fraction exceeds ``--slot-prompt-similarity`` (default 0.1); otherwise t
 
 So an agent keeps its cache while there are at least as many slots as agents (it finds its own slot idle on its
 next turn), and past that its slot is often taken by another agent while it thinks: the turn queues for a slot
-and then re-prefills its whole context. ``SlotCache`` is that bookkeeping; the engine asks it how many prompt
-tokens a request finds cached when it is admitted (``claim``) and hands the slot back when it ends (``release``).
+and then re-prefills its whole context.
+
+A request may name its slot (``id_slot`` in the body, llama.cpp's ``task.id_slot``): it is served there and nowhere
+else, deferred while that slot is busy (``pinned_slot`` / ``can_take``); an id past the last slot wraps around
+(``get_slot_by_id`` takes it modulo the slot count, unsigned, so other negative ids name a slot too), -1 is any
+slot. bench pins agent i to
+slot i mod N: below N slots no agent takes another's; past N two agents share a slot, and a turn waits for it
+(queueing) and then re-prefills what the other agent overwrote.
+
+``SlotCache`` is that bookkeeping; the engine asks it how many prompt tokens a request finds cached when it is
+admitted (``claim``) and hands the slot back when it ends (``release``).
 llama.cpp's host-memory prompt cache (``--cache-ram``) is not modelled: the tier runs the server with it off.
 """
 
@@ -77,6 +86,23 @@ class SlotCache:
         """Every slot's state, in slot order (what ``/slots`` and ``/completion``'s ``id_slot`` report)."""
         return [SlotView(s.index, s.busy, s.task, s.cached, len(s.tokens)) for s in self._slots]
 
+    def pinned_slot(self, id_slot: int) -> int | None:
+        """The slot a request naming ``id_slot`` must use, None (-1): any slot.
+
+        llama.cpp's ``get_slot_by_id`` takes ``id_slot % slots.size()`` in unsigned arithmetic: an id past the last
+        slot wraps, and a negative one other than -1 becomes 2**64 + id first (-2 on 3 slots is slot 2, as the real
+        server logged "selected slot by id (-2)" for slot 2)."""
+        if id_slot == -1:
+            return None
+        return (id_slot % (1 << 64)) % len(self._slots)
+
+    def can_take(self, id_slot: int) -> bool:
+        """Whether a request naming ``id_slot`` can be given a slot now (llama.cpp defers it otherwise)."""
+        pinned = self.pinned_slot(id_slot)
+        if pinned is None:
+            return any(not s.busy for s in self._slots)
+        return not self._slots[pinned].busy
+
     def _common_prefix(self, slot: _Slot, tokens: Sequence[int], hashes: Sequence[int]) -> int:
         """Tokens ``tokens`` shares from the start with the slot's: whole blocks by hash, then token by token."""
         own = slot.hashes
@@ -94,30 +120,33 @@ class SlotCache:
             n += 1
         return n
 
-    def claim(self, key: object, prompt: Sequence[int], hashes: Sequence[int]) -> int:
+    def claim(self, key: object, prompt: Sequence[int], hashes: Sequence[int], id_slot: int = -1) -> int:
         """Give ``key`` an idle slot; returns how many leading tokens of ``prompt`` that slot already holds.
 
-        ``hashes`` are the chained hashes of ``prompt``'s full blocks. The engine admits at most ``count``
-        requests at once, so an idle slot always exists here.
+        ``hashes`` are the chained hashes of ``prompt``'s full blocks. ``id_slot``: the slot the request named
+        (-1 any); the engine claims only when ``can_take`` says so, so the slot asked for is idle here.
         """
-        idle = [s for s in self._slots if not s.busy]
+        pinned = self.pinned_slot(id_slot)
+        idle = [s for s in self._slots if not s.busy and (pinned is None or s.index == pinned)]
         if not idle:
-            raise SimulationError("no idle slot: the engine admitted more requests than the server has slots")
+            raise SimulationError("no idle slot: the engine admitted a request whose slot is busy")
         chosen: _Slot | None = None
-        reused = 0
-        if self._similarity > 0 and prompt:
+        if pinned is not None:
+            # The named slot whatever its similarity; it reuses its common prefix as any slot does.
+            chosen = idle[0]
+        elif self._similarity > 0 and prompt:
             best = self._similarity
             for slot in idle:
                 if not slot.tokens:
                     continue
                 common = self._common_prefix(slot, prompt, hashes)
                 if common / len(prompt) > best:
-                    chosen, reused, best = slot, common, common / len(prompt)
+                    chosen, best = slot, common / len(prompt)
         if chosen is None:
             # llama.cpp's LRU loop keeps the last slot whose t_last_used is <= the best so far: ties go to the
             # highest id (a fresh server serves its first request in its last slot).
             chosen = min(reversed(idle), key=lambda s: s.last_used)
-            reused = self._common_prefix(chosen, prompt, hashes) if chosen.tokens else 0
+        reused = self._common_prefix(chosen, prompt, hashes) if chosen.tokens else 0
         chosen.busy = True
         self._undo[id(key)] = (chosen.task, chosen.cached)
         chosen.task = key
