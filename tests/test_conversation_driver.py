@@ -182,3 +182,37 @@ def test_the_agentic_workload_hands_its_agents_to_the_driver() -> None:
     assert isinstance(driver, ConversationDriver)
     assert isinstance(driver.agent, AgenticDriver)
     assert driver.agent_id == "agent-0"
+
+
+def test_a_spawned_conversations_bug_is_raised_and_its_siblings_are_awaited() -> None:
+    class Broken(OneShot):
+        async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+            raise RuntimeError("a bug in the conversation")
+
+    cancelled: list[str] = []
+
+    class Slow(OneShot):
+        async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+            try:
+                await asyncio.sleep(1000)
+            except asyncio.CancelledError:
+                cancelled.append(self.name)
+                raise
+            return End("done")
+
+    async def go() -> str:
+        clock = LoopClock()
+        backend = Backend(clock, latency_s=1.0)
+        slots = asyncio.Semaphore(4)
+        # The bug surfaces at 1 s; the agent would go on spawning after its 5 s wait, and "slow" never ends.
+        agent = Scripted([Spawn(Slow("slow"), slots, lambda end: None), Spawn(Broken("bad"), slots, lambda end: None),
+                          Wait(5.0), Spawn(OneShot("never"), slots, lambda end: None)])  # fmt: skip
+        try:
+            await ConversationDriver(agent).run(Ctx(backend, clock))
+        except RuntimeError as exc:
+            assert [a for _, a in backend.sent] == ["slow", "bad"]
+            return str(exc)
+        return "no error"
+
+    assert run_virtual(go()) == "a bug in the conversation"
+    assert cancelled == ["slow"]  # cancelled and awaited before the driver returned, not left running

@@ -409,3 +409,49 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
     assert card.ttft == pytest.approx(0.05)
     state.agent("w.0", AgentState.DONE, rounds=1)
     assert (state.cards["w.0"].state, state.cards["w.0"].phase) == ("done", "")
+
+
+async def test_an_unknown_charset_is_a_400(board: Board) -> None:
+    client, _, control, _ = board
+    resp = await client.post("/api/control", params={"token": TOKEN}, data=b'{"action": "pause"}',
+                             headers={"Content-Type": "application/json; charset=bogus"})  # fmt: skip
+    assert resp.status == 400
+    assert "JSON object" in (await resp.json())["error"]
+    assert not control.paused
+
+
+async def test_a_resume_and_a_new_pause_before_the_turn_wakes_keep_it_waiting(board: Board) -> None:
+    from agentload.dashboard.control import WatchedBackend
+    from agentload.endpoint.records import RequestIds
+
+    _, state, control, _ = board
+    sent: list[str] = []
+
+    class _Inner:
+        async def complete(self, body: Any, ids: RequestIds) -> list[RequestRecord]:
+            sent.append(ids.agent)
+            return [RequestRecord(ids=ids, t_sent=1.0, t_done=2.0)]
+
+    backend = WatchedBackend(_Inner(), state, control)
+    control.pause()
+    turn = asyncio.create_task(backend.complete({}, RequestIds(agent="a0")))
+    await asyncio.sleep(0.01)
+    # Two requests handled in one pass of the loop: the waiting turn's wake-up is scheduled but has not run.
+    control.resume()
+    control.pause()
+    await asyncio.sleep(0.05)
+    assert sent == []  # paused again: the turn has not been sent
+    assert not turn.done()
+    control.resume()
+    await asyncio.wait_for(turn, 5)
+    assert sent == ["a0"]
+
+
+async def test_a_failed_checkpoint_write_leaves_the_width_unchanged(board: Board) -> None:
+    client, _, _, run = board
+    run.log.close()  # every append now fails, as on a full disk
+    resp = await client.post("/api/control", params={"token": TOKEN},
+                             json={"action": "width", "mode": "parallel", "width": 2})  # fmt: skip
+    assert resp.status == 500
+    assert run.limiter.limit == 3  # the width the log could not record never runs
+    assert run.limiter.history == []

@@ -70,3 +70,17 @@ def test_past_the_slots_pinned_agents_queue_for_their_own_slot_instead_of_taking
     hit_free = free["levels"][0]["prefix_hit_rate_server"]
     assert hit_pinned > hit_free
     assert pinned["levels"][0]["mean_waiting"] > 0  # turns wait for their slot
+
+
+def test_a_mooncake_trace_is_not_pinned_because_its_jobs_overlap(tmp_path: Path) -> None:
+    # An agent's Mooncake jobs start at their trace times whether or not its earlier ones finished: pinned to one
+    # slot they would wait for each other while the other slots sat idle, so bench lets the server choose.
+    trace = Path(__file__).parent / "data" / "mooncake_sessions.jsonl"
+    args = ["bench", "--sim", "llamacpp-8b-l40s", "--workload", f"trace:{trace}", "--context", "8192", "--agents",
+            "1", "--warmup", "1s", "--window", "30s", "--out", str(tmp_path), "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["settings"]["pin_slots"] is False
+    assert any("not pinned to slots: the Mooncake trace's jobs overlap" in n for n in doc["notes"])
+    assert not any("pinned to the server's" in n for n in doc["notes"])

@@ -281,9 +281,12 @@ class ConversationDriver(Generic[C]):
     async def run(self, ctx: C) -> None:
         steps = self.agent.conversations(ctx)
         running: set[asyncio.Task[None]] = set()
+        failed: list[BaseException] = []  # a spawned conversation's bug, raised here rather than lost with its task
         try:
             answer: Ending | None = None
             while True:
+                if failed:
+                    raise failed[0]
                 try:
                     step = steps.send(answer)
                 except StopIteration:
@@ -302,6 +305,7 @@ class ConversationDriver(Generic[C]):
                     running.add(task)
                     task.add_done_callback(running.discard)
                     task.add_done_callback(functools.partial(_release, step.slots))
+                    task.add_done_callback(functools.partial(_note_failure, failed))
                 else:
                     answer = await converse(step, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
             steps.close()
@@ -311,6 +315,14 @@ class ConversationDriver(Generic[C]):
             steps.close()
             for task in running:
                 task.cancel()
+            if running:  # awaited, so no spawned conversation outlives its level and the connection under it
+                await asyncio.gather(*running, return_exceptions=True)
+
+
+def _note_failure(failed: list[BaseException], task: asyncio.Task[None]) -> None:
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        failed.append(error)
 
 
 def _release(slots: asyncio.Semaphore, _: asyncio.Task[None]) -> None:

@@ -26,6 +26,7 @@ from agentload.vtime import LoopClock
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, measure_sizing
+from agentload.workload.trace import MooncakeWorkload
 
 Mode = Literal["sweep", "find-knee", "grid", "soak", "single"]
 LevelHook = Callable[[LevelSummary], None]
@@ -184,6 +185,12 @@ async def run_bench(
         notes.append(sizing_note)
     engine = probe_target.engine
     pinned = slots if plan.pin_slots and slots else None
+    # Mooncake's jobs start at their trace times whether or not the agent's earlier ones have finished: pinned to
+    # one slot, an agent's overlapping jobs would wait for each other while the other slots sat idle.
+    if pinned and isinstance(plan.workload, MooncakeWorkload):
+        pinned = None
+        notes.append("agents not pinned to slots: the Mooncake trace's jobs overlap (open loop), so the server "
+                     "chooses each job's slot")  # fmt: skip
     if pinned:
         notes.append(f"agents pinned to the server's {pinned} slots (id_slot = agent mod {pinned}; --no-pin-slots "
                      "lets the server choose)")  # fmt: skip

@@ -235,8 +235,9 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
     async with AsyncExitStack() as stack:
         board = None
         if opts.dashboard:  # serving before anything else, so a port in use stops the run before it is recorded
+            widest = min(opts.max_width or len(plans), len(plans))  # the limiter's bound, for the page's width too
             board = await stack.enter_async_context(
-                open_board(plans, clock, max_width=len(plans), port=opts.dashboard_port, fleet=manifest.fleet.name)
+                open_board(plans, clock, max_width=widest, port=opts.dashboard_port, fleet=manifest.fleet.name)
             )
             opts.dashboard_url = board.url
             err_console.print(f"dashboard: {board.url}", markup=False, soft_wrap=True)

@@ -92,14 +92,19 @@ class FleetControl:
             raise ConfigError("parallel needs a width")
         width = old if width is None else width
         if not 1 <= width <= self.max_width:
-            raise ConfigError(f"the width must be between 1 and {self.max_width} (the fleet's agents), got {width}")
-        limiter.policy = make_policy(mode, width, max_width=self.max_width)
-        new = limiter.policy.initial()
+            raise ConfigError(
+                f"the width must be between 1 and {self.max_width} (--max-width or the fleet's agents), got {width}"
+            )
+        policy = make_policy(mode, width, max_width=self.max_width)
+        new = policy.initial()
         label = mode.value if mode is not Mode.PARALLEL else f"parallel {width}"
         change = LimitChange(t=self.clock.now() - run.t0, old=old, new=new, reason=f"set from the dashboard: {label}")
+        # Logged before it takes effect, as the limiter's own changes are: a width the checkpoint log does not have
+        # never runs (a failed write is the run's failure, raised by the log, not an answer to the page).
+        await run.log.append(LimitLine(segment=run.segment, change=change))
+        limiter.policy = policy
         limiter.history.append(change)
         limiter.gate.set_limit(new)
-        await run.log.append(LimitLine(segment=run.segment, change=change))
         run.progress.limiter(limiter.statistics())
         return change
 
@@ -114,8 +119,10 @@ class WatchedBackend:
 
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
         agent = ids.agent
-        if self.control.paused:
-            await self.control.running.wait()  # the pause: this turn has not started, so nothing is lost
+        # The pause: this turn has not started, so nothing is lost. A loop, not one wait: a resume and a new pause
+        # handled before this task wakes leave the run paused again, and the turn must keep waiting.
+        while self.control.paused:
+            await self.control.running.wait()
         self.state.request_started(agent)
 
         def watch(view: Any) -> None:

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.state import LiveState
-from agentload.errors import AgentloadError, ConfigError
+from agentload.errors import ConfigError
 from agentload.fleet.limiter import Mode
 
 # The page's update rate: 4 Hz keeps 1,000 cards fluid without flooding the browser.
@@ -105,7 +105,7 @@ async def _control(request: web.Request) -> web.StreamResponse:
     control = request.app[_CONTROL]
     try:
         body = await request.json(loads=orjson.loads)
-    except (ValueError, orjson.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, orjson.JSONDecodeError, UnicodeDecodeError, LookupError):  # LookupError: unknown charset
         return _error(400, "the body must be a JSON object")
     if not isinstance(body, dict):
         return _error(400, "the body must be a JSON object")
@@ -126,7 +126,7 @@ async def _control(request: web.Request) -> web.StreamResponse:
             return _error(400, "width must be a whole number")
         try:
             change = await control.set_width(mode, width)
-        except AgentloadError as exc:
+        except ConfigError as exc:  # a width the run cannot take; a failed checkpoint write is not the page's fault
             return _error(400, str(exc))
         return web.json_response({"ok": True, "action": action, "limit": change.new, "reason": change.reason})
     else:
