@@ -23,7 +23,16 @@ from typer.testing import CliRunner
 from agentload.bench.results import RunResult
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServerProbe
-from tests.integration.vllm import BLOCK_TOKENS, CONTEXT, FIGURES, MAX_MODEL_LEN, POOL_BLOCKS, TIER_DIR, VllmServer
+from tests.integration.vllm import (
+    BLOCK_TOKENS,
+    CONTEXT,
+    FIGURES,
+    MAX_MODEL_LEN,
+    POOL_BLOCKS,
+    TIER_DIR,
+    VllmServer,
+    compute_bound,
+)
 
 
 @pytest.fixture(params=["tiny", "realistic"])
@@ -62,6 +71,11 @@ def test_replies_have_the_requested_length(model: tuple[str, RunResult]) -> None
         assert not level.output_short
 
 
+# A level past the cliff on a slow CPU can end its window with a few turns (seen: 5 of 64 on an AVX2-only machine),
+# where one turn's admission and its usage landing either side of an edge is a share of the whole.
+MIN_COMPARED_TURNS = 10
+
+
 def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[str, RunResult]) -> None:
     """Usage's cached tokens and vLLM's prefix-cache counters give the same hit rate over a level's window.
 
@@ -84,6 +98,8 @@ def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[st
     )
     knee = run.knee[0].agents if run.knee else min(lv.agents for lv in run.levels)
     for level in run.levels:
+        if level.turns < MIN_COMPARED_TURNS:  # a handful of turns past a slow machine's cliff: printed, not judged
+            continue
         assert level.throughput_source == "server"
         assert level.prefix_hit_rate_server is not None
         assert level.prefix_hit_rate_usage is not None
@@ -115,6 +131,8 @@ async def test_the_knee_is_where_the_pool_runs_out(knee_run: RunResult, vllm: Vl
     estimate = pool.num_blocks / math.ceil(realised / pool.block_size)
     knee = knee_run.knee[0]
     FIGURES["knee vs pool ÷ realised context (tiny)"] = f"{knee.agents} / {estimate:g} (context {realised})"
+    if reason := compute_bound(knee_run):
+        pytest.skip(reason)
     assert 0.85 * estimate <= knee.agents <= 2 * estimate, why("tiny")
 
 
@@ -129,6 +147,8 @@ def test_bench_reports_the_servers_pool_and_measured_over_predicted(knee_run: Ru
     assert estimate.sessions_shared_prefix > estimate.sessions
     knee = knee_run.knee[0]
     assert knee.measured_over_predicted is not None
+    if reason := compute_bound(knee_run):
+        pytest.skip(reason)
     assert 0.85 <= knee.measured_over_predicted <= 2.0, why("tiny")
 
 
@@ -159,6 +179,8 @@ def test_the_knee_is_explained_and_names_what_decided(knee_run: RunResult) -> No
     # before the hit rate bottoms out and how far past the cliff the search goes depends on where compute gave
     # out (seen: 97.3 % at a knee of 8 → 81.3 % at 12; on a busier machine 97.3 % at 6 → 88.9 % at 8).
     at_misses, past_misses = 1 - at.prefix_hit_rate_server, 1 - past.prefix_hit_rate_server
+    if reason := compute_bound(knee_run):
+        pytest.skip(reason)  # a compute knee keeps the cache: past it nothing is evicted
     assert past_misses >= 2 * at_misses, why("tiny")
 
 
@@ -178,4 +200,6 @@ def test_the_planner_given_the_logged_pool_predicts_the_measured_knee(knee_run: 
         f"(recommended {agents['recommended_agents']}); measured knee {knee.agents} "
         f"(ratio {knee.agents / estimate:.3f})"
     )
+    if reason := compute_bound(knee_run):
+        pytest.skip(reason)
     assert 0.85 <= knee.agents / estimate <= 2.0, FIGURES["planner"]

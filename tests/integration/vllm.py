@@ -181,3 +181,30 @@ def sweep_realistic(vllm_realistic: VllmServer, tmp_path_factory: pytest.TempPat
                     vllm_realistic.model, *KNEE_ARGS, "--sweep", SWEEP)  # fmt: skip
     FIGURES["sweep (realistic)"] = levels_text(run)
     return run
+
+
+def compute_bound(run: RunResult) -> str | None:
+    """Why the pool's knee cannot be seen in this run, or None when it can.
+
+    On a CPU whose vLLM kernels are slower (this tier has met machines without AVX-512, where two cores give out
+    near 3 agents), the turn rate saturates before the agents' contexts outgrow the pool: the search then stops
+    at a compute knee with the prefix cache intact, and no test of where the *pool* runs out can be judged. The
+    rule: the knee is compute saturation, below 0.85 × the pool ÷ context estimate, and the largest level tried
+    kept its prefix hits (within 5 points of the knee's). The figures are printed either way.
+    """
+    if not run.knee or not run.capacity or run.capacity[0].sessions is None:
+        return None
+    knee = run.knee[0]
+    estimate = run.capacity[0].sessions
+    by_agents = {lv.agents: lv for lv in run.levels}
+    at, last = by_agents.get(knee.agents), by_agents[max(by_agents)]
+    if at is None or at.prefix_hit_rate_server is None or last.prefix_hit_rate_server is None:
+        return None
+    kept_hits = last.prefix_hit_rate_server >= at.prefix_hit_rate_server - 0.05
+    if knee.explanation.cause == "compute_saturation" and knee.agents < 0.85 * estimate and kept_hits:
+        return (
+            f"compute saturates at {knee.agents} agents before the KV pool fills (pool ÷ context {estimate:.1f}; "
+            f"prefix hits {at.prefix_hit_rate_server:.1%} at the knee, {last.prefix_hit_rate_server:.1%} at "
+            f"{last.agents} agents): this machine's CPU cannot reach the pool's knee"
+        )
+    return None
