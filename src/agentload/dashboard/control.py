@@ -99,8 +99,8 @@ class FleetControl:
         new = policy.initial()
         label = mode.value if mode is not Mode.PARALLEL else f"parallel {width}"
         change = LimitChange(t=self.clock.now() - run.t0, old=old, new=new, reason=f"set from the dashboard: {label}")
-        # Logged before it takes effect, as the limiter's own changes are: a width the checkpoint log does not have
-        # never runs (a failed write is the run's failure, raised by the log, not an answer to the page).
+        # Logged before it takes effect: a width the checkpoint log does not have never runs (a failed write is
+        # raised from here, the page gets a 500, and the width stays as it was).
         await run.log.append(LimitLine(segment=run.segment, change=change))
         limiter.policy = policy
         limiter.history.append(change)
