@@ -133,7 +133,8 @@ async def test_the_knee_is_where_the_pool_runs_out(knee_run: RunResult, vllm: Vl
     FIGURES["knee vs pool ÷ realised context (tiny)"] = f"{knee.agents} / {estimate:g} (context {realised})"
     if reason := compute_bound(knee_run):
         pytest.skip(reason)
-    assert 0.85 * estimate <= knee.agents <= 2 * estimate, why("tiny")
+    # The lower bound admits the issue's own ±1 agent (0.85 × 6 alone would refuse a knee of 5).
+    assert min(0.85 * estimate, estimate - 1) <= knee.agents <= 2 * estimate, why("tiny")
 
 
 def test_bench_reports_the_servers_pool_and_measured_over_predicted(knee_run: RunResult) -> None:
@@ -149,7 +150,8 @@ def test_bench_reports_the_servers_pool_and_measured_over_predicted(knee_run: Ru
     assert knee.measured_over_predicted is not None
     if reason := compute_bound(knee_run):
         pytest.skip(reason)
-    assert 0.85 <= knee.measured_over_predicted <= 2.0, why("tiny")
+    predicted = knee.agents / knee.measured_over_predicted
+    assert min(0.85, 1 - 1 / predicted) <= knee.measured_over_predicted <= 2.0, why("tiny")  # or within one agent
 
 
 def test_the_knee_level_measured_enough_turns(knee_run: RunResult) -> None:
@@ -202,4 +204,4 @@ def test_the_planner_given_the_logged_pool_predicts_the_measured_knee(knee_run: 
     )
     if reason := compute_bound(knee_run):
         pytest.skip(reason)
-    assert 0.85 <= knee.agents / estimate <= 2.0, FIGURES["planner"]
+    assert min(0.85 * estimate, estimate - 1) <= knee.agents <= 2.0 * estimate, FIGURES["planner"]  # or ±1 agent
