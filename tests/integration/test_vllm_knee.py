@@ -150,8 +150,11 @@ def test_bench_reports_the_servers_pool_and_measured_over_predicted(knee_run: Ru
     assert knee.measured_over_predicted is not None
     if reason := compute_bound(knee_run):
         pytest.skip(reason)
-    predicted = knee.agents / knee.measured_over_predicted
-    assert min(0.85, 1 - 1 / predicted) <= knee.measured_over_predicted <= 2.0, why("tiny")  # or within one agent
+    # Or, below 0.85, within one agent of pool ÷ realised context (issue 9's ±1; the prediction may be the
+    # shared-prefix one, 6.5 where the pool holds 6).
+    low_ok = knee.measured_over_predicted >= 0.85 or knee.agents >= estimate.sessions - 1
+    assert low_ok, why("tiny")
+    assert knee.measured_over_predicted <= 2.0, why("tiny")
 
 
 def test_the_knee_level_measured_enough_turns(knee_run: RunResult) -> None:
