@@ -16,6 +16,13 @@ Two choices make the default variant, ``tiny``, behave like a load generator wan
   than the workload's ``max_tokens``. One hidden dimension is made constant (its embedding column is a constant
   and no layer writes to it), and the output rows of the stop tokens point against it, so their logits sit far
   below every other token's and replies run to ``max_tokens``.
+* A random model samples any token, and most of its replies do not come back as the same tokens when an agent
+  sends them back: digits run together ("591" + "along" is "591along"), byte pieces decode to "\ufffd". A held
+  session then finds its next prompt tens of tokens longer than the reply it carries and has to shorten the
+  next reply to stay at its context, so the real server is asked for other reply lengths than the simulator
+  (issue 9: the calibrated simulator's output tok/s read 1.3-1.5x the real one's at the same turn rate). Every
+  token but the whole words with their leading space (the ids that encode back to themselves) points against
+  the constant dimension like the stop tokens, so a reply is a run of words that round-trips token for token.
 
 That model is kind; real ones are not (issue 9). The ``realistic`` variant, same layers and about the same size,
 undoes both choices the way real models do:
@@ -40,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported lazily below: --help should not wait for torch
-    from transformers import Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 VOCAB_SIZE = 8192
@@ -219,6 +226,18 @@ def calibrate_stop(model: Qwen2ForCausalLM, stop_id: int, d0: int, mean_reply: f
         return weight, float(torch.sigmoid(stop - lse).mean())
 
 
+def round_trip_ids(tok: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids that come back as themselves when their text is sent again: a leading space, then a word."""
+    kept = []
+    for i in range(len(tok)):
+        text = tok.decode([i])
+        word = text[1:]
+        if text[:1] == " " and word and not any(c.isspace() for c in word) and "\ufffd" not in word:
+            if tok.encode(text, add_special_tokens=False) == [i]:
+                kept.append(i)
+    return kept
+
+
 def build_model(out: Path, seed: int, max_positions: int, variant: str) -> int:
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -253,6 +272,17 @@ def build_model(out: Path, seed: int, max_positions: int, variant: str) -> int:
         # there puts the stop tokens' logits tens of units below the rest.
         model.lm_head.weight[stop_ids, :] = 0.0
         model.lm_head.weight[stop_ids, d0] = -1000.0
+        if variant == "tiny":
+            # Replies only of whole words that round-trip (see the module docstring); the stop tokens are among
+            # the blocked ones already. Judged on the tokenizer as the server loads it: with config.json beside it
+            # transformers loads the Qwen2 tokenizer class, whose pre-tokenizer splits every digit apart ("4066" was
+            # one token of the trained vocabulary and is four when re-encoded), not the one just trained.
+            config.save_pretrained(out)
+            kept = set(round_trip_ids(AutoTokenizer.from_pretrained(out)))
+            blocked = [i for i in range(len(tok)) if i not in kept]
+            model.lm_head.weight[blocked, :] = 0.0
+            model.lm_head.weight[blocked, d0] = -1000.0
+            print(f"replies drawn from {len(kept)} of {len(tok)} tokens (whole words that round-trip)")
     model = model.to(torch.bfloat16)
     if variant == "realistic":
         # Only <|im_end|> (the eos a chat reply ends with) is let back in; <|endoftext|> stays suppressed so the

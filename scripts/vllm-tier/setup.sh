@@ -51,16 +51,18 @@ if [[ ! -f "$venv/.installed" ]]; then
     say "installed in $((SECONDS - started)) s (torch $torch_version)"
 fi
 
-# build DIR VARIANT: one model, skipped when its stamp is there. Each model has its own stamp, so adding a variant
-# leaves a model already built (and its stamp) as it is.
+# build DIR VARIANT: one model, skipped when its stamp names this build_model.py. Each model has its own stamp, so
+# adding a variant leaves a model already built as it is; a changed build_model.py rebuilds both (seeded: a model
+# whose recipe did not change comes out the same).
+recipe="$(sha256sum "$here/build_model.py" | cut -c1-16)"
 build() {
     local dir="$1" variant="$2" started=$SECONDS
-    [[ -f "$dir/.built" ]] && return 0
+    [[ -f "$dir/.built" && "$(cat "$dir/.built")" == "$recipe" ]] && return 0
     say "building the random-weight $variant model in $dir"
     rm -rf "$dir"
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$here/build_model.py" "$dir" --variant "$variant" ||
         exit 4
-    touch "$dir/.built"
+    echo "$recipe" >"$dir/.built"
     say "$variant model built in $((SECONDS - started)) s"
 }
 build "$model" tiny

@@ -13,7 +13,13 @@ import pytest
 
 from tests.integration.harness import summary
 from tests.integration.llamacpp import llamacpp, llamacpp_tier  # noqa: F401  # fixtures, for pytest to find here
-from tests.integration.vllm import knee_run, sweep_realistic, vllm, vllm_realistic, vllm_tier  # noqa: F401  # fixtures
+from tests.integration.vllm import (  # noqa: F401  # fixtures, for pytest to find here
+    knee_run,
+    knee_run_realistic,
+    vllm,
+    vllm_realistic,
+    vllm_tier,
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,15 +1,16 @@
 """The knee on a real vLLM, and what bench counts there, on both tier models (issue 9).
 
-The tiny model (one token per agentload word, replies run to max_tokens) gets the whole knee search; the realistic
-one (1.46 tokens per word, replies that stop after a few tokens unless told ``ignore_eos``) two levels, one inside
-the pool and one past it — enough to check that context, output and both hit rates are the server's on a model
-agentload was not tuned to, at a third of the search's time.
+Both models get the whole knee search: the tiny one (one token per agentload word, replies run to max_tokens and
+come back as the same tokens) and the realistic one (1.46 tokens per word, replies that stop after a few tokens
+unless told ``ignore_eos`` and that re-tokenise longer when sent back) — so context, output, both hit rates and the
+knee are checked on a model agentload was not tuned to, not only on a kind one.
 
 The session servers' pool is 192 blocks of 128 tokens (24,576 tokens); agents holding 4,096 server tokens each need
 32 blocks, so pool ÷ context is 6 of them (6.5 with the shared system prompt stored once). Past the knee the blocks
 of an agent in its tool/think pause are evicted before its next turn and every turn recomputes its whole context.
-On this CPU build the turn rate also saturates on compute near 4 agents, which smears the cliff: a clean-machine run
-put 8 agents at 86 % prefix hits and 16 at 9 %, so the measured knee can sit above pool ÷ context.
+On a slower CPU (no AVX-512) the turn rate saturates on compute near 3-4 agents, before the pool
+(``compute_bound``): the tests then check what the tool said instead — a compute knee with the cache intact, step
+time growing past it, and the prefixes lost where the search went past the pool.
 """
 
 from __future__ import annotations
@@ -29,23 +30,33 @@ from tests.integration.vllm import (
     FIGURES,
     MAX_MODEL_LEN,
     POOL_BLOCKS,
+    REALISTIC,
     TIER_DIR,
+    TINY,
     VllmServer,
     compute_bound,
+    pool_cliff_levels,
 )
 
+MODELS = {"tiny": ("knee_run", "vllm", TINY), "realistic": ("knee_run_realistic", "vllm_realistic", REALISTIC)}
 
-@pytest.fixture(params=["tiny", "realistic"])
+
+@pytest.fixture(params=list(MODELS))
 def model(request: pytest.FixtureRequest) -> tuple[str, RunResult]:
-    """(label, a bench run on that model): the tiny model's knee search, the realistic model's two levels."""
+    """(label, the knee search on that model's server)."""
     label: str = request.param
-    if label == "tiny":
-        return label, request.getfixturevalue("knee_run")
-    return label, request.getfixturevalue("sweep_realistic")
+    return label, request.getfixturevalue(MODELS[label][0])
+
+
+@pytest.fixture
+def server(model: tuple[str, RunResult], request: pytest.FixtureRequest) -> VllmServer:
+    """The server ``model``'s knee search ran against."""
+    found: VllmServer = request.getfixturevalue(MODELS[model[0]][1])
+    return found
 
 
 def why(label: str) -> str:
-    return FIGURES.get(f"knee ({label})") or FIGURES.get(f"sweep ({label})", "")
+    return FIGURES.get(f"knee ({label})", "")
 
 
 # -- what bench counts, on both models -------------------------------------------------------------------------
@@ -74,6 +85,8 @@ def test_replies_have_the_requested_length(model: tuple[str, RunResult]) -> None
 # A level past the cliff on a slow CPU can end its window with a few turns (seen: 5 of 64 on an AVX2-only machine),
 # where one turn's admission and its usage landing either side of an edge is a share of the whole.
 MIN_COMPARED_TURNS = 10
+# What bench writes on a level whose window edge could not wait for every request in flight (bench/runner.py).
+NOT_QUIET = "still in flight after"
 
 
 def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[str, RunResult]) -> None:
@@ -100,6 +113,11 @@ def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[st
     for level in run.levels:
         if level.turns < MIN_COMPARED_TURNS:  # a handful of turns past a slow machine's cliff: printed, not judged
             continue
+        if level.agents > knee and any(NOT_QUIET in w for w in level.warnings):
+            # Past a slow machine's cliff a turn can take minutes (seen: 4 requests still in flight 120 s after an
+            # edge closed, 6 agents on an AVX2-only CPU): the counters were sampled with them in flight, so the two
+            # rates cover different requests, and bench says so on the level. Printed, not judged.
+            continue
         assert level.throughput_source == "server"
         assert level.prefix_hit_rate_server is not None
         assert level.prefix_hit_rate_usage is not None
@@ -108,36 +126,42 @@ def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[st
         assert abs(level.prefix_hit_rate_server - level.prefix_hit_rate_usage) <= limit, level
 
 
-def test_the_realistic_models_level_past_the_pool_loses_its_prefixes(sweep_realistic: RunResult) -> None:
-    by_agents = {lv.agents: lv for lv in sweep_realistic.levels}
-    inside, past = by_agents[2], by_agents[8]
-    assert inside.prefix_hit_rate_server is not None
-    assert past.prefix_hit_rate_server is not None
-    assert past.prefix_hit_rate_server < inside.prefix_hit_rate_server, FIGURES["sweep (realistic)"]
-
-
-# -- the knee, on the tiny model -------------------------------------------------------------------------------
-async def test_the_knee_is_where_the_pool_runs_out(knee_run: RunResult, vllm: VllmServer) -> None:
+# -- the knee, on both models -------------------------------------------------------------------------------------
+async def test_the_knee_is_where_the_pool_runs_out(model: tuple[str, RunResult], server: VllmServer) -> None:
     """Measured knee vs pool ÷ the realised context, in whole blocks as vLLM counts them, with the server's pool.
 
     Issue 9's goal is ±1 agent; what is gated is the knee between 0.85× and 2× the estimate (see the module
     docstring: compute saturation on two CPU cores smears the cliff). The figure is printed either way.
     """
-    async with ServerProbe(vllm.url) as probe:
+    label, knee_run = model
+    async with ServerProbe(server.url) as probe:
         pool = await probe.pool()
     assert pool.num_blocks == POOL_BLOCKS
     assert pool.block_size == BLOCK_TOKENS
     realised = knee_run.capacity[0].context
     estimate = pool.num_blocks / math.ceil(realised / pool.block_size)
     knee = knee_run.knee[0]
-    FIGURES["knee vs pool ÷ realised context (tiny)"] = f"{knee.agents} / {estimate:g} (context {realised})"
+    FIGURES[f"knee vs pool ÷ realised context ({label})"] = f"{knee.agents} / {estimate:g} (context {realised})"
     if reason := compute_bound(knee_run):
-        pytest.skip(reason)
+        # Compute gave out first; the pool is still where the arithmetic puts it if every level the search measured
+        # more than one agent past pool ÷ context lost its prefixes (misses at least doubled against the knee's).
+        beyond = pool_cliff_levels(knee_run)
+        if not beyond:
+            pytest.skip(f"{reason}; the search measured no level past the pool")
+        by_agents = {lv.agents: lv for lv in knee_run.levels}
+        at_hits = by_agents[knee.agents].prefix_hit_rate_server
+        assert at_hits is not None
+        for n in beyond:
+            hits = by_agents[n].prefix_hit_rate_server
+            assert hits is not None
+            assert 1 - hits >= 2 * (1 - at_hits), (n, reason, why(label))
+        return
     # The lower bound admits the issue's own ±1 agent (0.85 × 6 alone would refuse a knee of 5).
-    assert min(0.85 * estimate, estimate - 1) <= knee.agents <= 2 * estimate, why("tiny")
+    assert min(0.85 * estimate, estimate - 1) <= knee.agents <= 2 * estimate, why(label)
 
 
-def test_bench_reports_the_servers_pool_and_measured_over_predicted(knee_run: RunResult) -> None:
+def test_bench_reports_the_servers_pool_and_measured_over_predicted(model: tuple[str, RunResult]) -> None:
+    label, knee_run = model
     estimate = knee_run.capacity[0]
     assert estimate.pool_tokens == POOL_BLOCKS * BLOCK_TOKENS
     assert estimate.block_size == BLOCK_TOKENS
@@ -153,26 +177,28 @@ def test_bench_reports_the_servers_pool_and_measured_over_predicted(knee_run: Ru
     # Or, below 0.85, within one agent of pool ÷ realised context (issue 9's ±1; the prediction may be the
     # shared-prefix one, 6.5 where the pool holds 6).
     low_ok = knee.measured_over_predicted >= 0.85 or knee.agents >= estimate.sessions - 1
-    assert low_ok, why("tiny")
-    assert knee.measured_over_predicted <= 2.0, why("tiny")
+    assert low_ok, why(label)
+    assert knee.measured_over_predicted <= 2.0, why(label)
 
 
-def test_the_knee_level_measured_enough_turns(knee_run: RunResult) -> None:
+def test_the_knee_level_measured_enough_turns(model: tuple[str, RunResult]) -> None:
     """The window only caps a level: the knee's own level reached its turn count. (The level past it may not:
     past the cliff a turn re-prefills its whole context, and the cap is what bounds the search's time.)"""
+    label, knee_run = model
     knee = knee_run.knee[0].agents
     level = next(lv for lv in knee_run.levels if lv.agents == knee)
-    FIGURES["turns per level (tiny)"] = ", ".join(
+    FIGURES[f"turns per level ({label})"] = ", ".join(
         f"{lv.agents}: {lv.turns}/{lv.min_turns}" for lv in sorted(knee_run.levels, key=lambda lv: lv.agents)
     )
     assert level.min_turns == max(8 * knee, 30), level
-    assert level.turns >= level.min_turns, (knee, level.turns, why("tiny"))
+    assert level.turns >= level.min_turns, (knee, level.turns, why(label))
 
 
-def test_the_knee_is_explained_and_names_what_decided(knee_run: RunResult) -> None:
+def test_the_knee_is_explained_and_names_what_decided(model: tuple[str, RunResult]) -> None:
+    label, knee_run = model
     knee = knee_run.knee[0]
-    assert knee.explanation.cause != "none", why("tiny")
-    assert knee.decided_by, why("tiny")
+    assert knee.explanation.cause != "none", why(label)
+    assert knee.decided_by, why(label)
     assert "decided by" in knee.explanation.summary
     by_agents = {lv.agents: lv for lv in knee_run.levels}
     at = by_agents[knee.agents]
@@ -184,27 +210,35 @@ def test_the_knee_is_explained_and_names_what_decided(knee_run: RunResult) -> No
     # before the hit rate bottoms out and how far past the cliff the search goes depends on where compute gave
     # out (seen: 97.3 % at a knee of 8 → 81.3 % at 12; on a busier machine 97.3 % at 6 → 88.9 % at 8).
     at_misses, past_misses = 1 - at.prefix_hit_rate_server, 1 - past.prefix_hit_rate_server
-    if reason := compute_bound(knee_run):
-        pytest.skip(reason)  # a compute knee keeps the cache: past it nothing is evicted
-    assert past_misses >= 2 * at_misses, why("tiny")
+    if compute_bound(knee_run):
+        # A compute knee keeps the cache just past it; what names the cause is the step time the server took.
+        evidence = knee.explanation.evidence
+        assert evidence["itl_p50_s_past_knee"] > evidence["itl_p50_s_at_knee"], why(label)
+        return
+    assert past_misses >= 2 * at_misses, why(label)
 
 
-def test_the_planner_given_the_logged_pool_predicts_the_measured_knee(knee_run: RunResult, vllm: VllmServer) -> None:
-    tokens, _ = vllm.startup_line()
+def test_the_planner_given_the_logged_pool_predicts_the_measured_knee(
+    model: tuple[str, RunResult], server: VllmServer
+) -> None:
+    label, knee_run = model
+    tokens, _ = server.startup_line()
     # The planner knows no CPU "GPU"; with --pool-tokens the pool is the logged one and the GPU only names a
     # block size (16) for its own block arithmetic, which for a dense model gives the same pool ÷ context.
-    result = CliRunner().invoke(app, ["plan", "--model", str(TIER_DIR / "model" / "config.json"), "--gpu", "h100",
+    config = TIER_DIR / MODELS[label][2].directory / "config.json"
+    result = CliRunner().invoke(app, ["plan", "--model", str(config), "--gpu", "h100",
                                       "--max-model-len", str(MAX_MODEL_LEN), "-c", str(CONTEXT),
                                       "--pool-tokens", str(tokens), "--no-curve", "--json"])  # fmt: skip
     assert result.exit_code == 0, result.output
     agents = json.loads(result.output)["agents"]
     estimate = agents["window_aware_sessions"]
     knee = knee_run.knee[0]
-    FIGURES["planner"] = (
+    FIGURES[f"planner ({label})"] = (
         f"agentload plan --pool-tokens {tokens}: {estimate:.2f} agents at {CONTEXT} "
         f"(recommended {agents['recommended_agents']}); measured knee {knee.agents} "
         f"(ratio {knee.agents / estimate:.3f})"
     )
     if reason := compute_bound(knee_run):
         pytest.skip(reason)
-    assert min(0.85 * estimate, estimate - 1) <= knee.agents <= 2.0 * estimate, FIGURES["planner"]  # or ±1 agent
+    # Or ±1 agent.
+    assert min(0.85 * estimate, estimate - 1) <= knee.agents <= 2.0 * estimate, FIGURES[f"planner ({label})"]

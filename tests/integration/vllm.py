@@ -138,8 +138,6 @@ def vllm_realistic(vllm_tier: Path) -> Iterator[VllmServer]:
 KNEE_ARGS = ("--workload", "agentic-hold", "--context", str(CONTEXT), "--warmup", "30s", "--window", "120s",
              "--min-turns", "30")  # fmt: skip
 MAX_AGENTS = 12
-# The realistic model's level pair: one level inside the pool, one past it (the full search runs on the tiny model).
-SWEEP = "2,8"
 
 
 def levels_text(run: RunResult, *, ttft: bool = False) -> str:
@@ -174,37 +172,48 @@ def knee_run(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> RunR
 
 
 @pytest.fixture(scope="session")
-def sweep_realistic(vllm_realistic: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    """Two levels on the realistic model (1.46 tokens per word, early EOS): inside the pool and past it."""
-    with timed(SUMMARY, "bench --sweep (realistic)"):
-        run = bench(tmp_path_factory.mktemp("sweep-realistic"), "--url", vllm_realistic.url, "--model",
-                    vllm_realistic.model, *KNEE_ARGS, "--sweep", SWEEP)  # fmt: skip
-    FIGURES["sweep (realistic)"] = levels_text(run)
-    return run
+def knee_run_realistic(vllm_realistic: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """The same knee search on the realistic model (1.46 tokens per word, early EOS, replies that re-tokenise)."""
+    return run_knee_search(vllm_realistic, tmp_path_factory.mktemp("knee-realistic"), "realistic")
 
 
 def compute_bound(run: RunResult) -> str | None:
     """Why the pool's knee cannot be seen in this run, or None when it can.
 
     On a CPU whose vLLM kernels are slower (this tier has met machines without AVX-512, where two cores give out
-    near 3 agents), the turn rate saturates before the agents' contexts outgrow the pool: the search then stops
-    at a compute knee with the prefix cache intact, and no test of where the *pool* runs out can be judged. The
-    rule: the knee is compute saturation, below 0.85 × the pool ÷ context estimate, and the largest level tried
-    kept its prefix hits (within 5 points of the knee's). The figures are printed either way.
+    near 3 agents), the turn rate saturates before the agents' contexts outgrow the pool: the search then stops at
+    a compute knee with the prefix cache intact, and no test of where the *pool* runs out can be judged there. The
+    rule: bench named compute saturation, the knee lies below what the pool tests accept (more than one agent and
+    more than 15 % under pool ÷ context), and the first level past the knee kept its prefix hits (within 5 points
+    of the knee's) — so the cache is not what gave out. Levels further out can still lose their prefixes: the
+    search brackets upward by doubling, past the pool, and ``pool_cliff_levels`` checks the pool there.
     """
     if not run.knee or not run.capacity or run.capacity[0].sessions is None:
         return None
     knee = run.knee[0]
     estimate = run.capacity[0].sessions
     by_agents = {lv.agents: lv for lv in run.levels}
-    at, last = by_agents.get(knee.agents), by_agents[max(by_agents)]
-    if at is None or at.prefix_hit_rate_server is None or last.prefix_hit_rate_server is None:
+    past = [n for n in by_agents if n > knee.agents]
+    at = by_agents.get(knee.agents)
+    if at is None or not past or at.prefix_hit_rate_server is None:
         return None
-    kept_hits = last.prefix_hit_rate_server >= at.prefix_hit_rate_server - 0.05
-    if knee.explanation.cause == "compute_saturation" and knee.agents < 0.85 * estimate and kept_hits:
+    first_past = by_agents[min(past)]
+    if first_past.prefix_hit_rate_server is None:
+        return None
+    kept_hits = first_past.prefix_hit_rate_server >= at.prefix_hit_rate_server - 0.05
+    below_pool = knee.agents < min(0.85 * estimate, estimate - 1)
+    if knee.explanation.cause == "compute_saturation" and below_pool and kept_hits:
         return (
             f"compute saturates at {knee.agents} agents before the KV pool fills (pool ÷ context {estimate:.1f}; "
-            f"prefix hits {at.prefix_hit_rate_server:.1%} at the knee, {last.prefix_hit_rate_server:.1%} at "
-            f"{last.agents} agents): this machine's CPU cannot reach the pool's knee"
+            f"prefix hits {at.prefix_hit_rate_server:.1%} at the knee, {first_past.prefix_hit_rate_server:.1%} at "
+            f"{first_past.agents} agents): this machine's CPU cannot reach the pool's knee"
         )
     return None
+
+
+def pool_cliff_levels(run: RunResult) -> list[int]:
+    """The levels the search measured more than one agent past pool ÷ realised context (where the pool is short)."""
+    if not run.capacity or run.capacity[0].sessions is None:
+        return []
+    estimate = run.capacity[0].sessions
+    return sorted(lv.agents for lv in run.levels if lv.agents > estimate + 1)

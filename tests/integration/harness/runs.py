@@ -87,6 +87,28 @@ def throughput_ratios(real: RunResult, sim: RunResult) -> dict[int, float]:
     return {n: sim_by[n].output_tps / real_by[n].output_tps for n in shared if real_by[n].output_tps > 0}
 
 
+def turn_rate_ratios(real: RunResult, sim: RunResult) -> dict[int, float]:
+    """Simulated ÷ real agent-turns/s at every level both runs measured (and the real one completed a turn in).
+
+    Agent-turns/s is the knee rule's first signal and compares the same work in both runs. Output tok/s need not:
+    a held session fits each reply into what its context leaves, and a real model's reply that re-tokenises longer
+    when it is sent back leaves less room for the next one than the simulator's does.
+    """
+    real_by, sim_by = {lv.agents: lv for lv in real.levels}, {lv.agents: lv for lv in sim.levels}
+    shared = sorted(set(real_by) & set(sim_by))
+    rate = {n: (real_by[n].turns / real_by[n].window_s, sim_by[n].turns / sim_by[n].window_s) for n in shared}
+    return {n: s / r for n, (r, s) in rate.items() if r > 0}
+
+
+def asked_output(real: RunResult, sim: RunResult) -> dict[int, tuple[float, float]]:
+    """The mean reply length each run asked for (max_tokens) at every level both measured: real, simulated."""
+    real_by, sim_by = {lv.agents: lv for lv in real.levels}, {lv.agents: lv for lv in sim.levels}
+    return {
+        n: (real_by[n].output_requested_mean or 0.0, sim_by[n].output_requested_mean or 0.0)
+        for n in sorted(set(real_by) & set(sim_by))
+    }
+
+
 def coefficients_text(profile_path: Path) -> str:
     """A calibrated profile's coefficients in the units they are read in."""
     c = load_profile(str(profile_path)).coefficients
