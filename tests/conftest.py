@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 
@@ -18,6 +19,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("agentload")
+
+# pytest-xdist's workers inherit COLUMNS=80 from their launcher, and rich fixes a console's width from COLUMNS when
+# the console is made (agentload.cli.common makes its consoles at import). A test then saw another width than under
+# a plain ``pytest``, where rich asks at each print; without it both runs print alike.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 
 @pytest.fixture

@@ -254,6 +254,15 @@ def test_report_command_writes_the_file_by_path_and_by_id(two_runs: list[RunDir]
     assert "1 run, 4 plots" in text
 
 
+def test_a_long_output_path_is_printed_whole(two_runs: list[RunDir], tmp_path: Path) -> None:
+    """A path past the console's width (250 columns here) is not broken across lines: it can be copied."""
+    out = tmp_path / ("a-directory-name-long-enough-to-pass-the-width-" * 5) / "cmp.html"
+    out.parent.mkdir()
+    code, text = _report(str(two_runs[0].path), "-o", str(out))
+    assert code == 0, text
+    assert f"wrote {out}" in text
+
+
 def test_report_command_bad_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
     line = _one_error_line(*_report(str(tmp_path / "nowhere"), "--root", str(tmp_path), "-o", str(tmp_path / "r.html")))
     assert "no such run directory" in line

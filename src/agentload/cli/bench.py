@@ -454,7 +454,9 @@ def run(
         result, data = run_virtual(go()) if sim else asyncio.run(go())
     except KeyboardInterrupt:
         writer.close()  # the records and finished levels gathered so far stay on disk
-        err_console.print(f"interrupted; continue with: agentload bench --resume {writer.path}", markup=False)
+        err_console.print(
+            f"interrupted; continue with: agentload bench --resume {writer.path}", markup=False, soft_wrap=True
+        )
         raise typer.Exit(130) from None
     except BaseException:
         writer.close()  # the records gathered so far stay on disk
@@ -471,7 +473,8 @@ def run(
     else:
         print_result(result, console)
         where_saved = escape(str(run_dir.path))
-        console.print(f"[dim]saved {where_saved} · `agentload report {where_saved}` renders it[/]")
+        # Soft-wrapped: a path broken across lines at the console's width cannot be copied back into a command.
+        console.print(f"[dim]saved {where_saved} · `agentload report {where_saved}` renders it[/]", soft_wrap=True)
     if result.incomplete is not None:
         saved = f"{writer.records_written} records and {writer.samples_written} metric samples"
         raise ServerLostError(

@@ -57,5 +57,6 @@ def report(
             print_run_page(kind, [d.path for d in dirs], console)
     console.print(
         f"wrote {stats.path} ({stats.bytes / 1e6:.1f} MB, {len(dirs)} {'' if kind == 'bench' else kind + ' '}"
-        f"run{'s' if len(dirs) != 1 else ''}, {stats.plots} plots, {stats.seconds:.2f} s)"
+        f"run{'s' if len(dirs) != 1 else ''}, {stats.plots} plots, {stats.seconds:.2f} s)",
+        soft_wrap=True,  # the path whole, so it can be copied
     )

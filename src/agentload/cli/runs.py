@@ -39,13 +39,13 @@ def runs(
         indexed, skipped = store.history.rebuild()
         console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {store.root}", markup=False)
         for path, why in skipped:
-            console.print(f"  skipped {path}: {why}", style="yellow", markup=False)
+            console.print(f"  skipped {path}: {why}", style="yellow", markup=False, soft_wrap=True)
     entries, damaged = store.listing(limit)
     if as_json:
         typer.echo(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
         return
     for path, why in damaged:
-        err_console.print(f"skipped {path}: {why}", style="yellow", markup=False)
+        err_console.print(f"skipped {path}: {why}", style="yellow", markup=False, soft_wrap=True)
     if not entries:
         console.print(f"no runs in {store.root} (run `agentload bench`, `suite` or `run`)", markup=False)
         return
