@@ -97,6 +97,23 @@ def test_explanations_follow_the_evidence() -> None:
     assert saturated.cause == "compute_saturation"
 
 
+def test_misses_that_more_than_double_over_five_points_are_eviction_with_the_pool_read_below_full() -> None:
+    """A real vLLM one agent past its pool (tier, realistic model): hits 96.6 % → 87.5 %, sampled KV peak 77 %."""
+    good, bad = level(6, 41.2, hit=0.966), level(7, 27.7, hit=0.875)
+    bad = bad.model_copy(update={"peak_kv_usage": 0.77, "itl_s": Percentiles(p50=0.022, p95=0.03, p99=0.04)})
+    why = explain_knee(good.model_copy(update={"peak_kv_usage": 0.47}), bad)
+    assert why.cause == "cache_eviction", why.summary
+    assert "96.6%" in why.summary
+    assert "87.5%" in why.summary
+    # A fall of 4 points, misses ×2.2, is not enough on its own: compute, with the fall named rather than denied.
+    small = explain_knee(level(6, 41.2, hit=0.966), level(7, 30.0, hit=0.925))
+    assert small.cause == "compute_saturation"
+    assert "96.6% to 92.5%" in small.summary
+    assert "no cache loss" not in small.summary
+    none = explain_knee(level(6, 41.2, hit=0.966), level(7, 30.0, hit=0.965))
+    assert "no cache loss" in none.summary
+
+
 def test_histogram_percentiles_of_the_window_increase() -> None:
     start = {0.1: 10.0, 1.0: 10.0, float("inf"): 10.0}
     end = {0.1: 60.0, 1.0: 110.0, float("inf"): 110.0}  # 50 new in (0, 0.1], 50 in (0.1, 1]
