@@ -11,7 +11,7 @@ from typing import Any
 
 from typer.testing import CliRunner, Result
 
-from agentload.bench.results import RunResult
+from agentload.bench.results import LevelSummary, RunResult
 from agentload.capacity.profile import load_profile
 from agentload.cli.main import app
 from agentload.endpoint.client import ChatClient
@@ -80,11 +80,15 @@ def simulate_knee_search(profile: Path, knee_args: tuple[str, ...], max_agents: 
     return RunResult.model_validate_json(next(out.glob("*/result.json")).read_text())
 
 
+def paired_levels(real: RunResult, sim: RunResult) -> list[tuple[int, LevelSummary, LevelSummary]]:
+    """(agents, real level, simulated level) for every agent count both runs measured, in order."""
+    real_by, sim_by = {lv.agents: lv for lv in real.levels}, {lv.agents: lv for lv in sim.levels}
+    return [(n, real_by[n], sim_by[n]) for n in sorted(set(real_by) & set(sim_by))]
+
+
 def throughput_ratios(real: RunResult, sim: RunResult) -> dict[int, float]:
     """Simulated ÷ real output tok/s at every level both runs measured (and the real one served anything)."""
-    real_by, sim_by = {lv.agents: lv for lv in real.levels}, {lv.agents: lv for lv in sim.levels}
-    shared = sorted(set(real_by) & set(sim_by))
-    return {n: sim_by[n].output_tps / real_by[n].output_tps for n in shared if real_by[n].output_tps > 0}
+    return {n: s.output_tps / r.output_tps for n, r, s in paired_levels(real, sim) if r.output_tps > 0}
 
 
 def turn_rate_ratios(real: RunResult, sim: RunResult) -> dict[int, float]:
@@ -94,19 +98,12 @@ def turn_rate_ratios(real: RunResult, sim: RunResult) -> dict[int, float]:
     a held session fits each reply into what its context leaves, and a real model's reply that re-tokenises longer
     when it is sent back leaves less room for the next one than the simulator's does.
     """
-    real_by, sim_by = {lv.agents: lv for lv in real.levels}, {lv.agents: lv for lv in sim.levels}
-    shared = sorted(set(real_by) & set(sim_by))
-    rate = {n: (real_by[n].turns / real_by[n].window_s, sim_by[n].turns / sim_by[n].window_s) for n in shared}
-    return {n: s / r for n, (r, s) in rate.items() if r > 0}
+    return {n: (s.turns / s.window_s) / (r.turns / r.window_s) for n, r, s in paired_levels(real, sim) if r.turns > 0}
 
 
 def asked_output(real: RunResult, sim: RunResult) -> dict[int, tuple[float, float]]:
     """The mean reply length each run asked for (max_tokens) at every level both measured: real, simulated."""
-    real_by, sim_by = {lv.agents: lv for lv in real.levels}, {lv.agents: lv for lv in sim.levels}
-    return {
-        n: (real_by[n].output_requested_mean or 0.0, sim_by[n].output_requested_mean or 0.0)
-        for n in sorted(set(real_by) & set(sim_by))
-    }
+    return {n: (r.output_requested_mean or 0.0, s.output_requested_mean or 0.0) for n, r, s in paired_levels(real, sim)}
 
 
 def coefficients_text(profile_path: Path) -> str:
