@@ -91,12 +91,16 @@ class _Ctx:
     level: int = 0
     clock: LoopClock = field(default_factory=LoopClock)
     stop_after: int = 400
+    drawn: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def should_stop(self) -> bool:
         return len(self.backend.records) >= self.stop_after
 
     def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
         return None
+
+    def reply_clamped(self, ids: RequestIds, drawn: int) -> None:
+        self.drawn[(ids.agent, ids.turn)] = drawn
 
 
 @pytest.mark.parametrize("context", [2000, 4096, 16384])
@@ -284,3 +288,62 @@ def test_replies_at_their_length_are_not_flagged() -> None:
     assert not s.output_short
     assert not s.too_few_turns
     assert s.warnings == []
+
+
+def test_a_held_session_reports_the_replies_it_shortened_to_stay_at_its_context() -> None:
+    """The foreign tokenizer counts a reply sent back as 1.38× its generated length, so a held session gives the
+    next reply less room than the workload drew: each such turn is reported with what was drawn."""
+    backend = ForeignTokenizerBackend()
+
+    async def go() -> _Ctx:
+        sizing = await measure_sizing(backend, "m")
+        backend.records.clear()
+        [driver] = AgenticWorkload("hold").agents(1, context=2000, seed=3)
+        ctx = _Ctx(backend, sizing, stop_after=60)
+        await driver.run(ctx)
+        return ctx
+
+    ctx = run_virtual(go())
+    asked = {(r.ids.agent, r.ids.turn): r.requested_tokens for r in backend.records}
+    assert 0 < len(ctx.drawn) < len(asked) / 10  # a few long draws, as the held prefix leaves room for most
+    for key, drawn in ctx.drawn.items():
+        assert asked[key] is not None
+        assert asked[key] < drawn
+    # The level counts the draws beside the asks; two shortened turns of 60 are not a level that asked unalike.
+    data = LevelData(0, 1, 2000, "agentic-hold", 0.0, 0.0, backend.records[-1].t_done + 1, drawn=dict(ctx.drawn))
+    data.records = list(backend.records)
+    s = summarise(data)
+    assert s.output_drawn_mean is not None
+    assert s.output_requested_mean is not None
+    assert s.output_requested_mean < s.output_drawn_mean
+    assert not s.output_clamped
+    assert signals(s).output_trusted
+
+
+def test_a_level_whose_turns_asked_less_than_drawn_is_flagged_and_judged_on_turns_alone() -> None:
+    data = LevelData(0, 2, 4096, "agentic-hold", 0.0, 0.0, 100.0)
+    data.records = [
+        _record(float(i), 4000, 60, 60).model_copy(update={"ids": RequestIds(agent="a", turn=i)}) for i in range(20)
+    ]
+    data.drawn = {("a", i): 100 for i in range(0, 20, 2)}  # half the turns asked 60 of 100 drawn: 80 % overall
+    s = summarise(data)
+    assert s.output_drawn_mean == pytest.approx(80.0)
+    assert s.output_requested_mean == pytest.approx(60.0)
+    assert s.output_clamped
+    assert not s.output_short
+    assert "75% of the reply lengths the workload drew" in " ".join(s.warnings)
+    assert not signals(s).output_trusted
+    # Without clamps, the same level is trusted and says nothing.
+    data.drawn = {}
+    s = summarise(data)
+    assert not s.output_clamped
+    assert s.warnings == []
+    assert signals(s).output_trusted
+
+
+def test_output_tok_s_of_a_clamped_level_does_not_put_it_past_the_knee() -> None:
+    """CI2 on the realistic tier model: 7 agents asked 11.1 tokens a turn against 16.8 at 6, so output tok/s fell
+    41.2 → 27.7 while agent-turns/s rose 2.45 → 2.50; the asks, not the server, made that fall."""
+    good = [LevelSignals(6, 41.2, turns_per_s=2.45)]
+    assert judge(LevelSignals(7, 27.7, turns_per_s=2.50), good).past
+    assert not judge(LevelSignals(7, 27.7, turns_per_s=2.50, output_trusted=False), good).past

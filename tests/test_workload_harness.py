@@ -64,12 +64,16 @@ class Level:
     clock: LoopClock = field(default_factory=LoopClock)
     sessions: list[SessionReport] = field(default_factory=list)
     sizing: TokenSizing = SIMULATOR_SIZING
+    drawn: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def should_stop(self) -> bool:
         return self.clock.now() >= self.stop_at or len(self.backend.records) >= self.stop_after_requests
 
     def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
         self.sessions.append(SessionReport(agent_id, ok, passed, scored, self.clock.now()))
+
+    def reply_clamped(self, ids: RequestIds, drawn: int) -> None:
+        self.drawn[(ids.agent, ids.turn)] = drawn
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Calibrate a real vLLM, serve the profile in the simulator, and run the same knee search on it (issue 9).
 
-``agentload calibrate`` measures TTFT over prompt lengths and ITL over batch sizes and writes a profile with the
-server's pool; ``bench --sim PROFILE`` then runs the same knee search in virtual time. Issue 9's goal is the same
-knee and throughput within ±15 % at every level up to it, and that is what is gated where the real knee is the
-pool's: the knee within one agent, output tok/s within ±15 % at every level both runs put at or before their
-knee, and a collapse past it. Both runs ask for the same replies (the tiny model's replies come back as the tokens
+On both tier models, ``agentload calibrate`` measures TTFT over prompt lengths and ITL over batch sizes and writes a
+profile with the server's pool; ``bench --sim PROFILE`` then runs the same knee search in virtual time. Issue 9's
+goal is the same knee and throughput within ±15 % at every level up to it, and that is what is gated where the real
+knee is the pool's: the knee within one agent, output tok/s within ±15 % at every level both runs put at or before
+their knee, and a collapse past it. Both runs ask for the same replies (the tiny model's replies come back as the tokens
 they were generated as, so a held session fits the same reply lengths on both: before that the real run was asked
 for 14 tokens a turn where the simulated one was asked for 19, and its output tok/s read 1.3-1.5x apart at the same
 turn rate). Where compute gave out before the pool on the real server (``compute_bound``, slower CPUs) the knee
@@ -33,6 +33,7 @@ from tests.integration.vllm import (
     FIGURES,
     KNEE_ARGS,
     MAX_AGENTS,
+    MODELS,
     POOL_BLOCKS,
     SUMMARY,
     VllmServer,
@@ -40,12 +41,13 @@ from tests.integration.vllm import (
 )
 
 
-@pytest.fixture(scope="module", params=["tiny"])
+@pytest.fixture(scope="module", params=list(MODELS))
 def calibrated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, RunResult]:
     """(label, the calibrated profile, the real knee search) per tier model."""
     label: str = request.param
-    server: VllmServer = request.getfixturevalue("vllm")
-    real: RunResult = request.getfixturevalue("knee_run")
+    run_fixture, server_fixture, _ = MODELS[label]
+    server: VllmServer = request.getfixturevalue(server_fixture)
+    real: RunResult = request.getfixturevalue(run_fixture)
     out = tmp_path_factory.mktemp(f"calibrate-{label}") / "profile.toml"
     # Batches up to 8: the pool (24,576 tokens) keeps calibration's ITL streams small anyway (pool_share 0.8).
     with timed(SUMMARY, f"calibrate ({label})"):

@@ -29,17 +29,14 @@ from tests.integration.vllm import (
     CONTEXT,
     FIGURES,
     MAX_MODEL_LEN,
+    MODELS,
     POOL_BLOCKS,
-    REALISTIC,
     TIER_DIR,
-    TINY,
     VllmServer,
     compute_bound,
     pool_cliff_levels,
     pool_knee_range,
 )
-
-MODELS = {"tiny": ("knee_run", "vllm", TINY), "realistic": ("knee_run_realistic", "vllm_realistic", REALISTIC)}
 
 
 @pytest.fixture(params=list(MODELS))

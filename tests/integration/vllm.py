@@ -64,6 +64,8 @@ class TierModel:
 
 TINY = TierModel("model", MODEL)  # serve.sh's defaults
 REALISTIC = TierModel("model-realistic", REALISTIC_MODEL)
+# Per tier model: (its knee search fixture, its server fixture, the model) — for tests parametrized over both.
+MODELS = {"tiny": ("knee_run", "vllm", TINY), "realistic": ("knee_run_realistic", "vllm_realistic", REALISTIC)}
 
 
 @dataclass(kw_only=True)

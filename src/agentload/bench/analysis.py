@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentload.bench.results import OUTPUT_SHORT_RATIO, KneeExplanation, LevelSummary, Percentiles, ServerSample
+from agentload.bench.results import (
+    OUTPUT_CLAMPED_RATIO,
+    OUTPUT_SHORT_RATIO,
+    KneeExplanation,
+    LevelSummary,
+    Percentiles,
+    ServerSample,
+)
 from agentload.bench.sampler import RawSample
 from agentload.endpoint.records import RequestRecord, UsageSource
 
@@ -39,6 +46,8 @@ class LevelData:
     min_turns: int | None = None  # completed turns the window wanted (None: no such goal)
     output_controlled: bool = False  # exact output lengths were asked for (``endpoint.output``)
     notes: list[str] = field(default_factory=list)  # what the runner saw that the summary should say
+    # Turns that asked for fewer output tokens than the workload drew, (agent, turn) → drawn (``reply_clamped``).
+    drawn: dict[tuple[str, int], int] = field(default_factory=dict)
     lost: str | None = None  # set: the server was lost during this level (why), which stopped it early
 
 
@@ -127,6 +136,14 @@ def summarise(data: LevelData) -> LevelSummary:
     requested = float(np.mean([r.requested_tokens or 0 for r in asked])) if asked else None
     realised = float(np.mean([r.completion_tokens for r in asked])) if asked else None
     short = requested is not None and realised is not None and realised < OUTPUT_SHORT_RATIO * requested
+    # What the workload drew for the same turns, before a held session shortened a long draw to stay at its
+    # context (a server that counts a sent-back reply as longer than it was generated makes that common).
+    drawn = (
+        float(np.mean([data.drawn.get((r.ids.agent, r.ids.turn), r.requested_tokens or 0) for r in asked]))
+        if asked
+        else None
+    )
+    clamped = requested is not None and drawn is not None and requested < OUTPUT_CLAMPED_RATIO * drawn
     too_few = data.min_turns is not None and len(ok) < data.min_turns
     warnings = list(data.notes)
     if short and requested and realised is not None:
@@ -141,6 +158,12 @@ def summarise(data: LevelData) -> LevelSummary:
                 f"replies averaged {share_out:.0%} of the requested length (the model stopped early and the engine "
                 "was not asked for exact lengths): output tok/s does not measure the workload's shape"
             )
+    if clamped and requested is not None and drawn:
+        warnings.append(
+            f"turns asked for {requested / drawn:.0%} of the reply lengths the workload drew ({requested:.1f} of "
+            f"{drawn:.1f} tokens a turn): held sessions shortened replies to stay at the context, so output tok/s "
+            "is not compared with other levels (the server counts a reply sent back as longer than it was generated)"
+        )
     if too_few:
         warnings.append(
             f"only {len(ok)} completed turns in the window (wanted {data.min_turns}): its figures are noisy; "
@@ -183,6 +206,8 @@ def summarise(data: LevelData) -> LevelSummary:
         output_realised_mean=realised,
         output_controlled=data.output_controlled,
         output_short=short,
+        output_drawn_mean=drawn,
+        output_clamped=clamped,
         warnings=warnings,
     )
 

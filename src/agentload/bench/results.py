@@ -86,6 +86,10 @@ class LevelSummary(BaseModel):
     output_realised_mean: float | None = None
     output_controlled: bool = False
     output_short: bool = False
+    # What the workload drew for the same turns, before held sessions shortened long draws to stay at their
+    # context; ``output_clamped``: requested under ``OUTPUT_CLAMPED_RATIO`` of drawn (levels then asked unalike).
+    output_drawn_mean: float | None = None
+    output_clamped: bool = False
     warnings: list[str] = Field(default_factory=list)  # sentences a person should read beside this level's row
 
     @property
@@ -97,6 +101,9 @@ class LevelSummary(BaseModel):
 
 # A level whose replies average under this share of the requested length is flagged (issue 9).
 OUTPUT_SHORT_RATIO = 0.8
+# A level whose turns asked for under this share of the lengths the workload drew is flagged, and its output tok/s
+# is not compared with other levels' by the knee rule (their asks differ, so their tok/s do).
+OUTPUT_CLAMPED_RATIO = 0.95
 
 
 class CapacityEstimate(BaseModel):

@@ -101,6 +101,9 @@ class _Context:
     def should_stop(self) -> bool:
         return self.stop.is_set()
 
+    def reply_clamped(self, ids: RequestIds, drawn: int) -> None:
+        self._data.drawn[(ids.agent, ids.turn)] = drawn
+
     def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
         if ok:
             self._data.sessions_ok += 1

@@ -58,7 +58,7 @@ def signals(s: LevelSummary) -> LevelSignals:
         agents=s.agents,
         output_tps=s.output_tps,
         turns_per_s=s.turns_per_s,
-        output_trusted=not s.output_short,
+        output_trusted=not (s.output_short or s.output_clamped),
         ttft_p50_s=s.ttft_s.p50,
         hit_rate=hit,
     )

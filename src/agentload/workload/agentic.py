@@ -217,13 +217,16 @@ class GrowSession:
         self.driver, self.ctx, self.sizes, self.session = driver, ctx, sizes, session
         self.rng = driver.text_rng(ctx, session)
         self.messages = driver.opening(self.rng, system, ctx.sizing)
-        self.out = min(sizes.output(), driver.shape.context - driver.planned_opening(ctx.sizing))
+        self.drawn = sizes.output()
+        self.out = min(self.drawn, driver.shape.context - driver.planned_opening(ctx.sizing))
         self.tool = 0
 
     def request(self, turn: int) -> Request:
         if turn > 0:
             self.messages.append({"role": "user", "content": words(self.rng, self.ctx.sizing.words(self.tool))})
-        return self.driver.request(self.ctx, self.messages, max(1, self.out), self.session, turn)
+        return asked(
+            self.ctx, self.driver.request(self.ctx, self.messages, max(1, self.out), self.session, turn), self.drawn
+        )
 
     async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
         final = records[-1]
@@ -237,7 +240,7 @@ class GrowSession:
         grown = final.prompt_tokens + final.completion_tokens + tool + self.ctx.sizing.turn_overhead
         if grown + nxt > self.driver.shape.context:
             return End(DONE)
-        self.tool, self.out = tool, nxt
+        self.tool, self.out, self.drawn = tool, nxt, nxt
         return Next(pause_s)
 
 
@@ -257,7 +260,8 @@ class HoldSession:
         self.opening = driver.opening(self.rng, system, sizing)
         self.planned = driver.planned_opening(sizing)
         self.margin = hold_margin(shape.context)
-        self.out = min(sizes.output(), shape.context - self.planned - self.margin)
+        self.drawn = sizes.output()
+        self.out = min(self.drawn, shape.context - self.planned - self.margin)
         self.tool = 0
         self.base = 0  # the opening as the server counted it
         self.bias = 0.0
@@ -268,7 +272,7 @@ class HoldSession:
         driver, ctx, shape, sizing = self.driver, self.ctx, self.driver.shape, self.ctx.sizing
         final = self.final
         if final is None:
-            return driver.request(ctx, self.opening, max(1, self.out), self.session, 0)
+            return asked(ctx, driver.request(ctx, self.opening, max(1, self.out), self.session, 0), self.drawn)
         # Only the last exchange follows the stable prefix; clamp a long draw so the context stays under the
         # target (the prefix was sized for twice the mean reply, so this is rare).
         carried = final.completion_tokens + sizing.turn_overhead + self.bias
@@ -281,7 +285,7 @@ class HoldSession:
             {"role": "user", "content": words(self.rng, sizing.words(tool))},
         ]
         self.predicted = self.base + final.completion_tokens + sizing.turn_overhead + tool
-        return driver.request(ctx, messages, nxt, self.session, turn)
+        return asked(ctx, driver.request(ctx, messages, nxt, self.session, turn), self.drawn)
 
     async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
         reply = records[-1]
@@ -294,8 +298,18 @@ class HoldSession:
         self.final = reply
         if turn + 1 >= self.driver.shape.turns:
             return End(DONE)
-        self.tool, self.out = self.sizes.tool_result(), self.sizes.output()
+        self.tool = self.sizes.tool_result()
+        self.out = self.drawn = self.sizes.output()
         return Next(self.sizes.pause_s())
+
+
+def asked(ctx: LoadContext, request: Request, drawn: int) -> Request:
+    """``request``, with the level told when it asks for fewer output tokens than the workload drew (a held
+    session shortens a long draw to stay at its context; a grow session's first reply fits its opening)."""
+    cap = request.body.get("max_tokens")
+    if isinstance(cap, int) and cap < drawn:
+        ctx.reply_clamped(request.ids, drawn)
+    return request
 
 
 class OneTurn:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from agentload.agent.loop import ChatBackend
 from agentload.clock import Clock
+from agentload.endpoint.records import RequestIds
 from agentload.workload.sizing import TokenSizing
 
 
@@ -48,6 +49,12 @@ class LoadContext(Protocol):
 
     def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
         """Report one finished session (a conversation, a suite pass): ok, and for scored workloads the score."""
+        ...
+
+    def reply_clamped(self, ids: RequestIds, drawn: int) -> None:
+        """The turn ``ids`` asked for fewer output tokens than the workload drew (``drawn``), to stay at its
+        context: the level compares what was asked with what was drawn, since output tok/s measured against the
+        shortened asks would not be the workload's."""
         ...
 
 
