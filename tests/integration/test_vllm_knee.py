@@ -74,10 +74,18 @@ def test_replies_have_the_requested_length(model: tuple[str, RunResult]) -> None
     """ignore_eos + min_tokens: the realised output is the workload's, not the model's early stop."""
     label, run = model
     assert run.settings["exact_output"] is True
+    # What the turns asked against what the workload drew (a held session shortens a long draw to stay at its
+    # context), printed: a level that asked under 95 % of its draws is flagged and its tok/s not compared.
+    FIGURES[f"output asked ÷ drawn per level ({label})"] = ", ".join(
+        f"{lv.agents}: {lv.output_requested_mean or 0:.1f} / {lv.output_drawn_mean or 0:.1f}"
+        + (" (flagged)" if lv.output_clamped else "")
+        for lv in run.levels
+    )
     for level in run.levels:
         assert level.output_ratio is not None, level
         assert level.output_ratio >= 0.95, (level.agents, level.output_ratio, why(label))
         assert not level.output_short
+        assert level.output_drawn_mean is not None, level
 
 
 # A level past the cliff on a slow CPU can end its window with a few turns (seen: 5 of 64 on an AVX2-only machine),

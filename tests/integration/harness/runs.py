@@ -101,9 +101,33 @@ def turn_rate_ratios(real: RunResult, sim: RunResult) -> dict[int, float]:
     return {n: (s.turns / s.window_s) / (r.turns / r.window_s) for n, r, s in paired_levels(real, sim) if r.turns > 0}
 
 
+def gated_throughput(real: RunResult, sim: RunResult) -> dict[int, tuple[str, float]]:
+    """Per level both runs measured: the throughput the knee rule compares there, and its simulated ÷ real ratio.
+
+    Output tok/s, unless either run's level asked for shorter replies than the workload drew (``output_clamped``:
+    the realistic model's replies re-tokenise longer when sent back, so its held sessions shorten the next ask
+    where the simulator's do not); then agent-turns/s, the rule's signal for such a level, since the two runs'
+    tok/s count different lengths.
+    """
+    out_ratio, turn_ratio = throughput_ratios(real, sim), turn_rate_ratios(real, sim)
+    gated: dict[int, tuple[str, float]] = {}
+    for n, r, s in paired_levels(real, sim):
+        if r.output_clamped or s.output_clamped:
+            if n in turn_ratio:
+                gated[n] = ("agent-turns/s", turn_ratio[n])
+        elif n in out_ratio:
+            gated[n] = ("output tok/s", out_ratio[n])
+    return gated
+
+
 def asked_output(real: RunResult, sim: RunResult) -> dict[int, tuple[float, float]]:
     """The mean reply length each run asked for (max_tokens) at every level both measured: real, simulated."""
     return {n: (r.output_requested_mean or 0.0, s.output_requested_mean or 0.0) for n, r, s in paired_levels(real, sim)}
+
+
+def drawn_output(run: RunResult) -> dict[int, float]:
+    """The mean reply length the workload drew per level, before held sessions shortened long draws."""
+    return {lv.agents: lv.output_drawn_mean or 0.0 for lv in run.levels}
 
 
 def coefficients_text(profile_path: Path) -> str:
