@@ -73,7 +73,7 @@ def realistic_run() -> RunResult:
         level(1, turns=41, requests_ok=41, turns_per_s=0.137, too_few_turns=True,
               warnings=["41 of the 200 turns the level wanted: the window ended first"]),
         level(8),
-        level(16),
+        level(16, output_drawn_mean=600.0, output_clamped=True),  # held sessions asked 512 of 600 drawn
         level(24, output_realised_mean=20.5, output_controlled=False, output_short=True,
               warnings=["replies averaged 4% of the requested 512 tokens: the engine stops at EOS"]),
         level(32, preemptions=1_234.0, peak_kv_usage=0.99),
@@ -156,6 +156,8 @@ def test_flags_warnings_and_the_legend_are_shown(width: int, terminal: bool) -> 
     assert "warning: 24 agents: replies averaged 4% of the requested 512 tokens" in flat
     assert "turns !: the window ended before the level completed the turns it wanted" in flat
     assert "output !: replies averaged under 80% of the requested length" in flat
+    assert any("827 !" in row for row in rows(text, 16))  # output tok/s of a level that asked less than drawn
+    assert "output tok/s !: the turns asked for under 95% of the reply lengths the workload drew" in flat
     assert "(decided by ttft)" in flat
     assert "realised context 38,413 (target 40,960)" in flat
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agentload.bench.results import OUTPUT_SHORT_RATIO, LevelSummary, RunResult
+from agentload.bench.results import OUTPUT_CLAMPED_RATIO, OUTPUT_SHORT_RATIO, LevelSummary, RunResult
 from agentload.report.text import DASH, context_label, count, is_knee_level, num, pct
 
 FLAG = "!"  # appended to a cell the run flagged; ``legend`` says what it means in each column
@@ -104,7 +104,7 @@ LEVEL_COLUMNS: list[Column | TimeColumn] = [
     Column("sessions\nok / failed", lambda lv: f"{lv.sessions_completed} / {lv.sessions_failed}"),
     Column("requests\nok / failed", lambda lv: f"{lv.requests_ok:,} / {lv.requests_failed:,}"),
     Column("pass\nrate", lambda lv: pct(lv.pass_rate, 1)),
-    Column("output\ntok/s", lambda lv: num(lv.output_tps, 0), core=True),
+    Column("output\ntok/s", lambda lv: _flagged(num(lv.output_tps, 0), lv.output_clamped), core=True),
     Column("prefill\ntok/s", lambda lv: num(lv.prefill_tps, 0)),
     Column("tok/s\nfrom", lambda lv: lv.throughput_source),
     Column("prefill\nshare", lambda lv: pct(lv.prefill_share)),
@@ -140,6 +140,12 @@ def legend(levels: Sequence[LevelSummary]) -> list[str]:
         lines.append(
             f"output {FLAG}: replies averaged under {OUTPUT_SHORT_RATIO:.0%} of the requested length, "
             "so output tok/s does not measure the workload's shape"
+        )
+    if any(lv.output_clamped for lv in levels):
+        lines.append(
+            f"output tok/s {FLAG}: the turns asked for under {OUTPUT_CLAMPED_RATIO:.0%} of the reply lengths the "
+            "workload drew (held sessions shortened them to stay at the context), so the knee rule compares this "
+            "level's agent-turns/s, not its tok/s"
         )
     return lines
 
