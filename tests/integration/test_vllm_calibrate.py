@@ -10,7 +10,9 @@ come back as the tokens they were generated as, so a held session fits the same 
 the real run was asked for 14 tokens a turn where the simulated one was asked for 19, and its output tok/s read
 1.3-1.5x apart at the same turn rate). Where compute gave out before the pool on the real server (``compute_bound``,
 slower CPUs) the knee and ratios are printed and only a factor of two is gated: the step-time fit has not been
-checked there.
+checked there. Where other processes took more than a third of a core during the knee search or the calibration
+(``harness/machine.py``), the fit and the run saw different machines: a factor of 1.5 is gated and the figures say
+how busy it was.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from agentload.bench.results import RunResult
 from agentload.capacity.profile import load_profile
+from tests.integration.harness.machine import Neighbours, neighbours
 from tests.integration.harness.process import timed
 from tests.integration.harness.runs import (
     asked_output,
@@ -38,6 +41,7 @@ from tests.integration.vllm import (
     KNEE_ARGS,
     MAX_AGENTS,
     MODELS,
+    NEIGHBOURS,
     POOL_BLOCKS,
     SUMMARY,
     VllmServer,
@@ -54,8 +58,10 @@ def calibrated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     real: RunResult = request.getfixturevalue(run_fixture)
     out = tmp_path_factory.mktemp(f"calibrate-{label}") / "profile.toml"
     # Batches up to 8: the pool (24,576 tokens) keeps calibration's ITL streams small anyway (pool_share 0.8).
-    with timed(SUMMARY, f"calibrate ({label})"):
+    with timed(SUMMARY, f"calibrate ({label})"), neighbours() as others:
         result = calibrate(server.url, out, max_batch=8)
+    NEIGHBOURS[f"calibrate ({label})"] = others
+    FIGURES[f"other processes' CPU during calibrate ({label})"] = others.text()
     assert result.exit_code == 0, result.output
     return label, out, real
 
@@ -92,7 +98,12 @@ def test_the_calibrated_simulator_reproduces_the_knee_search(
     why = FIGURES[f"calibrated simulator ({label})"]
     assert 1 <= sim_knee < MAX_AGENTS, why
     reason = compute_bound(real)
-    low, high = (0.5, 2.0) if reason else (0.85, 1.15)
+    # The fit and the knee search each measured the machine at its own moment: where another process took part of
+    # it during either, the real server ran slower than the fit by what that process took (seen with a spinning
+    # core: up to 1.22 at levels to the knee, where quiet runs gave ≤ 1.11), so a factor of 1.5 is gated there and the
+    # figures printed; issue 9's ±15 % is gated where both had the machine to themselves.
+    busy = [step for step in (f"knee ({label})", f"calibrate ({label})") if NEIGHBOURS.get(step, Neighbours()).busy]
+    low, high = (0.5, 2.0) if reason else (1 / 1.5, 1.5) if busy else (0.85, 1.15)
     for n, (_, ratio) in gated.items():
         if n <= min(real_knee, sim_knee):  # levels both runs put at or before their knee
             assert low <= ratio <= high, why

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from agentload.bench.results import RunResult
+from tests.integration.harness.machine import Neighbours, neighbours
 from tests.integration.harness.process import Engine, Server, free_port, serving, tail, timed
 from tests.integration.harness.runs import bench
 from tests.integration.harness.summary import summary
@@ -140,6 +141,8 @@ def vllm_realistic(vllm_tier: Path) -> Iterator[VllmServer]:
 KNEE_ARGS = ("--workload", "agentic-hold", "--context", str(CONTEXT), "--warmup", "30s", "--window", "120s",
              "--min-turns", "30")  # fmt: skip
 MAX_AGENTS = 12
+# What processes outside the tier used while each of its timed steps ran (harness/machine.py), by step.
+NEIGHBOURS: dict[str, Neighbours] = {}
 
 
 def levels_text(run: RunResult, *, ttft: bool = False) -> str:
@@ -154,9 +157,11 @@ def levels_text(run: RunResult, *, ttft: bool = False) -> str:
 
 def run_knee_search(server: VllmServer, out: Path, label: str) -> RunResult:
     """``bench --find-knee`` on ``server``, timed and summarised into the tier's figures under ``label``."""
-    with timed(SUMMARY, f"bench --find-knee ({label})"):
+    with timed(SUMMARY, f"bench --find-knee ({label})"), neighbours() as others:
         run = bench(out, "--url", server.url, "--model", server.model, *KNEE_ARGS, "--find-knee", "--max-agents",
                     str(MAX_AGENTS))  # fmt: skip
+    NEIGHBOURS[f"knee ({label})"] = others
+    FIGURES[f"other processes' CPU during the knee search ({label})"] = others.text()
     knee = run.knee[0]
     FIGURES[f"knee ({label})"] = (
         f"{knee.agents} agents at {CONTEXT} tokens (estimate {run.capacity[0].sessions} at realised context "

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import pytest
 
+from tests.integration.harness.machine import SERVER_GROUPS
 from tests.integration.harness.summary import Summary
 
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL after this (vLLM's shutdown takes a few seconds)
@@ -100,6 +101,9 @@ class Server:
     launched: float = field(default_factory=time.monotonic)
     started_s: float = 0.0  # launch to /health 200
     stopped: bool = False
+
+    def __post_init__(self) -> None:
+        SERVER_GROUPS.add(self.pid)  # its own process group (setsid / start_new_session): the tier's CPU
 
     @property
     def url(self) -> str:
