@@ -4,8 +4,10 @@
 * ``GET /events?token=T`` — server-sent events: ``snapshot`` (everything) on connect, then ``delta`` (only what
   changed, coalesced per agent) at most ``1 / interval_s`` times a second, and ``end`` when the run is over;
 * ``GET /api/state?token=T`` — the snapshot as JSON;
-* ``POST /api/control?token=T`` — ``{"action": "pause" | "resume" | "stop"}`` or
-  ``{"action": "width", "mode": "sequential" | "parallel" | "auto", "width": N}``.
+* ``POST /api/control?token=T`` — ``{"action": "pause" | "resume" | "stop"}``,
+  ``{"action": "width", "mode": "sequential" | "parallel" | "auto", "width": N}``, or
+  ``{"action": "stop_agent" | "restart_agent", "agent": ID}`` (an unknown agent, one that has ended, or a restart
+  of one that is not running is a 400).
 
 The token (``secrets.token_urlsafe``) is in the URL the command prints, as notebook servers do; it is also
 accepted as an ``X-Agentload-Token`` header. Without it every route answers 403; a malformed control body 400 with
@@ -129,8 +131,20 @@ async def _control(request: web.Request) -> web.StreamResponse:
         except ConfigError as exc:  # a width the run cannot take; a failed checkpoint write is not the page's fault
             return _error(400, str(exc))
         return web.json_response({"ok": True, "action": action, "limit": change.new, "reason": change.reason})
+    elif action in ("stop_agent", "restart_agent"):
+        agent = body.get("agent")
+        if not isinstance(agent, str) or not agent:
+            return _error(400, "agent must be an agent's id")
+        try:
+            if action == "stop_agent":
+                control.stop_agent(agent)
+            else:
+                control.restart_agent(agent)
+        except ConfigError as exc:
+            return _error(400, str(exc))
+        return web.json_response({"ok": True, "action": action, "agent": agent})
     else:
-        return _error(400, "action must be one of pause, resume, stop, width")
+        return _error(400, "action must be one of pause, resume, stop, width, stop_agent, restart_agent")
     return web.json_response({"ok": True, "action": action, "paused": control.paused})
 
 

@@ -62,6 +62,8 @@ class Card:
     ttft: float | None = None  # the last turn's time to first token, s
     preview: str = ""
     error: str = ""
+    stopping: bool = False  # asked to stop from the dashboard, not stopped yet
+    restarts: int = 0  # restarted from the dashboard
     v: int = 0  # the state's version when the card last changed
 
     def public(self) -> dict[str, Any]:
@@ -78,6 +80,8 @@ class Card:
             "ttft": self.ttft,
             "preview": self.preview,
             "error": self.error,
+            "stopping": self.stopping,
+            "restarts": self.restarts,
         }
 
 
@@ -112,7 +116,7 @@ def _reply_preview(record: RequestRecord) -> str:
     return ""
 
 
-_ENDED = {AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED}
+_ENDED = {AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED}
 
 
 class LiveState:
@@ -165,6 +169,7 @@ class LiveState:
             card.phase = "queued"
         elif state in _ENDED:
             card.phase = ""
+            card.stopping = False
             self._streams.pop(agent, None)
         elif card.phase == "queued":
             card.phase = ""  # admitted: its request is on its way (prefilling as soon as it is sent)
@@ -209,6 +214,21 @@ class LiveState:
         if final.ttft is not None:
             card.ttft = final.ttft
         card.preview = _reply_preview(final) or card.preview
+        self._bump(card)
+
+    def request_abandoned(self, agent: str) -> None:
+        """The turn in flight was cancelled (a restart, the run's end): it will not be committed."""
+        self._streams.pop(agent, None)
+        card = self._card(agent)
+        card.phase = ""
+        self._bump(card)
+
+    def agent_control(self, agent: str, *, stopping: bool = False, restarted: bool = False) -> None:
+        card = self._card(agent)
+        if stopping and card.state not in {s.value for s in _ENDED}:
+            card.stopping = True
+        if restarted:
+            card.restarts += 1
         self._bump(card)
 
     def control_changed(self, **fields: Any) -> None:
