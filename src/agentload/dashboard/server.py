@@ -9,6 +9,10 @@
   ``{"action": "stop_agent" | "restart_agent", "agent": ID}`` (an unknown agent, one that has ended, or a restart
   of one that is not running is a 400).
 
+``make_replay_app`` serves a finished run's replay (``dashboard.replay``) read-only on the same rules: the page in
+replay mode, ``GET /api/state?token=T&t=S`` the snapshot at ``S`` seconds (default: the end), and no controls
+(``POST /api/control`` is a 405).
+
 The token (``secrets.token_urlsafe``) is in the URL the command prints, as notebook servers do; it is also
 accepted as an ``X-Agentload-Token`` header. Without it every route answers 403; a malformed control body 400 with
 a JSON error; an error inside a handler 500 with one line, never a traceback — and never anything the run sees.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -28,6 +33,7 @@ import orjson
 from aiohttp import web
 
 from agentload.dashboard.control import FleetControl
+from agentload.dashboard.replay import FleetReplay
 from agentload.dashboard.state import LiveState
 from agentload.errors import ConfigError
 from agentload.fleet.limiter import Mode
@@ -41,6 +47,7 @@ _CONTROL: web.AppKey[FleetControl] = web.AppKey("control", FleetControl)
 _TOKEN: web.AppKey[str] = web.AppKey("token", str)
 _CLOSING: web.AppKey[asyncio.Event] = web.AppKey("closing", asyncio.Event)
 _INTERVAL: web.AppKey[float] = web.AppKey("interval", float)
+_REPLAY: web.AppKey[FleetReplay] = web.AppKey("replay", FleetReplay)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -60,7 +67,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(403, "a valid token is required (the URL agentload printed carries it)")
     try:
         return await handler(request)
-    except web.HTTPException:
+    except web.HTTPException as exc:
+        if exc.status >= 400:  # a route or method that does not exist: JSON like every other refusal
+            return _error(exc.status, exc.reason)
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
@@ -148,6 +157,40 @@ async def _control(request: web.Request) -> web.StreamResponse:
     return web.json_response({"ok": True, "action": action, "paused": control.paused})
 
 
+async def _replay_index(request: web.Request) -> web.StreamResponse:
+    # The same page, told it replays (no event stream, no controls, a time slider).
+    text = page().replace("<body>", '<body data-mode="replay" class="readonly">', 1)
+    return web.Response(text=text, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+async def _replay_state(request: web.Request) -> web.StreamResponse:
+    replay = request.app[_REPLAY]
+    raw = request.query.get("t")
+    t = replay.end
+    if raw is not None:
+        try:
+            t = float(raw)
+        except ValueError:
+            return _error(400, "t must be a number of seconds")
+        if not math.isfinite(t) or t < 0:
+            return _error(400, "t must be a number of seconds from 0")
+    return web.Response(body=_json(replay.at(t)), content_type="application/json")
+
+
+async def _read_only(request: web.Request) -> web.StreamResponse:
+    return _error(405, "a replay is read-only: it has no controls")
+
+
+def make_replay_app(replay: FleetReplay, token: str) -> web.Application:
+    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
+    app[_REPLAY] = replay
+    app[_TOKEN] = token
+    app.router.add_get("/", _replay_index)
+    app.router.add_get("/api/state", _replay_state)
+    app.router.add_post("/api/control", _read_only)
+    return app
+
+
 def make_app(state: LiveState, control: FleetControl, token: str, *, interval_s: float = INTERVAL_S) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_STATE] = state
@@ -167,14 +210,12 @@ def make_app(state: LiveState, control: FleetControl, token: str, *, interval_s:
     return app
 
 
-class Dashboard:
-    """The dashboard served on 127.0.0.1 for the length of a run: ``await start()``, ``await close()``."""
+class Served:
+    """An app served on 127.0.0.1 behind a new random token: ``await start()``, ``await close()``."""
 
-    def __init__(
-        self, state: LiveState, control: FleetControl, *, port: int = 0, interval_s: float = INTERVAL_S
-    ) -> None:
+    def __init__(self, make: Callable[[str], web.Application], *, port: int = 0) -> None:
         self.token = secrets.token_urlsafe(24)
-        self.app = make_app(state, control, self.token, interval_s=interval_s)
+        self.app = make(self.token)
         self.port = port
         self._runner: web.AppRunner | None = None
 
@@ -200,3 +241,19 @@ class Dashboard:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+class Dashboard(Served):
+    """The live dashboard, served for the length of a run."""
+
+    def __init__(
+        self, state: LiveState, control: FleetControl, *, port: int = 0, interval_s: float = INTERVAL_S
+    ) -> None:
+        super().__init__(lambda token: make_app(state, control, token, interval_s=interval_s), port=port)
+
+
+class ReplayServer(Served):
+    """A finished run's replay, served until closed."""
+
+    def __init__(self, replay: FleetReplay, *, port: int = 0) -> None:
+        super().__init__(lambda token: make_replay_app(replay, token), port=port)
