@@ -191,7 +191,13 @@ def make_replay_app(replay: FleetReplay, token: str) -> web.Application:
     return app
 
 
-def make_app(state: LiveState, control: FleetControl, token: str, *, interval_s: float = INTERVAL_S) -> web.Application:
+async def _no_controls(request: web.Request) -> web.StreamResponse:
+    return _error(405, "a bench run has no controls")
+
+
+def make_app(
+    state: LiveState, control: FleetControl, token: str, *, interval_s: float = INTERVAL_S, controls: bool = True
+) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_STATE] = state
     app[_CONTROL] = control
@@ -206,7 +212,7 @@ def make_app(state: LiveState, control: FleetControl, token: str, *, interval_s:
     app.router.add_get("/", _index)
     app.router.add_get("/events", _events)
     app.router.add_get("/api/state", _state)
-    app.router.add_post("/api/control", _control)
+    app.router.add_post("/api/control", _control if controls else _no_controls)
     return app
 
 
@@ -247,9 +253,17 @@ class Dashboard(Served):
     """The live dashboard, served for the length of a run."""
 
     def __init__(
-        self, state: LiveState, control: FleetControl, *, port: int = 0, interval_s: float = INTERVAL_S
+        self,
+        state: LiveState,
+        control: FleetControl,
+        *,
+        port: int = 0,
+        interval_s: float = INTERVAL_S,
+        controls: bool = True,
     ) -> None:
-        super().__init__(lambda token: make_app(state, control, token, interval_s=interval_s), port=port)
+        super().__init__(
+            lambda token: make_app(state, control, token, interval_s=interval_s, controls=controls), port=port
+        )
 
 
 class ReplayServer(Served):
