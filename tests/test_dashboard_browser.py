@@ -15,11 +15,14 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
+from typer.testing import CliRunner
 
 from agentload.cli.dashboard import serve_replay
+from agentload.cli.main import app
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.results import FleetResult
+from agentload.store.rundir import RunDir
 from agentload.vtime import run_virtual
 from tests.test_report_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -307,4 +310,44 @@ def test_a_finished_run_replays_with_a_time_slider(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert server.error is None, server.error
+    assert console_errors == []
+
+
+def test_a_bench_run_replays_its_level_table_and_search(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    done = CliRunner().invoke(app, ["bench", "--sim", "llama-8b-h100", "--workload", "agentic-hold", "--context",
+                                    "2000", "--find-knee", "--max-agents", "4", "--warmup", "2s", "--window", "10s",
+                                    "--out", str(root), "--json"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    (run_dir,) = [p.parent for p in root.glob("*/result.json")]
+    levels = RunDir(run_dir).result().levels
+    server = _Replay(run_dir)
+    server.start()
+    deadline = time.monotonic() + 30
+    while server.url is None and server.error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.url is not None, server.error
+    console_errors: list[str] = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+                page.goto(server.url)
+                expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
+                expect(page.locator("#levels tbody tr")).to_have_count(len(levels))
+                expect(page.locator("#steps li")).to_have_count(len(levels))
+                expect(page.locator("#width-section")).to_be_hidden()
+                kv = page.locator('#c-share polyline[data-key="kv"]').get_attribute("points") or ""
+                assert kv.count(",") >= 2
+                _scrub(page, 0)
+                expect(page.locator("body")).to_have_attribute("data-replay-t", "0", timeout=10_000)
+                expect(page.locator("#levels tbody tr")).to_have_count(0)
+                expect(page.locator("#steps li")).to_have_count(0)
+                expect(page.locator("#bench-current")).to_contain_text("measuring level 0: 1 agents")
+            finally:
+                browser.close()
+    finally:
+        server.stop()
     assert console_errors == []

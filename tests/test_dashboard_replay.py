@@ -18,9 +18,12 @@ from typer.testing import CliRunner
 from agentload.cli.dashboard import serve_replay
 from agentload.cli.main import app
 from agentload.cli.run import RunOptions, run_fleet
-from agentload.dashboard.replay import SEGMENT_GAP_S, FleetReplay
+from agentload.dashboard.benchreplay import BenchReplay
+from agentload.dashboard.replay import SEGMENT_GAP_S, FleetReplay, open_replay
 from agentload.dashboard.server import make_replay_app
+from agentload.errors import CheckpointError
 from agentload.fleet.checkpoint import LOG, load_log
+from agentload.store.rundir import RunDir
 from agentload.vtime import run_virtual
 
 FAST = "llama-8b-h100"
@@ -183,5 +186,59 @@ async def test_serve_replay_listens_on_loopback_until_told_to_stop(finished: Pat
 def test_the_command_refuses_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["dashboard", str(tmp_path)])
     assert result.exit_code == 2
-    assert "not a run directory" in result.output
+    assert "not a fleet or bench run directory" in result.output
     assert "Traceback" not in result.output
+
+
+# -- bench runs -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bench") / "runs"
+    result = CliRunner().invoke(app, ["bench", "--sim", FAST, "--workload", "agentic-hold", "--context", "2000",
+                                      "--find-knee", "--max-agents", "4", "--warmup", "2s", "--window", "10s",
+                                      "--out", str(root), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run_dir,) = [p.parent for p in root.glob("*/result.json")]
+    return run_dir
+
+
+def test_a_bench_run_replays_its_levels_steps_and_server_timelines(bench_run: Path) -> None:
+    replay = open_replay(bench_run)
+    assert isinstance(replay, BenchReplay)
+    saved = RunDir(bench_run).result()
+    end = replay.at(replay.end)
+    assert end["summary"]["bench"]["mode"] == "find-knee"
+    assert [(x["level"], x["agents"], x["output_tps"]) for x in end["levels"]] == [
+        (x.level, x.agents, x.output_tps) for x in saved.levels
+    ]
+    # The steps, judged again from the summaries in order: doubling 1, 2, 4 (none past the knee below --max-agents).
+    assert [(s["phase"], s["agents"]) for s in end["steps"]] == [("doubling", x.agents) for x in saved.levels]
+    assert end["steps"][-1]["lo"] == saved.knee[0].agents
+    kv = [p["kv"] for p in end["points"]]
+    assert len(kv) == len(RunDir(bench_run).samples())
+    assert all(v is not None for v in kv)
+    # Scrubbed to the start: no level has ended, the first is running.
+    start = replay.at(0.0)
+    assert (start["levels"], start["steps"]) == ([], [])
+    assert start["summary"]["bench"]["current"]["agents"] == 1
+    # Between the first level's end and the last's: some rows, not all, and never one before its level ended.
+    first_end = replay.ended[0]
+    middle = replay.at(first_end)
+    assert 1 <= len(middle["levels"]) < len(saved.levels)
+
+
+async def test_a_bench_replay_is_served_read_only(bench_run: Path) -> None:
+    c = TestClient(TestServer(make_replay_app(open_replay(bench_run), TOKEN)))
+    await c.start_server()
+    try:
+        body = await (await c.get("/api/state", params={"token": TOKEN, "t": "0"})).json()
+        assert body["summary"]["replay"]["kind"] == "bench"
+        assert (await c.post("/api/control", params={"token": TOKEN}, json={"action": "stop"})).status == 405
+        assert (await c.get("/api/state", params={"token": TOKEN + "x"})).status == 403
+    finally:
+        await c.close()
+
+
+def test_a_suite_or_empty_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="replays fleet and bench runs"):
+        open_replay(tmp_path)

@@ -1,4 +1,5 @@
-"""``agentload dashboard RUN``: replay a finished or interrupted run on a local page, read-only, with a time slider.
+"""``agentload dashboard RUN``: replay a finished or interrupted fleet or bench run on a local page, read-only, with a
+time slider.
 
 The page is the live dashboard's own (``agentload.dashboard``), served on 127.0.0.1 behind a new random token that
 is printed once, like ``agentload run --dashboard``; the state at each time is compiled from the run directory
@@ -48,7 +49,7 @@ def dashboard(
     out: OutOption = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="The page's port (0: a free one).")] = 0,
 ) -> None:
-    """Replay a finished or interrupted fleet run on a local page: cards, width and timelines at any time."""
+    """Replay a finished or interrupted fleet or bench run on a local page, read-only, with a time slider."""
     run_dir = resolve_run(run, out)
 
     def show(url: str) -> None:

@@ -22,13 +22,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import CheckpointError
-from agentload.fleet.checkpoint import LOG, RESULTS, load_log, read_manifest
+from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, load_log, read_manifest
 from agentload.fleet.config import expand
 from agentload.fleet.results import FleetResult
+from agentload.store.manifest import read_info
+from agentload.store.rundir import LEVELS, SAMPLES
 
 # Between two segments on the replay's time axis (the real gap — until someone resumed — is not recorded).
 SEGMENT_GAP_S = 1.0
@@ -309,8 +311,27 @@ class FleetReplay:
         }
 
 
-def open_replay(run_dir: Path) -> FleetReplay:
-    """The replay of ``run_dir``; a directory that is not a fleet run is a ``CheckpointError``."""
+class Replay(Protocol):
+    """What the replay server serves (``FleetReplay`` and ``dashboard.benchreplay.BenchReplay`` fit)."""
+
+    kind: str
+    end: float
+
+    def at(self, t: float) -> dict[str, Any]: ...
+
+
+def open_replay(run_dir: Path) -> Replay:
+    """The replay of a fleet or bench run directory; anything else is a ``CheckpointError``."""
+    # Imported here: benchreplay → dashboard.bench → dashboard.server → this module (a cycle at import time).
+    from agentload.dashboard.benchreplay import BenchReplay
+
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir} is not a run directory")
-    return FleetReplay(run_dir)
+    info = read_info(run_dir)
+    kind = info.kind if info is not None else None
+    if kind == "fleet" or (kind is None and (run_dir / MANIFEST).is_file()):
+        return FleetReplay(run_dir)
+    if kind == "bench" or (kind is None and any((run_dir / f).is_file() for f in (SAMPLES, LEVELS))):
+        return BenchReplay(run_dir)
+    what = f"a {kind} run" if kind else "not a fleet or bench run directory"
+    raise CheckpointError(f"{run_dir} is {what}: agentload dashboard replays fleet and bench runs")

@@ -33,7 +33,7 @@ import orjson
 from aiohttp import web
 
 from agentload.dashboard.control import FleetControl
-from agentload.dashboard.replay import FleetReplay
+from agentload.dashboard.replay import Replay
 from agentload.dashboard.state import LiveState
 from agentload.errors import ConfigError
 from agentload.fleet.limiter import Mode
@@ -47,7 +47,7 @@ _CONTROL: web.AppKey[FleetControl] = web.AppKey("control", FleetControl)
 _TOKEN: web.AppKey[str] = web.AppKey("token", str)
 _CLOSING: web.AppKey[asyncio.Event] = web.AppKey("closing", asyncio.Event)
 _INTERVAL: web.AppKey[float] = web.AppKey("interval", float)
-_REPLAY: web.AppKey[FleetReplay] = web.AppKey("replay", FleetReplay)
+_REPLAY: web.AppKey[Replay] = web.AppKey("replay")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -181,7 +181,7 @@ async def _read_only(request: web.Request) -> web.StreamResponse:
     return _error(405, "a replay is read-only: it has no controls")
 
 
-def make_replay_app(replay: FleetReplay, token: str) -> web.Application:
+def make_replay_app(replay: Replay, token: str) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_REPLAY] = replay
     app[_TOKEN] = token
@@ -269,5 +269,5 @@ class Dashboard(Served):
 class ReplayServer(Served):
     """A finished run's replay, served until closed."""
 
-    def __init__(self, replay: FleetReplay, *, port: int = 0) -> None:
+    def __init__(self, replay: Replay, *, port: int = 0) -> None:
         super().__init__(lambda token: make_replay_app(replay, token), port=port)
