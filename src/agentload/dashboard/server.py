@@ -100,9 +100,18 @@ async def _events(request: web.Request) -> web.StreamResponse:
     body, cursor = state.snapshot()
     with contextlib.suppress(ConnectionResetError):
         await resp.write(b"event: snapshot\ndata: " + _json(body) + b"\n\n")
+        # At a fixed rate — each flush due ``interval`` after the one before, not after the previous write — so the
+        # time a flush takes (and a busy loop's lateness) is not added to every period. A stream that fell more
+        # than a period behind starts again from now rather than sending a burst. Plain sleeps: a wait on
+        # ``closing`` per flush costs a task each time; the close is seen within one period.
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while not closing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(closing.wait(), interval)
+            due += interval
+            late = loop.time() - due
+            if late > interval:
+                due = loop.time()
+            await asyncio.sleep(max(0.0, due - loop.time()))
             delta = state.delta(cursor)
             if delta is not None:
                 await resp.write(b"event: delta\ndata: " + _json(delta) + b"\n\n")
