@@ -77,6 +77,14 @@ class _Run:
     progress: FleetProgress
     segment: int = 0
     t0: float = 0.0
+    stopping: set[str] = field(default_factory=set)
+    restarted: list[str] = field(default_factory=list)
+
+    def stop_agent(self, agent: str) -> None:
+        self.stopping.add(agent)
+
+    def restart_agent(self, agent: str) -> None:
+        self.restarted.append(agent)
 
 
 @pytest.fixture
@@ -455,3 +463,85 @@ async def test_a_failed_checkpoint_write_leaves_the_width_unchanged(board: Board
     assert resp.status == 500
     assert run.limiter.limit == 3  # the width the log could not record never runs
     assert run.limiter.history == []
+
+
+# -- one agent --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"action": "stop_agent"}, 400, "agent must be"),
+        ({"action": "stop_agent", "agent": 3}, 400, "agent must be"),
+        ({"action": "restart_agent", "agent": ""}, 400, "agent must be"),
+        ({"action": "stop_agent", "agent": "nobody"}, 400, "no agent 'nobody'"),
+        ({"action": "restart_agent", "agent": "nobody"}, 400, "no agent 'nobody'"),
+    ],
+)
+async def test_malformed_agent_control_is_a_400(board: Board, body: dict[str, Any], status: int, words: str) -> None:
+    client, state, _, run = board
+    resp = await client.post("/api/control", params={"token": TOKEN}, json=body)
+    assert resp.status == status
+    assert words in (await resp.json())["error"]
+    assert run.stopping == set()
+    assert run.restarted == []
+    assert not any(c.stopping or c.restarts for c in state.cards.values())
+
+
+async def test_agent_control_reaches_the_run_and_the_card(board: Board) -> None:
+    client, state, _, run = board
+    resp = await client.post("/api/control", params={"token": TOKEN}, json={"action": "stop_agent", "agent": "w.1"})
+    assert resp.status == 200
+    assert (await resp.json())["agent"] == "w.1"
+    resp = await client.post("/api/control", params={"token": TOKEN},
+                             json={"action": "restart_agent", "agent": "w.2"})  # fmt: skip
+    assert resp.status == 200
+    assert run.stopping == {"w.1"}
+    assert run.restarted == ["w.2"]
+    cards = {a["id"]: a for a in state.snapshot()[0]["agents"]}
+    assert (cards["w.1"]["stopping"], cards["w.2"]["restarts"]) == (True, 1)
+    state.agent("w.1", AgentState.STOPPED, rounds=2)
+    assert (state.cards["w.1"].state, state.cards["w.1"].stopping) == ("stopped", False)
+
+
+async def test_stop_one_agent_on_a_real_run_then_resume_finishes_it_once(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, _fleet(tmp_path, count=5, rounds=8, think=0.3))
+    task, base, token = await _start(opts)
+    async with aiohttp.ClientSession() as session:
+        await _wait_turns(opts, 4)
+        answer = await _post(session, base, token, {"action": "stop_agent", "agent": "w.3"})
+        assert answer["ok"]
+        async with session.post(f"{base}/api/control", params={"token": token},
+                                json={"action": "stop_agent", "agent": "plan"}) as resp:  # fmt: skip
+            assert resp.status == 400  # the planner has ended
+            assert "already ended" in (await resp.json())["error"]
+        first = await asyncio.wait_for(task, 60)
+    assert opts.run_dir is not None
+    by_id = {a.agent_id: a for a in first.agents}
+    assert by_id["w.3"].outcome == "interrupted"  # no outcome: resumable
+    assert by_id["w.3"].turns < 8
+    assert all(by_id[a].outcome == "done" for a in ("plan", "w.0", "w.1", "w.2", "w.4"))
+    assert first.totals.done == 5
+    resumed = await run_fleet(RunOptions(resume=opts.run_dir, progress="none", out=tmp_path / "runs"))
+    assert resumed.totals.done == 6
+    state = load_log(opts.run_dir / LOG, repair=False)  # raises on a turn lost or repeated
+    assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": 8 for i in range(5)}}
+    assert {line.segment for line in state.turns["w.3"]} == {0, 1}
+
+
+async def test_restart_one_agent_on_a_real_run_completes_every_turn_once(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, _fleet(tmp_path, count=4, rounds=10, think=0.05))
+    task, base, token = await _start(opts)
+    restarted = 0
+    async with aiohttp.ClientSession() as session:
+        await _wait_turns(opts, 6)
+        for _ in range(3):  # whenever it is running; a restart of an agent between attempts is a 400
+            async with session.post(f"{base}/api/control", params={"token": token},
+                                    json={"action": "restart_agent", "agent": "w.2"}) as resp:  # fmt: skip
+                assert resp.status in (200, 400), await resp.text()
+                restarted += resp.status == 200
+            await asyncio.sleep(0.1)
+        result = await asyncio.wait_for(task, 60)
+    assert restarted >= 1
+    assert result.totals.done == 5
+    assert opts.run_dir is not None
+    state = load_log(opts.run_dir / LOG, repair=False)
+    assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": 10 for i in range(4)}}

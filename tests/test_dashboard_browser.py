@@ -14,11 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import ConsoleMessage, Route, expect, sync_playwright
+from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
+from typer.testing import CliRunner
 
+from agentload.cli.dashboard import serve_replay
+from agentload.cli.main import app
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.results import FleetResult
+from agentload.store.rundir import RunDir
+from agentload.vtime import run_virtual
 from tests.test_report_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [
@@ -153,3 +158,196 @@ def test_24_agents_render_and_pause_resume_from_the_page(tmp_path: Path) -> None
     sent = [r.t_sent for lines in state.turns.values() for line in lines for r in line.turn.records]
     assert [t for t in sent if paused_at < t < resumed_at] == []
     assert any(t > resumed_at for t in sent)
+
+
+def test_stop_and_restart_one_agent_from_its_card(tmp_path: Path) -> None:
+    (tmp_path / "f.toml").write_text(FLEET)
+    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
+                      dashboard=True)  # fmt: skip
+    run = _Run(opts)
+    run.start()
+    deadline = time.monotonic() + 30
+    while opts.dashboard_url is None and run.error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run.error is None, run.error
+    assert opts.dashboard_url is not None
+    console_errors: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            console_errors.append(msg.text)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("console", on_console)
+            page.goto(opts.dashboard_url)
+            expect(page.locator("#waves .card[data-id]")).to_have_count(24, timeout=15_000)
+            stopped = page.locator('.card[data-id="w.05"]')
+            restarted = page.locator('.card[data-id="w.10"]')
+            # Both are live (the planner is done, its dependents under way) before their buttons are pressed.
+            expect(stopped).to_have_attribute("data-state", "running", timeout=30_000)
+            stopped.locator('button[data-act="stop_agent"]').click()
+            expect(restarted).to_have_attribute("data-state", "running", timeout=30_000)
+            restarted.locator('button[data-act="restart_agent"]').click()
+            expect(restarted.locator(".nums")).to_contain_text("restarted 1×", timeout=10_000)
+            # The width, from the page, while it runs.
+            page.select_option("#width-mode", "parallel")
+            page.fill("#width-n", "8")
+            page.click("#width-apply")
+            expect(page.locator("#limit")).to_have_text("8", timeout=10_000)
+
+            run.join(120)
+            assert not run.is_alive()
+            assert run.error is None, run.error
+            expect(page.locator("#conn")).to_have_text("run ended", timeout=10_000)
+            expect(stopped).to_have_attribute("data-state", "stopped")
+            expect(stopped.locator(".acts")).to_be_hidden()  # an ended card has no buttons
+            expect(page.locator('.card[data-state="done"]')).to_have_count(23)
+            assert page.locator("#error").inner_text() == ""
+        finally:
+            browser.close()
+    assert console_errors == []
+    result = run.result
+    assert result is not None
+    assert opts.run_dir is not None
+    assert result.totals.done == 23
+    state = load_log(opts.run_dir / LOG, repair=False)  # raises on a turn lost or repeated
+    assert "w.05" not in state.finished  # resumable
+    assert 1 <= len(state.turns["w.05"]) < 6
+    assert {a: len(t) for a, t in state.turns.items() if a != "w.05"} == {
+        "plan": 2, **{f"w.{i:02d}": 6 for i in range(23) if i != 5}}  # fmt: skip
+    from_page = [c.reason for c in result.limiter.history if "dashboard" in c.reason]
+    assert from_page == ["set from the dashboard: parallel 8"]
+
+
+class _Replay(threading.Thread):
+    """``serve_replay`` on a loop of its own until ``stop()``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(daemon=True)
+        self.run_dir = run_dir
+        self.url: str | None = None
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._until: asyncio.Event | None = None
+
+    def run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._until = asyncio.Event()
+            await serve_replay(self.run_dir, on_url=self._found, until=self._until)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # handed to the test's thread
+            self.error = exc
+
+    def _found(self, url: str) -> None:
+        self.url = url
+
+    def stop(self) -> None:
+        if self._loop is not None and self._until is not None:
+            self._loop.call_soon_threadsafe(self._until.set)
+        self.join(30)
+
+
+def _scrub(page: Page, t: float) -> None:
+    page.evaluate("(t) => { const s = document.getElementById('t'); s.value = String(t); "
+                  "s.dispatchEvent(new Event('input')); }", t)  # fmt: skip
+
+
+def test_a_finished_run_replays_with_a_time_slider(tmp_path: Path) -> None:
+    (tmp_path / "f.toml").write_text(FLEET)
+    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
+                      virtual=True)  # fmt: skip
+    result = run_virtual(run_fleet(opts))
+    assert result.totals.done == 24
+    assert opts.run_dir is not None
+    log = load_log(opts.run_dir / LOG, repair=False)
+    server = _Replay(opts.run_dir)
+    server.start()
+    deadline = time.monotonic() + 30
+    while server.url is None and server.error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.error is None, server.error
+    assert server.url is not None
+    console_errors: list[str] = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+                page.goto(server.url)
+                # It opens at the end of the run: every card done, with its committed turns.
+                expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
+                expect(page.locator('.card[data-state="done"]')).to_have_count(24, timeout=15_000)
+                expect(page.locator('.card[data-id="w.07"] .nums')).to_contain_text(f"turn {len(log.turns['w.07'])} ")
+                for chart in ("c-width", "c-ttft", "c-tok"):
+                    assert (page.locator(f"#{chart} polyline").first.get_attribute("points") or "").count(",") >= 2
+                # Read-only: no run controls, no card buttons, no width form.
+                expect(page.locator("#controls")).to_be_hidden()
+                expect(page.locator("#width-controls")).to_be_hidden()
+                expect(page.locator(".card .acts").first).to_be_hidden()
+                # Back to the start: the planner's first request is in flight, its dependents wait.
+                _scrub(page, 0)
+                expect(page.locator("body")).to_have_attribute("data-replay-t", "0", timeout=10_000)
+                expect(page.locator('.card[data-state="waiting"]')).to_have_count(23)
+                expect(page.locator('.card[data-id="plan"]')).to_have_attribute("data-state", "running")
+                expect(page.locator("#counts")).to_contain_text("0 turns")
+                # Halfway: some turns committed, not all; the page says the time it shows.
+                end = float(page.locator("#t").get_attribute("max") or "0")
+                _scrub(page, round(end / 2, 1))
+                expect(page.locator("body")).to_have_attribute("data-replay-t", str(round(end / 2, 1)), timeout=10_000)
+                counts = page.locator("#counts").inner_text()
+                turns = int(counts.rsplit(" · ", 1)[1].split(" ")[0])
+                assert 0 < turns < sum(len(t) for t in log.turns.values())
+                expect(page.locator("#t-label")).to_contain_text(f"{round(end / 2, 1):.1f} / ")
+            finally:
+                browser.close()
+    finally:
+        server.stop()
+    assert server.error is None, server.error
+    assert console_errors == []
+
+
+def test_a_bench_run_replays_its_level_table_and_search(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    done = CliRunner().invoke(app, ["bench", "--sim", "llama-8b-h100", "--workload", "agentic-hold", "--context",
+                                    "2000", "--find-knee", "--max-agents", "4", "--warmup", "2s", "--window", "10s",
+                                    "--out", str(root), "--json"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    (run_dir,) = [p.parent for p in root.glob("*/result.json")]
+    levels = RunDir(run_dir).result().levels
+    server = _Replay(run_dir)
+    server.start()
+    deadline = time.monotonic() + 30
+    while server.url is None and server.error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.url is not None, server.error
+    console_errors: list[str] = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+                page.goto(server.url)
+                expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
+                expect(page.locator("#levels tbody tr")).to_have_count(len(levels))
+                expect(page.locator("#steps li")).to_have_count(len(levels))
+                expect(page.locator("#width-section")).to_be_hidden()
+                kv = page.locator('#c-share polyline[data-key="kv"]').get_attribute("points") or ""
+                assert kv.count(",") >= 2
+                _scrub(page, 0)
+                expect(page.locator("body")).to_have_attribute("data-replay-t", "0", timeout=10_000)
+                expect(page.locator("#levels tbody tr")).to_have_count(0)
+                expect(page.locator("#steps li")).to_have_count(0)
+                expect(page.locator("#bench-current")).to_contain_text("measuring level 0: 1 agents")
+            finally:
+                browser.close()
+    finally:
+        server.stop()
+    assert console_errors == []

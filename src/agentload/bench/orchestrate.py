@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -16,10 +16,10 @@ from agentload import __version__
 from agentload.bench.analysis import LevelData, summarise
 from agentload.bench.results import CapacityEstimate, Knee, LevelSummary, RunResult
 from agentload.bench.runner import RecordSink, run_level
-from agentload.bench.search import Search, Slo, find_knee, sweep
+from agentload.bench.search import Search, SearchStep, Slo, find_knee, sweep
 from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
-from agentload.endpoint.connection import ConnectionOptions, open_connection
+from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
 from agentload.endpoint.output import can_force_length
 from agentload.errors import CheckpointError, EndpointError, ServerLostError
 from agentload.vtime import LoopClock
@@ -31,6 +31,20 @@ from agentload.workload.trace import MooncakeWorkload
 Mode = Literal["sweep", "find-knee", "grid", "soak", "single"]
 LevelHook = Callable[[LevelSummary], None]
 DataHook = Callable[[LevelData], None]
+
+
+class BenchWatch(Protocol):
+    """What a live view hears of a bench as it runs (``dashboard.bench.BenchBoard`` fits); levels as they end come
+    through ``on_level`` and requests through the record sink, as for everyone else."""
+
+    def level_started(self, level: int, agents: int, context: int, workload: str, warmup_s: float,
+                      window_s: float) -> None: ...  # fmt: skip
+
+    def connected(self, conn: Connection) -> Callable[[], None]:
+        """A level's connection is open; returns what undoes the subscription."""
+        ...
+
+    def step(self, step: SearchStep) -> None: ...
 
 
 @dataclass
@@ -156,6 +170,7 @@ async def run_bench(
     resumed: Sequence[LevelSummary] = (),
     created: str | None = None,
     resume_from_s: float = 0.0,
+    watch: BenchWatch | None = None,
 ) -> tuple[RunResult, list[LevelData]]:
     """Run the plan's levels and compile the result; the levels' raw data is returned beside it.
 
@@ -164,6 +179,8 @@ async def run_bench(
     steps (a knee search decides from the same figures the same way) and takes those instead of measuring them
     again, so a resumed run measures only what the interrupted one had not. ``resume_from_s``: the run time the
     interrupted run had reached (its last sample), so the resumed levels' times follow the kept ones on one axis.
+    ``watch``: a live view (``bench --dashboard``) told when each level starts, its connection, and each step of
+    the search.
     """
     run_id = run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     created = created or datetime.now(UTC).isoformat(timespec="seconds")
@@ -215,6 +232,9 @@ async def run_bench(
             return done
         target = plan.make_target()
         description, model = target.description, target.model
+        warmup_s = plan.warmup_s * (0.5 if scale < 1.0 else 1.0)
+        if watch is not None:
+            watch.level_started(len(levels), agents, context, workload.name, warmup_s, plan.window_s)
         try:
             # A probe (scale < 1) measures at least its share of the window and until it has enough turns, the
             # whole window being the cap; a sweep level measures the whole window and says if it was too few.
@@ -226,7 +246,7 @@ async def run_bench(
                 level=len(levels),
                 run_id=run_id,
                 run_t0=t0,
-                warmup_s=plan.warmup_s * (0.5 if scale < 1.0 else 1.0),
+                warmup_s=warmup_s,
                 window_s=plan.window_s,
                 min_window_s=plan.window_s * scale,
                 min_turns=plan.min_turns,
@@ -235,6 +255,7 @@ async def run_bench(
                 sizing=sizing,
                 exact_output_engine=exact_engine,
                 pin_slots=pinned,
+                on_connect=watch.connected if watch is not None else None,
             )
         finally:
             if target.virtual:
@@ -279,7 +300,8 @@ async def run_bench(
             async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
                 return await measure_with(plan.workload, agents, context, scale)
 
-            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots, pinned=pinned is not None)
+            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots, pinned=pinned is not None,
+                            context=context, on_step=watch.step if watch is not None else None)  # fmt: skip
             if plan.mode == "find-knee":
                 knee = await find_knee(search, context, max_agents=plan.max_agents)
             elif plan.mode in ("sweep", "grid"):

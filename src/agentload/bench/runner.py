@@ -20,7 +20,7 @@ from agentload.bench.analysis import LevelData
 from agentload.bench.gate import QuiesceGate
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
-from agentload.endpoint.connection import connect
+from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import exact_output
 from agentload.endpoint.pinning import SlotPins
 from agentload.endpoint.records import RequestIds, RequestRecord
@@ -32,6 +32,8 @@ from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 
 RecordSink = Callable[[RequestRecord], None]
+# Called once a level's connection is open (the live dashboard subscribes to its monitor); returns the unsubscribe.
+ConnectHook = Callable[[Connection], Callable[[], None]]
 
 # Completed turns a level wants before its window may end (issue 9): per agent, and in all.
 MIN_TURNS_PER_AGENT = 8
@@ -133,6 +135,7 @@ async def run_level(
     sizing: TokenSizing = SIMULATOR_SIZING,
     exact_output_engine: str | None = None,
     pin_slots: int | None = None,
+    on_connect: ConnectHook | None = None,
 ) -> LevelData:
     """Run ``agents`` agents for a warm-up and a work-sized window on the target's clock; return what they did.
 
@@ -157,6 +160,7 @@ async def run_level(
     ctx = _Context(backend, target.model, run_id, level, data, sizing)
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()
+    unwatch = on_connect(conn) if on_connect is not None else None
 
     async def quiet_edge(edge: str) -> float:
         """Close the gate, let the requests in flight finish, sample the counters; the edge's run time."""
@@ -202,6 +206,8 @@ async def run_level(
             data.window_start = min(data.window_start, data.end)  # lost in the warm-up: an empty window, not < 0
             data.notes.append(f"stopped early: {data.lost}")
     finally:
+        if unwatch is not None:
+            unwatch()
         await sampler.stop()
         await conn.aclose()
     if data.lost is None and not any(r.ok for r in data.records) and _warming_seen(poller, run_t0 + data.start):

@@ -18,6 +18,22 @@ from agentload.errors import ConfigError
 
 Measure = Callable[[int], Awaitable[LevelSummary]]
 
+
+@dataclass(frozen=True)
+class SearchStep:
+    """One level the search measured and what it made of it then (a later level can move the verdicts)."""
+
+    phase: str  # "doubling" / "bisecting" (the knee search) or "sweep"
+    agents: int
+    context: int
+    past: bool  # past the knee, judged against the smaller levels measured so far
+    reason: str  # why it is past ("" when it is not)
+    lo: int | None  # the largest count at or before the knee so far
+    hi: int | None  # the smallest count past it so far
+
+
+StepHook = Callable[[SearchStep], None]
+
 # One decimal number ("2", "0.5", ".5"): "ttft_p95=.s" is refused by the pattern, not by float() with a traceback.
 _SLO = re.compile(r"^(ttft|itl|queue)_p(50|95|99)\s*(<=|=|<)\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s)?$")
 MAX_SLO_S = 86_400.0  # a latency limit of a day is as good as none
@@ -72,6 +88,9 @@ class Search:
     slots: int | None = None  # a slot-based server's parallel slots (llama.cpp -np), for the knee's explanation
     pinned: bool = False  # agents' turns named their slot (id_slot), for the knee's explanation
     levels: dict[int, LevelSummary] = field(default_factory=dict)
+    context: int = 0  # the context this search measures at (for its steps)
+    on_step: StepHook | None = None  # hears each level measured (the live dashboard's knee-search list)
+    phase: str = "sweep"  # set by find_knee as it brackets, then bisects
 
     def _slo_ok(self, s: LevelSummary) -> bool:
         return self.slo is None or self.slo.met(s)
@@ -87,9 +106,17 @@ class Search:
 
     async def probe(self, agents: int) -> bool:
         """Measure ``agents`` (once) and say whether it is at or before the knee."""
-        if agents not in self.levels:
+        new = agents not in self.levels
+        if new:
             self.levels[agents] = await self.measure(agents)
-        return not self.verdicts()[agents].past
+        verdicts = self.verdicts()
+        verdict = verdicts[agents]
+        if new and self.on_step is not None:
+            before = [n for n, v in verdicts.items() if not v.past]
+            after = [n for n, v in verdicts.items() if v.past]
+            self.on_step(SearchStep(self.phase, agents, self.context, verdict.past, verdict.reason if verdict.past
+                                    else "", max(before, default=None), min(after, default=None)))  # fmt: skip
+        return not verdict.past
 
     def knee(self, lo: int | None, hi: int | None, context: int) -> Knee:
         criterion = "the knee rule (turns/s, tok/s, prefix-hit collapse, TTFT jump)" + (
@@ -142,6 +169,7 @@ async def find_knee(search: Search, context: int, *, max_agents: int = 1024) -> 
     lo: int | None = None
     hi: int | None = None
     n = 1
+    search.phase = "doubling"
     while True:
         if await search.probe(n):
             lo = n
@@ -153,6 +181,7 @@ async def find_knee(search: Search, context: int, *, max_agents: int = 1024) -> 
             break
     if lo is None:
         return search.knee(None, hi, context)
+    search.phase = "bisecting"
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if await search.probe(mid):

@@ -30,9 +30,10 @@ from agentload.cli.common import (
     reports_errors,
     resolve_key_env,
 )
+from agentload.dashboard.bench import open_bench_board
 from agentload.endpoint.liveness import wait_until_up
 from agentload.endpoint.probe import ENGINE_LABELS, probe
-from agentload.endpoint.records import Outcome
+from agentload.endpoint.records import Outcome, RequestRecord
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import signed_transport
@@ -49,7 +50,7 @@ from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.store.manifest import read_info
 from agentload.store.rundir import RunDir, RunWriter
 from agentload.store.runstore import RunStore, run_root
-from agentload.vtime import run_virtual
+from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.registry import get_workload
 
 DEFAULT_SIM = "qwen3-235b-gb300"
@@ -174,6 +175,14 @@ def bench(
             "with; the levels it finished are kept, the rest are measured."
         ),
     ] = None,
+    dashboard: Annotated[
+        bool,
+        typer.Option(
+            help="With --url: serve a live page on 127.0.0.1 (server timelines, the level table, the knee search's "
+            "steps); its URL, with a token, is printed."
+        ),
+    ] = False,
+    dashboard_port: Annotated[int, typer.Option(min=0, max=65535, help="The dashboard's port (0: a free one).")] = 0,
 ) -> None:
     """Measure agents, not tokens: throughput, TTFT, prefix reuse and KV pressure across agent counts, and the knee.
 
@@ -184,7 +193,7 @@ def bench(
     resume_dir: Path | None = None
     if resume is not None:
         resume_dir, flags = resumed_flags(resume, out, flags)
-    run(**flags, out=out, json_out=json_out, resume_dir=resume_dir)
+    run(**flags, out=out, json_out=json_out, resume_dir=resume_dir, dashboard=dashboard, dashboard_port=dashboard_port)
 
 
 # The flags a bench run is started with and resumed with (``bench.json``); --out, --json and --resume are not
@@ -301,11 +310,18 @@ def run(
     out: Path | None,
     json_out: bool,
     resume_dir: Path | None,
+    dashboard: bool = False,
+    dashboard_port: int = 0,
 ) -> None:
     """The bench command after its flags are settled (``resume_dir``: continue that run directory)."""
     invocation = {k: v for k, v in locals().items() if k in INVOCATION_FLAGS}
     if url and sim:
         raise ConfigError("use --url (a real server) or --sim (the simulator), not both")
+    if dashboard and not url:
+        raise ConfigError(
+            "--dashboard shows a run as it happens; without --url the bench runs the simulator in simulated time "
+            "(serve it with `agentload sim` and bench it with --url to watch it)"
+        )
     if url and not model:
         raise ConfigError("--url needs --model (the id the server serves; see `agentload probe URL`)")
     if model and not url:
@@ -443,9 +459,25 @@ def run(
 
     async def go() -> tuple[RunResult, list[LevelData]]:
         try:
-            return await run_bench(plan, pool=pool, slots=slots, on_level=on_level, on_data=on_data, sink=writer.record,
-                                   run_id=writer.run_id, resumed=resumed, created=created,
-                                   resume_from_s=resume_from_s)  # fmt: skip
+            if not dashboard:
+                return await run_bench(plan, pool=pool, slots=slots, on_level=on_level, on_data=on_data,
+                                       sink=writer.record, run_id=writer.run_id, resumed=resumed, created=created,
+                                       resume_from_s=resume_from_s)  # fmt: skip
+            meta = {"mode": mode, "target": where, "workload": workload, "run_id": writer.run_id}
+            async with open_bench_board(LoopClock(), meta, port=dashboard_port) as board:
+                err_console.print(f"dashboard: {board.url}", markup=False, soft_wrap=True)
+
+                def level_shown(s: LevelSummary) -> None:
+                    on_level(s)
+                    board.level_done(s)
+
+                def recorded(r: RequestRecord) -> None:
+                    writer.record(r)
+                    board.record(r)
+
+                return await run_bench(plan, pool=pool, slots=slots, on_level=level_shown, on_data=on_data,
+                                       sink=recorded, run_id=writer.run_id, resumed=resumed, created=created,
+                                       resume_from_s=resume_from_s, watch=board)  # fmt: skip
         finally:
             if not sim:
                 await make_target().transport.aclose()

@@ -13,6 +13,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from agentload import __version__
 from agentload.cli import bench as bench_cmd
 from agentload.cli import calibrate
+from agentload.cli import dashboard as dashboard_cmd
 from agentload.cli import plan as plan_cmd
 from agentload.cli import probe as probe_cmd
 from agentload.cli import profiles as profiles_cmd
@@ -55,6 +56,7 @@ app.command("suite")(suite_cmd.suite)
 app.command("run")(run_cmd.run)
 app.command("runs")(runs_cmd.runs)
 app.command("report")(report_cmd.report)
+app.command("dashboard")(dashboard_cmd.dashboard)
 
 
 def main() -> None:

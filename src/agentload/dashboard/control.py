@@ -6,6 +6,10 @@
 * **stop** — sets the event ``FleetRunner`` races its load against (``stop=``): the load is cancelled as
   ``--stop-after`` cancels it, the turns cut short are not committed, and ``agentload run --resume`` sends them
   again — the same checkpointed path as a kill.
+* **stop / restart one agent** — ``FleetRunner.stop_agent`` (it ends at its next turn boundary: the turn in
+  flight is committed, the agent gets no outcome line and stays resumable) and ``restart_agent`` (its turn in
+  flight is cancelled uncommitted and it runs again from its last committed turn); an agent waiting at the pause
+  is stopped here, before its turn is sent.
 * **width** — replaces the limiter's policy (``fleet.limiter.make_policy``: sequential, parallel N, auto from
   the current width) and moves its gate, logged as a ``LimitLine`` like any change the limiter makes; a
   narrower width parks agents at their next turn boundary as the adaptive limiter's own narrowing does.
@@ -25,7 +29,7 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import CheckpointLog, LimitLine
 from agentload.fleet.limiter import LimitChange, Limiter, Mode, make_policy
-from agentload.fleet.turns import FleetProgress
+from agentload.fleet.turns import AgentStopped, FleetProgress
 
 
 class Run(Protocol):
@@ -36,6 +40,11 @@ class Run(Protocol):
     progress: FleetProgress
     segment: int
     t0: float
+    stopping: set[str]
+
+    def stop_agent(self, agent: str) -> None: ...
+
+    def restart_agent(self, agent: str) -> None: ...
 
 
 class FleetControl:
@@ -76,6 +85,24 @@ class FleetControl:
     def request_stop(self) -> None:
         self.stop.set()
         self.state.control_changed(stopping=True)
+
+    def _run_for(self, agent: str) -> Run:
+        if agent not in self.state.cards:
+            raise ConfigError(f"no agent {agent!r} in this fleet")
+        if self.run is None:
+            raise ConfigError("the run has not started yet")
+        return self.run
+
+    def stop_agent(self, agent: str) -> None:
+        self._run_for(agent).stop_agent(agent)
+        self.state.agent_control(agent, stopping=True)
+
+    def restart_agent(self, agent: str) -> None:
+        self._run_for(agent).restart_agent(agent)
+        self.state.agent_control(agent, restarted=True)
+
+    def agent_stopping(self, agent: str) -> bool:
+        return self.run is not None and agent in self.run.stopping
 
     async def set_width(self, mode: Mode, width: int | None) -> LimitChange:
         """Switch the limiter to ``mode`` (at ``width`` for parallel; from ``width`` or the current one for auto)."""
@@ -123,6 +150,8 @@ class WatchedBackend:
         # handled before this task wakes leave the run paused again, and the turn must keep waiting.
         while self.control.paused:
             await self.control.running.wait()
+        if self.control.agent_stopping(agent):  # stopped while it waited at the pause: the turn is not sent
+            raise AgentStopped(agent)
         self.state.request_started(agent)
 
         def watch(view: Any) -> None:
@@ -132,6 +161,9 @@ class WatchedBackend:
         token = stream_watch.set(watch)
         try:
             records = await self.inner.complete(body, ids)
+        except asyncio.CancelledError:  # a restart (or the run's end) abandoned the turn: no reply to show
+            self.state.request_abandoned(agent)
+            raise
         finally:
             stream_watch.reset(token)
         self.state.request_done(agent, records)

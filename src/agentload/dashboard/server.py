@@ -4,8 +4,14 @@
 * ``GET /events?token=T`` — server-sent events: ``snapshot`` (everything) on connect, then ``delta`` (only what
   changed, coalesced per agent) at most ``1 / interval_s`` times a second, and ``end`` when the run is over;
 * ``GET /api/state?token=T`` — the snapshot as JSON;
-* ``POST /api/control?token=T`` — ``{"action": "pause" | "resume" | "stop"}`` or
-  ``{"action": "width", "mode": "sequential" | "parallel" | "auto", "width": N}``.
+* ``POST /api/control?token=T`` — ``{"action": "pause" | "resume" | "stop"}``,
+  ``{"action": "width", "mode": "sequential" | "parallel" | "auto", "width": N}``, or
+  ``{"action": "stop_agent" | "restart_agent", "agent": ID}`` (an unknown agent, one that has ended, or a restart
+  of one that is not running is a 400).
+
+``make_replay_app`` serves a finished run's replay (``dashboard.replay``) read-only on the same rules: the page in
+replay mode, ``GET /api/state?token=T&t=S`` the snapshot at ``S`` seconds (default: the end), and no controls
+(``POST /api/control`` is a 405).
 
 The token (``secrets.token_urlsafe``) is in the URL the command prints, as notebook servers do; it is also
 accepted as an ``X-Agentload-Token`` header. Without it every route answers 403; a malformed control body 400 with
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -26,6 +33,7 @@ import orjson
 from aiohttp import web
 
 from agentload.dashboard.control import FleetControl
+from agentload.dashboard.replay import Replay
 from agentload.dashboard.state import LiveState
 from agentload.errors import ConfigError
 from agentload.fleet.limiter import Mode
@@ -39,6 +47,7 @@ _CONTROL: web.AppKey[FleetControl] = web.AppKey("control", FleetControl)
 _TOKEN: web.AppKey[str] = web.AppKey("token", str)
 _CLOSING: web.AppKey[asyncio.Event] = web.AppKey("closing", asyncio.Event)
 _INTERVAL: web.AppKey[float] = web.AppKey("interval", float)
+_REPLAY: web.AppKey[Replay] = web.AppKey("replay")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -58,7 +67,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(403, "a valid token is required (the URL agentload printed carries it)")
     try:
         return await handler(request)
-    except web.HTTPException:
+    except web.HTTPException as exc:
+        if exc.status >= 400:  # a route or method that does not exist: JSON like every other refusal
+            return _error(exc.status, exc.reason)
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
@@ -89,9 +100,18 @@ async def _events(request: web.Request) -> web.StreamResponse:
     body, cursor = state.snapshot()
     with contextlib.suppress(ConnectionResetError):
         await resp.write(b"event: snapshot\ndata: " + _json(body) + b"\n\n")
+        # At a fixed rate — each flush due ``interval`` after the one before, not after the previous write — so the
+        # time a flush takes (and a busy loop's lateness) is not added to every period. A stream that fell more
+        # than a period behind starts again from now rather than sending a burst. Plain sleeps: a wait on
+        # ``closing`` per flush costs a task each time; the close is seen within one period.
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while not closing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(closing.wait(), interval)
+            due += interval
+            late = loop.time() - due
+            if late > interval:
+                due = loop.time()
+            await asyncio.sleep(max(0.0, due - loop.time()))
             delta = state.delta(cursor)
             if delta is not None:
                 await resp.write(b"event: delta\ndata: " + _json(delta) + b"\n\n")
@@ -129,12 +149,64 @@ async def _control(request: web.Request) -> web.StreamResponse:
         except ConfigError as exc:  # a width the run cannot take; a failed checkpoint write is not the page's fault
             return _error(400, str(exc))
         return web.json_response({"ok": True, "action": action, "limit": change.new, "reason": change.reason})
+    elif action in ("stop_agent", "restart_agent"):
+        agent = body.get("agent")
+        if not isinstance(agent, str) or not agent:
+            return _error(400, "agent must be an agent's id")
+        try:
+            if action == "stop_agent":
+                control.stop_agent(agent)
+            else:
+                control.restart_agent(agent)
+        except ConfigError as exc:
+            return _error(400, str(exc))
+        return web.json_response({"ok": True, "action": action, "agent": agent})
     else:
-        return _error(400, "action must be one of pause, resume, stop, width")
+        return _error(400, "action must be one of pause, resume, stop, width, stop_agent, restart_agent")
     return web.json_response({"ok": True, "action": action, "paused": control.paused})
 
 
-def make_app(state: LiveState, control: FleetControl, token: str, *, interval_s: float = INTERVAL_S) -> web.Application:
+async def _replay_index(request: web.Request) -> web.StreamResponse:
+    # The same page, told it replays (no event stream, no controls, a time slider).
+    text = page().replace("<body>", '<body data-mode="replay" class="readonly">', 1)
+    return web.Response(text=text, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+async def _replay_state(request: web.Request) -> web.StreamResponse:
+    replay = request.app[_REPLAY]
+    raw = request.query.get("t")
+    t = replay.end
+    if raw is not None:
+        try:
+            t = float(raw)
+        except ValueError:
+            return _error(400, "t must be a number of seconds")
+        if not math.isfinite(t) or t < 0:
+            return _error(400, "t must be a number of seconds from 0")
+    return web.Response(body=_json(replay.at(t)), content_type="application/json")
+
+
+async def _read_only(request: web.Request) -> web.StreamResponse:
+    return _error(405, "a replay is read-only: it has no controls")
+
+
+def make_replay_app(replay: Replay, token: str) -> web.Application:
+    app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
+    app[_REPLAY] = replay
+    app[_TOKEN] = token
+    app.router.add_get("/", _replay_index)
+    app.router.add_get("/api/state", _replay_state)
+    app.router.add_post("/api/control", _read_only)
+    return app
+
+
+async def _no_controls(request: web.Request) -> web.StreamResponse:
+    return _error(405, "a bench run has no controls")
+
+
+def make_app(
+    state: LiveState, control: FleetControl, token: str, *, interval_s: float = INTERVAL_S, controls: bool = True
+) -> web.Application:
     app = web.Application(middlewares=[_guard], client_max_size=64 * 1024)
     app[_STATE] = state
     app[_CONTROL] = control
@@ -149,18 +221,16 @@ def make_app(state: LiveState, control: FleetControl, token: str, *, interval_s:
     app.router.add_get("/", _index)
     app.router.add_get("/events", _events)
     app.router.add_get("/api/state", _state)
-    app.router.add_post("/api/control", _control)
+    app.router.add_post("/api/control", _control if controls else _no_controls)
     return app
 
 
-class Dashboard:
-    """The dashboard served on 127.0.0.1 for the length of a run: ``await start()``, ``await close()``."""
+class Served:
+    """An app served on 127.0.0.1 behind a new random token: ``await start()``, ``await close()``."""
 
-    def __init__(
-        self, state: LiveState, control: FleetControl, *, port: int = 0, interval_s: float = INTERVAL_S
-    ) -> None:
+    def __init__(self, make: Callable[[str], web.Application], *, port: int = 0) -> None:
         self.token = secrets.token_urlsafe(24)
-        self.app = make_app(state, control, self.token, interval_s=interval_s)
+        self.app = make(self.token)
         self.port = port
         self._runner: web.AppRunner | None = None
 
@@ -186,3 +256,27 @@ class Dashboard:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+class Dashboard(Served):
+    """The live dashboard, served for the length of a run."""
+
+    def __init__(
+        self,
+        state: LiveState,
+        control: FleetControl,
+        *,
+        port: int = 0,
+        interval_s: float = INTERVAL_S,
+        controls: bool = True,
+    ) -> None:
+        super().__init__(
+            lambda token: make_app(state, control, token, interval_s=interval_s, controls=controls), port=port
+        )
+
+
+class ReplayServer(Served):
+    """A finished run's replay, served until closed."""
+
+    def __init__(self, replay: Replay, *, port: int = 0) -> None:
+        super().__init__(lambda token: make_replay_app(replay, token), port=port)

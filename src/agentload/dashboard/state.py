@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentload.agent.loop import TurnLog
@@ -62,6 +62,8 @@ class Card:
     ttft: float | None = None  # the last turn's time to first token, s
     preview: str = ""
     error: str = ""
+    stopping: bool = False  # asked to stop from the dashboard, not stopped yet
+    restarts: int = 0  # restarted from the dashboard
     v: int = 0  # the state's version when the card last changed
 
     def public(self) -> dict[str, Any]:
@@ -78,6 +80,8 @@ class Card:
             "ttft": self.ttft,
             "preview": self.preview,
             "error": self.error,
+            "stopping": self.stopping,
+            "restarts": self.restarts,
         }
 
 
@@ -88,6 +92,19 @@ class Cursor:
     version: int = 0
     points: int = 0
     decisions: int = 0
+    levels: int = 0
+    steps: int = 0
+
+
+@dataclass
+class BenchView:
+    """A bench run as the page shows it (``dashboard.bench.BenchBoard`` fills it): the level running, the levels
+    measured (a row each, as its summary is compiled), and the knee search's steps."""
+
+    meta: dict[str, Any]  # mode, target, workload, run id
+    current: dict[str, Any] | None = None
+    levels: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _tail(pieces: Sequence[str], chars: int = PREVIEW_CHARS) -> str:
@@ -112,7 +129,7 @@ def _reply_preview(record: RequestRecord) -> str:
     return ""
 
 
-_ENDED = {AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED}
+_ENDED = {AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED}
 
 
 class LiveState:
@@ -141,6 +158,7 @@ class LiveState:
         self._last_counters: tuple[float, float] | None = None  # prefix queries, hits at the last scrape
         self._preempt0: float | None = None
         self._summary_v = 0  # version of the last change outside the cards (limiter, control, points)
+        self.bench: BenchView | None = None  # set for a bench run (it has levels, not a fleet's cards)
 
     # -- events ---------------------------------------------------------------------------------------------
     def _bump(self, card: Card | None = None) -> None:
@@ -165,6 +183,7 @@ class LiveState:
             card.phase = "queued"
         elif state in _ENDED:
             card.phase = ""
+            card.stopping = False
             self._streams.pop(agent, None)
         elif card.phase == "queued":
             card.phase = ""  # admitted: its request is on its way (prefilling as soon as it is sent)
@@ -211,6 +230,34 @@ class LiveState:
         card.preview = _reply_preview(final) or card.preview
         self._bump(card)
 
+    def request_abandoned(self, agent: str) -> None:
+        """The turn in flight was cancelled (a restart, the run's end): it will not be committed."""
+        self._streams.pop(agent, None)
+        card = self._card(agent)
+        card.phase = ""
+        self._bump(card)
+
+    def agent_control(self, agent: str, *, stopping: bool = False, restarted: bool = False) -> None:
+        card = self._card(agent)
+        if stopping and card.state not in {s.value for s in _ENDED}:
+            card.stopping = True
+        if restarted:
+            card.restarts += 1
+        self._bump(card)
+
+    def touch(self) -> None:
+        """Something outside the cards changed (a bench's level or step): the next delta carries the summary."""
+        self._bump()
+
+    def record(self, record: RequestRecord) -> None:
+        """A bench request's attempt (a bench has no fleet turns): counted in the turn and token timelines."""
+        if not record.ok:
+            return
+        self.turns += 1
+        self.out_tokens += record.completion_tokens
+        if record.ttft is not None:
+            self._ttfts.append(record.ttft)
+
     def control_changed(self, **fields: Any) -> None:
         self.control.update(fields)
         self._bump()
@@ -232,6 +279,8 @@ class LiveState:
                 self._preempt0 = sig.preemptions
             preemptions = sig.preemptions - self._preempt0
         live = sum(1 for c in self.cards.values() if c.state == AgentState.RUNNING.value)
+        if self.bench is not None and self.bench.current is not None:
+            live = self.bench.current["agents"]  # a bench level's agents are all live at once
         ttfts = sorted(self._ttfts)
         self._ttfts = []
         self.points.append(
@@ -297,6 +346,7 @@ class LiveState:
             "watchdog": None if wd is None else {"granted": dict(wd.granted), "refused": dict(wd.refused)},
             "control": dict(self.control),
             "finished": self.finished,
+            "bench": None if self.bench is None else {**self.bench.meta, "current": self.bench.current},
         }
 
     def snapshot(self) -> tuple[dict[str, Any], Cursor]:
@@ -308,7 +358,11 @@ class LiveState:
             "decisions": list(self.decisions),
             "points": list(self.points),
         }
-        return body, Cursor(self.version, self.dropped_points + len(self.points), len(self.decisions))
+        levels = steps = 0
+        if self.bench is not None:
+            body["levels"], body["steps"] = list(self.bench.levels), list(self.bench.steps)
+            levels, steps = len(self.bench.levels), len(self.bench.steps)
+        return body, Cursor(self.version, self.dropped_points + len(self.points), len(self.decisions), levels, steps)
 
     def delta(self, cursor: Cursor) -> dict[str, Any] | None:
         """What changed since ``cursor`` (which is moved on), or None when nothing did."""
@@ -323,6 +377,10 @@ class LiveState:
             "decisions": self.decisions[cursor.decisions :],
             "points": self.points[start:],
         }
+        if self.bench is not None:
+            body["levels"] = self.bench.levels[cursor.levels :]
+            body["steps"] = self.bench.steps[cursor.steps :]
+            cursor.levels, cursor.steps = len(self.bench.levels), len(self.bench.steps)
         cursor.version = self.version
         cursor.points = self.dropped_points + len(self.points)
         cursor.decisions = len(self.decisions)

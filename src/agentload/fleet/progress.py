@@ -27,6 +27,7 @@ _STYLE = {
     AgentState.DONE: "green",
     AgentState.FAILED: "red",
     AgentState.SKIPPED: "magenta",
+    AgentState.STOPPED: "bright_black",
 }
 # Rows shown at once: live agents first, then the most recently finished, then the waiting.
 MAX_ROWS = 24
@@ -76,7 +77,7 @@ class _Board:
     def summary(self) -> str:
         counts = Counter(r.state for r in self.rows.values())
         order = (AgentState.RUNNING, AgentState.PARKED, AgentState.WAITING, AgentState.INTERRUPTED, AgentState.DONE,
-                 AgentState.FAILED, AgentState.SKIPPED)  # fmt: skip
+                 AgentState.FAILED, AgentState.SKIPPED, AgentState.STOPPED)  # fmt: skip
         parts = [f"{counts[s]} {s.value}" for s in order if counts.get(s)]
         width = ""
         if self.stats is not None:
@@ -140,7 +141,7 @@ class LineProgress:
         before = self.board.rows.get(agent)
         was = before.state if before is not None else None
         self.board.agent(agent, state, rounds=rounds, detail=detail)
-        ended = (AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED)
+        ended = (AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED)
         if state in ended and was != state:
             row = self.board.rows[agent]
             self.console.print(

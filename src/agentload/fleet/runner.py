@@ -22,6 +22,17 @@ resume) rather than each burning its own retries on the same dead server. ``Segm
 says why; ``--resume`` then runs the interrupted and unstarted agents and keeps the finished ones.
 The per-turn side — the backend view that parks and feeds the limiter, the checkpoint hook that commits a
 turn or stops the run — is ``fleet/turns.py``'s, so ``run_agent`` never calls back into this module.
+
+One agent can be stopped or restarted while the others run (the dashboard's card buttons), both on the
+checkpointed path a kill + resume takes:
+
+* ``stop_agent`` — the agent ends at its next turn boundary: the turn in flight finishes and is committed, then
+  it stops (``AgentStopped``, raised by the checkpoint hook after the commit or by the backend view before a
+  request is sent); an agent not yet started never starts. No ``agent`` line is written, so it stays resumable
+  (``--resume`` continues it from its last committed turn), and the agents that depend on it are held with it.
+* ``restart_agent`` — the agent's turn in flight is abandoned: its ``run_agent`` is cancelled, nothing of that
+  turn is committed, and it runs again from its last committed turn (the checkpoint hook's list, in step with the
+  log), in the same slot.
 """
 
 from __future__ import annotations
@@ -34,12 +45,13 @@ from typing import Any, Protocol
 
 from agentload.agent.loop import ChatBackend, run_agent
 from agentload.clock import Clock
+from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import AgentLine, CheckpointLog, LimitLine, LogState
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.handoff import hand_over
 from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges
 from agentload.fleet.toolbox import ToolSettings, build_registry
-from agentload.fleet.turns import AgentBackend, CheckpointHook, NoProgress
+from agentload.fleet.turns import AgentBackend, AgentStopped, CheckpointHook, NoProgress
 from agentload.fleet.turns import AgentState as AgentState  # re-exported: progress and the CLI name it here
 from agentload.fleet.turns import FleetProgress as FleetProgress
 from agentload.load.runner import End, LoadOutcome, run_load
@@ -105,9 +117,14 @@ class FleetRunner:
         self.stop = stop  # set from outside (the dashboard's Stop): ends the segment as --stop-after does
         self.t0 = clock.now()
         self.by_task: dict[str, list[AgentPlan]] = {}
+        self.plans_by_id = {p.agent_id: p for p in self.plans}
         for p in self.plans:
             self.by_task.setdefault(p.task_id, []).append(p)
         self.outcomes: dict[str, AgentLine] = dict(state.finished)
+        self.stopping: set[str] = set()  # asked to stop at their next turn boundary
+        self.held: set[str] = set()  # ended in this segment without an outcome: stopped, or behind a stopped one
+        self.restarting: set[str] = set()
+        self.attempts: dict[str, asyncio.Task[Any]] = {}  # each running agent's run_agent, for a restart
 
     # -- the run ----------------------------------------------------------------------------------------------
     async def run(self) -> SegmentOutcome:
@@ -133,6 +150,34 @@ class FleetRunner:
         if change is not None:
             await self.log.append(LimitLine(segment=self.segment, change=change))
             self.progress.limiter(self.limiter.statistics())
+
+    # -- one agent ----------------------------------------------------------------------------------------------
+    def _check_agent(self, agent: str) -> None:
+        if agent not in self.plans_by_id:
+            raise ConfigError(f"no agent {agent!r} in this fleet")
+        line = self.outcomes.get(agent)
+        if line is not None:
+            raise ConfigError(f"agent {agent} has already ended ({line.outcome})")
+
+    def stop_agent(self, agent: str) -> None:
+        """Stop ``agent`` at its next turn boundary (idempotent); it stays resumable. See the module docstring."""
+        self._check_agent(agent)
+        self.stopping.add(agent)
+
+    def restart_agent(self, agent: str) -> None:
+        """Abandon ``agent``'s turn in flight and run it again from its last committed turn."""
+        self._check_agent(agent)
+        if agent in self.stopping:
+            raise ConfigError(f"agent {agent} is stopping; continue it with agentload run --resume")
+        attempt = self.attempts.get(agent)
+        if attempt is None or attempt.done():
+            raise ConfigError(f"agent {agent} is not running (only a running agent can be restarted)")
+        if attempt.cancel():  # False: it finished in this very tick, and there is nothing to restart
+            self.restarting.add(agent)
+
+    def hold(self, agent: str, rounds: int, why: str) -> None:
+        self.held.add(agent)
+        self.progress.agent(agent, AgentState.STOPPED, rounds=rounds, detail=why)
 
     async def record(self, plan: AgentPlan, line: AgentLine) -> None:
         await self.log.append(line)
@@ -188,9 +233,17 @@ class _FleetAgent:
             r.progress.agent(aid, AgentState.WAITING, rounds=rounds)
 
     async def ready(self) -> bool:
+        r, aid = self.runner, self.agent_id
+        rounds = len(r.state.turns.get(aid, []))
+        if aid in r.stopping:
+            r.hold(aid, rounds, "stopped before it started; resumable")
+            return False
         results: dict[str, str] = {}
         for dep in self.plan.depends_on:
             for p in self.runner.by_task[dep]:
+                if p.agent_id in r.held:  # not failed, not done: it may finish on resume, and this one after it
+                    r.hold(aid, rounds, f"dependency {p.agent_id} was stopped; resumable")
+                    return False
                 line = self.runner.outcomes.get(p.agent_id)
                 if line is None or line.outcome != "done":
                     why = "failed" if line is not None and line.outcome == "failed" else "was skipped"
@@ -208,6 +261,9 @@ class _FleetAgent:
     async def run(self, ctx: object) -> None:
         r, plan, aid = self.runner, self.plan, self.agent_id
         committed = r.state.committed(aid)
+        if aid in r.stopping:  # stopped while it waited for a slot
+            r.hold(aid, len(committed), "stopped before it started; resumable")
+            return
         prior = r.state.elapsed(aid)
         started = r.clock.now()
         dep_results = self._dep_results
@@ -220,12 +276,36 @@ class _FleetAgent:
             plan.tools,
             ToolSettings(aid, r.workspaces / aid, plan.tool_result_tokens, plan.tool_latency_s, searches),
         )
-        previous = next((t.final for t in reversed(committed) if t.final.ok), None)
-        backend = AgentBackend(r.backend, r, plan, previous)
+        on_turn = CheckpointHook(r, aid, prior, started, committed)
 
-        on_turn = CheckpointHook(r, aid, prior, started)
-
-        transcript = await run_agent(spec, backend, tools, r.clock, run_id=r.run_id, on_turn=on_turn, resume=committed)
+        while True:
+            # One attempt of the agent from its committed turns; a restart cancels it and comes round again.
+            previous = next((t.final for t in reversed(committed) if t.final.ok), None)
+            backend = AgentBackend(r.backend, r, plan, previous)
+            attempt = asyncio.ensure_future(
+                run_agent(spec, backend, tools, r.clock, run_id=r.run_id, on_turn=on_turn, resume=list(committed))
+            )
+            r.attempts[aid] = attempt
+            try:
+                await asyncio.wait({attempt})
+            finally:
+                if not attempt.done():  # this agent itself was cancelled (the run stopped): so is its attempt
+                    attempt.cancel()
+                    await asyncio.gather(attempt, return_exceptions=True)
+                r.attempts.pop(aid, None)
+            if attempt.cancelled() and aid in r.restarting:
+                r.restarting.discard(aid)
+                if not r.limiter.gate.is_live(aid):  # restarted while parked: it had given its slot back
+                    r.progress.agent(aid, AgentState.PARKED, rounds=len(committed))
+                    await r.limiter.gate.enter(aid, self.priority())
+                r.progress.agent(aid, AgentState.RUNNING, rounds=len(committed))
+                continue
+            try:
+                transcript = attempt.result()
+            except AgentStopped:
+                r.hold(aid, len(committed), f"stopped after {len(committed)} committed turns; resumable")
+                return
+            break
         outcome = "failed" if transcript.stop_reason == "failed" else "done"
         detail = ""
         if outcome == "failed" and transcript.turns:
@@ -241,5 +321,6 @@ class _FleetAgent:
         )
 
     async def done(self) -> None:
-        assert self._line is not None, "done() follows a run that returned"
+        if self._line is None:  # held (stopped): no outcome, so a resume runs it
+            return
         await self.runner.record(self.plan, self._line)

@@ -30,6 +30,13 @@ class AgentState(StrEnum):
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"
+    STOPPED = "stopped"  # stopped from the dashboard (or held behind a stopped dependency); resumable
+
+
+class AgentStopped(Exception):
+    """Raised where a stopped agent meets a turn boundary — after its last turn was committed, or before its next
+    request is sent — so it ends with nothing in flight; ``fleet.runner`` catches it and writes no ``agent`` line
+    (the agent is resumable). Never leaves the runner."""
 
 
 class FleetProgress(Protocol):
@@ -62,6 +69,7 @@ class FleetRun(Protocol):
     t0: float
     log: CheckpointLog
     segment: int
+    stopping: set[str]  # agents asked to stop at their next turn boundary (``FleetRunner.stop_agent``)
 
 
 def is_server_failure(record: RequestRecord) -> bool:
@@ -98,6 +106,8 @@ class AgentBackend:
             r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
             parked = await r.limiter.gate.yield_if_over(aid, (0, self.plan.wave, self.plan.index))
             r.progress.agent(aid, AgentState.RUNNING, rounds=ids.turn)
+        if aid in r.stopping:  # stopped while parked (or just before this turn): it is not sent
+            raise AgentStopped(aid)
         # A cold turn prefills what no warm cache holds: an agent's first turn, its first turn in this process
         # (the server's cache may have gone with the last one), its first turn after being parked (evicted
         # meanwhile). The server pays it at any width, so the limiter reads it as a burst, not as load.
@@ -137,13 +147,21 @@ class AgentBackend:
 
 
 class CheckpointHook:
-    """``on_turn`` for one agent: each finished turn is on disk before the agent goes on (fleet/checkpoint.py)."""
+    """``on_turn`` for one agent: each finished turn is on disk before the agent goes on (fleet/checkpoint.py).
 
-    def __init__(self, run: FleetRun, agent: str, prior_s: float, started: float) -> None:
+    ``committed`` is the agent's committed turns, kept exactly in step with the log: a restart
+    (``FleetRunner.restart_agent``) cancels the agent anywhere and resumes it from this list, so a turn whose line
+    was written must be in it even when the cancel lands while the line is being fsynced.
+    """
+
+    def __init__(
+        self, run: FleetRun, agent: str, prior_s: float, started: float, committed: list[TurnLog] | None = None
+    ) -> None:
         self.run = run
         self.agent = agent
         self.prior_s = prior_s  # the agent's active seconds in earlier segments
         self.started = started  # when it started in this one
+        self.committed: list[TurnLog] = committed if committed is not None else []
 
     async def __call__(self, turn: TurnLog) -> None:
         r, aid = self.run, self.agent
@@ -155,5 +173,16 @@ class CheckpointHook:
             r.progress.agent(aid, AgentState.INTERRUPTED, rounds=turn.round, detail=detail)
             raise ServerLost(detail)  # before the turn is committed: the round is sent again on resume
         elapsed = self.prior_s + r.clock.now() - self.started
-        await r.log.append(TurnLine(agent=aid, round=turn.round, segment=r.segment, elapsed_s=elapsed, turn=turn))
-        r.progress.turn(aid, turn)
+        line = TurnLine(agent=aid, round=turn.round, segment=r.segment, elapsed_s=elapsed, turn=turn)
+        before = r.log.lines_written
+        try:
+            await r.log.append(line)
+        finally:
+            # The line is written synchronously, before append's first await (its fsync), so a cancel can only
+            # land after it is in the file: then it is committed. A write that failed raised before any await, so
+            # no other agent's line can have moved the count in between.
+            if r.log.lines_written > before:
+                self.committed.append(turn)
+                r.progress.turn(aid, turn)
+        if aid in r.stopping and turn.assistant is not None and turn.final.tool_calls:
+            raise AgentStopped(aid)  # committed, and the conversation would go on: this is its turn boundary

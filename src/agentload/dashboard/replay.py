@@ -1,0 +1,337 @@
+"""A finished or interrupted fleet run, replayed from its run directory (``agentload dashboard RUN``).
+
+Everything comes from what the run wrote — ``turns.jsonl`` (each committed turn with every attempt's send, first
+token and end; the width changes; the turns the server failed; each agent's outcome), ``run.json`` and, when the
+segment finished, ``results.json`` — never from a live process. ``FleetReplay.at(t)`` compiles the page's
+snapshot at time ``t`` (the same shape ``LiveState.snapshot`` sends, so the page draws both the same way).
+
+The time axis is the replay's own: segment 0 starts at 0, and each later segment (a resume, in another process)
+is laid after the one before it with a ``SEGMENT_GAP_S`` gap. Within a segment, times are the records' own
+(one monotonic clock per process), shifted so the segment's first request is its start.
+
+What the log does not hold is not shown: the server's gauges (KV usage, running, waiting, prefix hits,
+preemptions: a fleet run does not store its scrapes), the watchdog's decisions, pauses, and a stop or restart
+of one agent (only their effect: fewer turns, no outcome line). An agent's outcome line carries no time; it is
+placed at the end of the agent's last committed turn (a skipped agent: when its last dependency ended). A turn
+cut short by a stop or a kill left no record, so the agent shows *think* from its last committed turn to the
+end of that segment, then *interrupted*.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from agentload.endpoint.records import RequestRecord
+from agentload.errors import CheckpointError
+from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, load_log, read_manifest
+from agentload.fleet.config import expand
+from agentload.fleet.results import FleetResult
+from agentload.store.manifest import read_info
+from agentload.store.rundir import LEVELS, SAMPLES
+
+# Between two segments on the replay's time axis (the real gap — until someone resumed — is not recorded).
+SEGMENT_GAP_S = 1.0
+# One timeline point per this many seconds of replay.
+POINT_S = 1.0
+PREVIEW_CHARS = 200
+
+
+def _preview(record: RequestRecord) -> str:
+    if record.tool_calls:
+        return "→ " + ", ".join(f"{c.name}({c.arguments[:60]})" for c in record.tool_calls)
+    if record.content:
+        return record.content[-PREVIEW_CHARS:]
+    if not record.ok:
+        return f"{record.outcome.value}: {record.error_message}"[:PREVIEW_CHARS]
+    return ""
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One request window on the replay's axis: a committed turn, or a turn the server failed (not committed)."""
+
+    sent: float
+    first_token: float | None
+    done: float
+    segment: int
+    committed: bool
+    context: int = 0
+    out: int = 0
+    ttft: float | None = None
+    preview: str = ""
+
+
+@dataclass
+class _Agent:
+    id: str
+    group: str
+    wave: int
+    depends_on: list[str]
+    turns: list[_Turn] = field(default_factory=list)  # in order of sending
+    outcome: str | None = None  # done / failed / skipped, from its agent line
+    ended_at: float | None = None
+    detail: str = ""
+
+
+class FleetReplay:
+    """A fleet run directory, compiled once into request windows; ``at(t)`` is the page's snapshot at ``t``."""
+
+    kind = "fleet"
+
+    def __init__(self, run_dir: Path) -> None:
+        manifest = read_manifest(run_dir)
+        state = load_log(run_dir / LOG, repair=False)  # read-only: a torn last line is skipped, not cut
+        self.run_id = manifest.run_id or run_dir.name
+        self.fleet = manifest.fleet.name
+        plans = expand(manifest.fleet)
+        results: FleetResult | None = None
+        try:
+            results = FleetResult.model_validate_json((run_dir / RESULTS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            results = None  # killed before its first segment ended: the log alone
+        # Each segment's first send and last end, on its process's clock.
+        spans: dict[int, list[float]] = {}
+
+        def stretch(segment: int, records: list[RequestRecord]) -> None:
+            span = spans.setdefault(segment, [math.inf, -math.inf])
+            for r in records:
+                span[0] = min(span[0], r.t_sent)
+                span[1] = max(span[1], r.t_done)
+
+        for lines in state.turns.values():
+            for line in lines:
+                stretch(line.segment, line.turn.records)
+        for interrupts in state.interrupts.values():
+            for x in interrupts:
+                stretch(x.segment, x.records)
+        self.offsets: dict[int, tuple[float, float]] = {}  # segment → (its start on its clock, its replay start)
+        self.segments: list[dict[str, Any]] = []
+        at = 0.0
+        for seg in sorted(spans):
+            first, last = spans[seg]
+            self.offsets[seg] = (first, at)
+            self.segments.append({"segment": seg, "start": at, "end": at + last - first})
+            at += last - first + SEGMENT_GAP_S
+        self.end = self.segments[-1]["end"] if self.segments else 0.0
+
+        self.agents: dict[str, _Agent] = {
+            p.agent_id: _Agent(p.agent_id, p.task_id, p.wave, list(p.depends_on)) for p in plans
+        }
+        for aid, lines in state.turns.items():
+            agent = self._agent(aid)
+            for line in lines:
+                final = line.turn.final
+                agent.turns.append(
+                    _Turn(
+                        sent=self._t(line.segment, line.turn.records[0].t_sent),
+                        first_token=None if final.t_first_token is None else self._t(line.segment, final.t_first_token),
+                        done=self._t(line.segment, final.t_done),
+                        segment=line.segment,
+                        committed=True,
+                        context=final.prompt_tokens,
+                        out=sum(r.completion_tokens for r in line.turn.records),
+                        ttft=final.ttft,
+                        preview=_preview(final),
+                    )
+                )
+        for aid, interrupts in state.interrupts.items():
+            agent = self._agent(aid)
+            for x in interrupts:
+                final = x.records[-1]
+                agent.turns.append(
+                    _Turn(
+                        sent=self._t(x.segment, x.records[0].t_sent),
+                        first_token=None,
+                        done=self._t(x.segment, final.t_done),
+                        segment=x.segment,
+                        committed=False,
+                        preview=x.detail,
+                    )
+                )
+            agent.turns.sort(key=lambda t: t.sent)
+        by_task: dict[str, list[_Agent]] = {}
+        for agent in self.agents.values():
+            by_task.setdefault(agent.group, []).append(agent)
+        # Outcomes, wave by wave so that a skipped agent's dependencies are placed before it.
+        for agent in sorted(self.agents.values(), key=lambda a: a.wave):
+            ended = state.finished.get(agent.id)
+            if ended is None:
+                continue
+            agent.outcome, agent.detail = ended.outcome, ended.detail
+            if agent.turns:
+                agent.ended_at = agent.turns[-1].done
+            else:
+                deps = [d.ended_at or 0.0 for task in agent.depends_on for d in by_task.get(task, [])]
+                agent.ended_at = max(deps, default=0.0)
+        # Width changes: each segment starts at its start width; ``t`` of a change is from its segment's start.
+        self.mode_by_segment = {s.segment: s.mode.value for s in state.segments}
+        self.widths: list[tuple[float, int, dict[str, Any]]] = []
+        for s in state.segments:
+            if s.segment in self.offsets:
+                start = self.offsets[s.segment][1]
+                self.widths.append((start, s.start_width, {}))
+        for limit in state.limits:
+            if limit.segment in self.offsets:
+                t = self.offsets[limit.segment][1] + limit.change.t
+                change = limit.change.model_dump(mode="json") | {"t": round(t, 3)}
+                self.widths.append((t, limit.change.new, change))
+        self.widths.sort(key=lambda w: w[0])
+        self.min_width = results.limiter.min_limit if results is not None else None
+        self.max_width = results.limiter.max_limit if results is not None else None
+        self.points = self._points()
+
+    def _agent(self, aid: str) -> _Agent:
+        agent = self.agents.get(aid)
+        if agent is None:  # in the log but not in the fleet (cannot happen for a log this fleet wrote): kept
+            agent = self.agents[aid] = _Agent(aid, "", 0, [])
+        return agent
+
+    def _t(self, segment: int, t: float) -> float:
+        first, start = self.offsets[segment]
+        return start + t - first
+
+    def _segment_end(self, segment: int) -> float:
+        return float(next(s["end"] for s in self.segments if s["segment"] == segment))
+
+    # -- one agent at t ---------------------------------------------------------------------------------------
+    def _card(self, a: _Agent, t: float) -> dict[str, Any]:
+        card: dict[str, Any] = {
+            "id": a.id, "group": a.group, "wave": a.wave, "depends_on": a.depends_on, "state": "waiting",
+            "phase": "queued", "turn": 0, "context": 0, "out": 0, "ttft": None, "preview": "", "error": "",
+            "stopping": False, "restarts": 0,
+        }  # fmt: skip
+        latest: _Turn | None = None
+        for turn in a.turns:
+            if turn.sent > t:
+                break
+            latest = turn
+            if turn.committed and turn.done <= t:
+                card["turn"] += 1
+                card["context"], card["ttft"], card["preview"] = turn.context, turn.ttft, turn.preview
+                card["out"] += turn.out
+        if a.outcome is not None and a.ended_at is not None and t >= a.ended_at:
+            card.update(state=a.outcome, phase="", error=a.detail)
+            return card
+        if latest is None:
+            return card
+        if t < latest.done:
+            card["state"] = "running"
+            card["phase"] = "streaming" if latest.first_token is not None and t >= latest.first_token else "prefilling"
+        elif not latest.committed:
+            card.update(state="interrupted", phase="", error=latest.preview)
+        elif t < self._segment_end(latest.segment):
+            card.update(state="running", phase="think")
+        else:
+            card.update(state="interrupted", phase="")  # its segment ended (a stop, a kill) with it unfinished
+        return card
+
+    # -- the timelines ---------------------------------------------------------------------------------------
+    def _width_at(self, t: float) -> int | None:
+        width = None
+        for at, w, _ in self.widths:
+            if at > t:
+                break
+            width = w
+        return width
+
+    def _points(self) -> list[dict[str, Any]]:
+        """One point per ``POINT_S``: the width, live agents, cumulative turns and output tokens, and the TTFT
+        percentiles (nearest rank) of the turns committed since the previous point. No server gauges."""
+        committed = sorted(
+            (turn.done, turn.out, turn.ttft) for a in self.agents.values() for turn in a.turns if turn.committed
+        )
+        spans: list[list[float]] = []  # each agent's activity per segment: first send to last end
+        for a in self.agents.values():
+            by_seg: dict[int, list[float]] = {}
+            for turn in a.turns:
+                s = by_seg.setdefault(turn.segment, [turn.sent, turn.done])
+                s[0], s[1] = min(s[0], turn.sent), max(s[1], turn.done)
+            spans.extend(by_seg.values())
+        points: list[dict[str, Any]] = []
+        i = turns = out = 0
+        steps = math.ceil(self.end / POINT_S) if self.end > 0 else 0
+        for k in range(steps + 1):
+            t = min(k * POINT_S, self.end)
+            ttfts = []
+            while i < len(committed) and committed[i][0] <= t:
+                turns += 1
+                out += committed[i][1]
+                if committed[i][2] is not None:
+                    ttfts.append(committed[i][2])
+                i += 1
+            ttfts.sort()
+            points.append(
+                {
+                    "t": t, "kv": None, "running": None, "waiting": None, "hit": None, "preempt": None,
+                    "width": self._width_at(t), "live": sum(1 for s0, s1 in spans if s0 <= t <= s1),
+                    "turns": turns, "out": out,
+                    "ttft_p50": ttfts[(len(ttfts) - 1) // 2] if ttfts else None,
+                    "ttft_p95": ttfts[math.ceil(0.95 * len(ttfts)) - 1] if ttfts else None,
+                }
+            )  # fmt: skip
+        return points
+
+    # -- the page's snapshot at t -----------------------------------------------------------------------------
+    def at(self, t: float) -> dict[str, Any]:
+        t = min(max(t, 0.0), self.end)
+        agents = [self._card(a, t) for a in self.agents.values()]
+        counts: dict[str, int] = {}
+        for c in agents:
+            counts[c["state"]] = counts.get(c["state"], 0) + 1
+        decisions = [d for at, _, d in self.widths if d and at <= t]
+        seg = next((s["segment"] for s in reversed(self.segments) if s["start"] <= t), None)
+        return {
+            "summary": {
+                "fleet": self.fleet,
+                "run_id": self.run_id,
+                "t": t,
+                "counts": counts,
+                "turns": sum(c["turn"] for c in agents),
+                "limiter": {
+                    "mode": self.mode_by_segment.get(seg, "") if seg is not None else "",
+                    "limit": self._width_at(t),
+                    "min": self.min_width,
+                    "max": self.max_width,
+                    "live": counts.get("running", 0),
+                    "queued": None,
+                    "parked_total": None,
+                    "decisions": len(decisions),
+                },
+                "watchdog": None,
+                "control": {"paused": False, "stopping": False},
+                "finished": t >= self.end,
+                "replay": {"t": t, "end": self.end, "segments": self.segments, "kind": self.kind},
+            },
+            "agents": agents,
+            "decisions": decisions,
+            "points": [p for p in self.points if p["t"] <= t],
+        }
+
+
+class Replay(Protocol):
+    """What the replay server serves (``FleetReplay`` and ``dashboard.benchreplay.BenchReplay`` fit)."""
+
+    kind: str
+    end: float
+
+    def at(self, t: float) -> dict[str, Any]: ...
+
+
+def open_replay(run_dir: Path) -> Replay:
+    """The replay of a fleet or bench run directory; anything else is a ``CheckpointError``."""
+    # Imported here: benchreplay → dashboard.bench → dashboard.server → this module (a cycle at import time).
+    from agentload.dashboard.benchreplay import BenchReplay
+
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir} is not a run directory")
+    info = read_info(run_dir)
+    kind = info.kind if info is not None else None
+    if kind == "fleet" or (kind is None and (run_dir / MANIFEST).is_file()):
+        return FleetReplay(run_dir)
+    if kind == "bench" or (kind is None and any((run_dir / f).is_file() for f in (SAMPLES, LEVELS))):
+        return BenchReplay(run_dir)
+    what = f"a {kind} run" if kind else "not a fleet or bench run directory"
+    raise CheckpointError(f"{run_dir} is {what}: agentload dashboard replays fleet and bench runs")
