@@ -143,7 +143,8 @@ class CacheStats:
 _EMPTY = -1  # hash() never returns -1, so it marks an empty slot
 _GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of hash × 2⁶⁴/φ spread any set of keys
 _MASK64 = (1 << 64) - 1
-_SCALAR_TAIL = 8  # probing this few keys on is cheaper one by one than with array calls
+_SCALAR_TAIL = 24  # probing this few keys on is cheaper one by one than with another pass of array calls
+_FIND_TAIL = 8  # find reads only: its passes are cheaper, so it goes one by one later
 # Sparse on purpose: at most 1/_MAX_LOAD of the slots used, so most keys sit in or next to their home slot and
 # a batch resolves in a few array passes. Live entries (≤ the pool's blocks) fill ≤ 1/4 after a rebuild. (8 slots
 # per block and a 1/4 cap measured no faster on the fleet benchmark, for twice the memory.)
@@ -202,7 +203,7 @@ class _HashIndex:
         pending = np.arange(len(hashes))
         slots = self.home(hashes)
         keys = hashes
-        while len(pending) > _SCALAR_TAIL:
+        while len(pending) > _FIND_TAIL:
             found = self.keys[slots]
             match = found == keys
             out[pending[match]] = self.blocks[slots[match]]
@@ -224,9 +225,11 @@ class _HashIndex:
                 return -1
             slot = (slot + 1) & self._mask
 
-    def place_one(self, h: int) -> tuple[int, bool]:
-        """``place`` for one hash, with scalar reads (a decode step caches one block at a time)."""
-        slot = self.home_one(h)
+    def place_one(self, h: int, slot: int | None = None) -> tuple[int, bool]:
+        """``place`` for one hash, with scalar reads (a decode step caches one block at a time); probing from its
+        home slot, or from ``slot`` where a batch left off."""
+        if slot is None:
+            slot = self.home_one(h)
         keys = self._keys_one
         while True:
             k = keys[slot]
@@ -246,32 +249,51 @@ class _HashIndex:
         self._blocks_one[slot] = block
 
     def place(self, hashes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-        """Each (distinct) hash's slot, claiming an empty one where it has none; and which already had one."""
-        n = len(hashes)
-        out = np.empty(n, dtype=np.int64)
-        existed = np.zeros(n, dtype=np.bool_)
-        pending = np.arange(n)
-        slots = self.home(hashes)
+        """Each (distinct) hash's slot, claiming an empty one where it has none; and which already had one.
+
+        Which empty slot a new key claims matters to no one (``find`` needs each key reachable from its home slot
+        without crossing an empty one, which linear probing keeps), only that each distinct key claims one.
+        """
+        out = self.home(hashes)
+        table, mask = self.keys, self._mask
+        # The first pass, at the home slots, settles most keys: it works on whole arrays, without the index
+        # arrays the later passes need.
+        found = table[out]
+        existed = found == hashes
+        settled = existed | (found == _EMPTY)
+        claim = np.flatnonzero(settled ^ existed)
+        if len(claim):
+            # Two new keys may want the same empty slot: write all, and those whose key stuck have it.
+            slots, mine = out[claim], hashes[claim]
+            table[slots] = mine
+            won = table[slots] == mine
+            taken = int(np.count_nonzero(won))
+            self.used += taken
+            if taken < len(claim):
+                settled[claim[~won]] = False
+        if settled.all():
+            return out, existed
+        pending = np.flatnonzero(~settled)
+        slots = (out[pending] + 1) & mask
         while len(pending) > _SCALAR_TAIL:
             keys = hashes[pending]
-            found = self.keys[slots]
+            found = table[slots]
             match = found == keys
             out[pending[match]] = slots[match]
             existed[pending[match]] = True
             done = match
             empty = np.flatnonzero(found == _EMPTY)
             if len(empty):
-                # Two new keys may want the same empty slot: write all, and those whose key stuck have it.
-                self.keys[slots[empty]] = keys[empty]
-                won = empty[self.keys[slots[empty]] == keys[empty]]
+                table[slots[empty]] = keys[empty]
+                won = empty[table[slots[empty]] == keys[empty]]
                 self.used += len(won)
                 out[pending[won]] = slots[won]
                 done = match.copy()
                 done[won] = True
             more = ~done
-            pending, slots = pending[more], (slots[more] + 1) & self._mask
-        for i in pending.tolist():
-            out[i], existed[i] = self.place_one(int(hashes[i]))
+            pending, slots = pending[more], (slots[more] + 1) & mask
+        for i, slot in zip(pending.tolist(), slots.tolist(), strict=True):
+            out[i], existed[i] = self.place_one(int(hashes[i]), slot)
         return out, existed
 
 
@@ -485,8 +507,9 @@ class KVCacheManager:
         """Drop one reference from each block; those left unreferenced join the back of the free queue."""
         if len(blocks) == 0:
             return
-        self._ref[blocks] -= 1
-        freed = blocks[self._ref[blocks] == 0]
+        left = self._ref[blocks] - 1  # one gather instead of two (``-=`` then a read back)
+        self._ref[blocks] = left
+        freed = blocks[left == 0]
         if len(freed):
             self._enqueue(freed)
 
@@ -651,10 +674,11 @@ class KVCacheManager:
         if stop - start == 1:
             self.register_one(held, hashes[start], start)
             return
+        chain = np.array(hashes[start:stop], dtype=np.int64)
         for gi in self.full_groups:
             index = self._index[gi]
             blocks = held[gi].view()[start:stop]
-            mine = np.array(hashes[start:stop], dtype=np.int64)
+            mine = chain
             if not index.room_for(len(mine)):
                 self._rebuild(gi)
             slots, existed = index.place(mine)
