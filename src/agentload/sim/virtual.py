@@ -30,6 +30,7 @@ from agentload.capacity.profile import ServingProfile
 from agentload.clock import PRIORITY_ENGINE, VirtualClock
 from agentload.errors import ConfigError, SimulationError
 from agentload.sim.engine import Engine, EngineStats, SimRequest, StepResult
+from agentload.sim.hashchain import HashChain
 from agentload.sim.tokens import VOCAB_SIZE, extend_block_hashes
 
 
@@ -177,7 +178,9 @@ class _Session:
         self.base = self.system + self.fresh(base_len - len(self.system))
         self.base_hashes = extend_block_hashes(list(self.system_hashes), self.base, self.bs)
         self.tokens: list[int] = list(self.base)
-        self.hashes: list[int] = list(self.base_hashes)
+        # A growing conversation's one hash list for its whole life (see next_prompt): a HashChain, so the
+        # prefix cache converts each hash to an array once, not once a turn.
+        self.hashes: list[int] = HashChain(self.base_hashes) if s.growth == "grow" else list(self.base_hashes)
 
     def next_prompt(self, last_output: list[int] | None) -> tuple[Sequence[int], list[int]]:
         """The prompt for the next turn and the block hashes already known for it.
