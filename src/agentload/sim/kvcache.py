@@ -547,9 +547,9 @@ class KVCacheManager:
                 # Up to the first block that no longer holds its hash, checked in doubling pieces: past the knee
                 # that comes early (a quarter of the way in, on the fleet benchmark), and each block checked is a
                 # cache miss.
-                piece = _MEMO_AT * 2
+                span = _MEMO_AT * 2
                 while i < k:
-                    j = min(k, i + piece)
+                    j = min(k, i + span)
                     live = np.ones(j - i, dtype=np.bool_)
                     for g, remembered in zip(groups, walked, strict=True):
                         blocks = remembered[i:j]
@@ -558,7 +558,7 @@ class KVCacheManager:
                         i += int(np.argmin(live))
                         break
                     i = j
-                    piece *= 2
+                    span *= 2
                 hit_hashes.append(known[:i])
                 for column, remembered in zip(columns, walked, strict=True):
                     column.append(remembered[:i])
