@@ -14,7 +14,7 @@ Mirrors vLLM V1's KVCacheManager / BlockPool (domain.md §3):
   GPU but hits there loads the blocks at link bandwidth instead of recomputing them.
 
 Agent contexts run to thousands of blocks per request, freed and hit again every turn, so the pool works on
-numpy arrays of block ids: reference counts are one array, and the free queue is an append-only array whose
+numpy arrays of block ids: reference counts are one column, and the free queue is an append-only array whose
 entries are checked lazily — an entry is live while its block has no reference and the block's ``stamp``
 still names that entry's position. vLLM's doubly linked free list gets O(1) removal from the middle (a hit)
 the same way: here the stale entry is skipped when the front reaches it. Freeing a 6,000-block request is a
