@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from agentload.capacity.kv import KVLayout
 from agentload.capacity.profile import parse_profile
 from agentload.errors import SimulationError
-from agentload.sim.kvcache import BlockTable, KVCacheManager
+from agentload.sim.kvcache import BlockTable, KVCacheManager, _HashIndex
 from agentload.sim.tokens import block_hashes
 
 BS = 16
@@ -334,3 +335,30 @@ def test_caching_block_by_block_is_caching_the_blocks_at_once() -> None:
         kv.check_invariants()
     assert outcomes[0] == outcomes[1]
     assert outcomes[1][2] == outcomes[1][1]
+
+
+def test_the_hash_index_maps_what_a_dict_maps() -> None:
+    """Batches of keys crowded into a small table (long probe runs, new keys racing for one empty slot, keys
+    found in the first pass and in later ones): every key lands once, is found where it was placed, and a key
+    already in the table is reported as such."""
+    rng = np.random.default_rng(5)
+    index = _HashIndex(64)  # 1,024 slots
+    model: dict[int, int] = {}
+    # Keys from a narrow range whose multiples of 2⁶⁴/φ crowd the top bits: home slots collide often.
+    while True:
+        keys = np.unique(rng.integers(1, 3_000, int(rng.integers(1, 200)), dtype=np.int64))
+        rng.shuffle(keys)
+        if not index.room_for(len(keys)):
+            break
+        slots, existed = index.place(keys)
+        assert existed.tolist() == [k in model for k in keys.tolist()]
+        assert (index.keys[slots] == keys).all()
+        assert len(set(slots.tolist())) == len(keys)
+        blocks = rng.integers(0, 1_000_000, len(keys))
+        index.blocks[slots] = blocks
+        model.update(zip(keys.tolist(), blocks.tolist(), strict=True))
+        assert index.used == len(model)
+        probe = rng.integers(1, 3_500, 300, dtype=np.int64)
+        assert index.find(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
+    assert index.used * 2 > 1_024 - 200  # the table was driven to its load limit
+    assert [index.find_one(k) for k in model] == list(model.values())

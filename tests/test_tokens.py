@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from agentload.sim.hashchain import HashChain, hash_array
 from agentload.sim.tokens import VOCAB_SIZE, block_hashes, extend_block_hashes, split_tokens, token_id, tokenize
 
 BS = 16
@@ -88,3 +91,25 @@ def test_hashes_do_not_depend_on_the_process_hash_seed() -> None:
         outputs.add(run.stdout)
     assert len(outputs) == 1
     assert outputs.pop().strip() == str(block_hashes(tokenize("x " * 40 + "y z " * 30), 16))
+
+
+def test_a_hash_chain_mirrors_its_list_as_it_grows() -> None:
+    """The array view of a HashChain is its list, converted once per entry; a change to existing entries (not an
+    append) drops the mirror, and a view handed out before keeps what it showed."""
+    chain = HashChain(block_hashes(list(range(64)), 16))
+    first = chain.array(4)
+    assert first.tolist() == chain
+    chain.append(-5)
+    chain.extend([2**62, -(2**63)])
+    chain += [7]
+    assert chain.array(len(chain)).tolist() == chain
+    assert hash_array(chain, 2, 6).tolist() == chain[2:6]
+    assert hash_array(list(chain), 2, 6).tolist() == chain[2:6]  # a plain list is converted
+    before = chain.array(len(chain)).tolist()
+    chain[1] = 99
+    del chain[0]
+    assert chain == [99, *before[2:]]
+    assert chain.array(len(chain)).tolist() == chain
+    assert first.tolist() == before[:4]
+    with pytest.raises(ValueError, match="read-only"):
+        first[0] = 1

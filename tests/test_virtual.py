@@ -14,8 +14,9 @@ import pytest
 
 from agentload.capacity.profile import load_profile
 from agentload.errors import ConfigError
-from agentload.sim.engine import StepResult
-from agentload.sim.virtual import SessionShape, VirtualRunResult, _Prompt, run_sessions
+from agentload.sim.engine import Engine, SimRequest, StepResult
+from agentload.sim.tokens import block_hashes
+from agentload.sim.virtual import SessionShape, VirtualRunResult, _Prompt, _Session, run_sessions
 
 # 300 s of virtual time with a 100 s warm-up: long enough that every session has completed several turns in
 # the window (a turn is ~10-25 s here), short enough to keep the sweeps cheap.
@@ -121,6 +122,32 @@ def test_a_prompt_view_reads_like_the_joined_list() -> None:
     assert [view[i] for i in (0, 59, 60, 89, -1, -90)] == [joined[i] for i in (0, 59, 60, 89, -1, -90)]
     with pytest.raises(IndexError):
         view[90]
+
+
+def test_a_growing_session_and_the_engine_extend_one_hash_list() -> None:
+    """A growing session hands the engine its own hash list; what the engine appends (the reply's blocks) is
+    what the session would have hashed itself, so the list stays the chain of the conversation turn after turn."""
+    profile = load_profile("laptop")
+    bs = profile.block_size
+    shape = SessionShape(
+        context=8_000, start_context=2_000, growth="grow", system_tokens=500, turn_input_tokens=300, output_tokens=90
+    )
+    system = list(range(500))
+    session = _Session(0, shape, system, block_hashes(system, bs), bs)
+    engine = Engine(profile, fast=True)
+    last: list[int] | None = None
+    now = 0.0
+    for turn in range(4):
+        prompt, known = session.next_prompt(last)
+        assert known is session.hashes
+        assert known == block_hashes(session.tokens, bs)
+        req = SimRequest(f"t{turn}", prompt, session.fresh(shape.output_tokens), now, hashes=known)
+        engine.add(req)
+        while req.finished_at is None:
+            now = engine.step(now).end
+        assert len(known) == (len(prompt) + len(req.output) - 1) // bs  # the reply's full blocks were appended
+        last = list(req.output)
+    assert len(session.tokens) > 3_000
 
 
 def test_a_run_is_deterministic() -> None:

@@ -634,5 +634,6 @@ class _Tokens(Sequence[int]):
                     return req.prompt[start:stop]
                 if start >= n:
                     return req.output[start - n : stop - n]
+                return [*req.prompt[start:n], *req.output[: stop - n]]
             return [req.token_at(p) for p in range(start, stop, step)]
         return req.token_at(index)

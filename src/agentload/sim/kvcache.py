@@ -14,7 +14,7 @@ Mirrors vLLM V1's KVCacheManager / BlockPool (domain.md §3):
   GPU but hits there loads the blocks at link bandwidth instead of recomputing them.
 
 Agent contexts run to thousands of blocks per request, freed and hit again every turn, so the pool works on
-numpy arrays of block ids: reference counts are one array, and the free queue is an append-only array whose
+numpy arrays of block ids: reference counts are one column, and the free queue is an append-only array whose
 entries are checked lazily — an entry is live while its block has no reference and the block's ``stamp``
 still names that entry's position. vLLM's doubly linked free list gets O(1) removal from the middle (a hit)
 the same way: here the stale entry is skipped when the front reaches it. Freeing a 6,000-block request is a
@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from agentload.capacity.kv import KVLayout
 from agentload.errors import SimulationError
+from agentload.sim.hashchain import hash_array
 
 BlockIds = npt.NDArray[np.int32]
 
@@ -143,7 +144,8 @@ class CacheStats:
 _EMPTY = -1  # hash() never returns -1, so it marks an empty slot
 _GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of hash × 2⁶⁴/φ spread any set of keys
 _MASK64 = (1 << 64) - 1
-_SCALAR_TAIL = 8  # probing this few keys on is cheaper one by one than with array calls
+_SCALAR_TAIL = 24  # probing this few keys on is cheaper one by one than with another pass of array calls
+_FIND_TAIL = 8  # find reads only: its passes are cheaper, so it goes one by one later
 # Sparse on purpose: at most 1/_MAX_LOAD of the slots used, so most keys sit in or next to their home slot and
 # a batch resolves in a few array passes. Live entries (≤ the pool's blocks) fill ≤ 1/4 after a rebuild. (8 slots
 # per block and a 1/4 cap measured no faster on the fleet benchmark, for twice the memory.)
@@ -170,8 +172,13 @@ class _HashIndex:
     def _resize(self, bits: int) -> None:
         self._bits = bits
         self._mask = (1 << bits) - 1
-        self.keys = np.full(1 << bits, _EMPTY, dtype=np.int64)
-        self.blocks = np.zeros(1 << bits, dtype=np.int32)
+        # Each slot's key and block side by side (two columns of one array): the read that finds a key has
+        # brought its block into the cache too. The table is far larger than the CPU caches, so a batch's cost is
+        # the cache misses of its random reads, and this halves them for every key found.
+        table = np.zeros((1 << bits, 2), dtype=np.int64)
+        table[:, 0] = _EMPTY
+        self.keys = table[:, 0]
+        self.blocks = table[:, 1]
         # Memoryviews of the same arrays, for the one-key paths (scalar reads at half numpy's cost).
         self._keys_one = _one_by_one(self.keys)
         self._blocks_one = _one_by_one(self.blocks)
@@ -202,7 +209,7 @@ class _HashIndex:
         pending = np.arange(len(hashes))
         slots = self.home(hashes)
         keys = hashes
-        while len(pending) > _SCALAR_TAIL:
+        while len(pending) > _FIND_TAIL:
             found = self.keys[slots]
             match = found == keys
             out[pending[match]] = self.blocks[slots[match]]
@@ -224,9 +231,11 @@ class _HashIndex:
                 return -1
             slot = (slot + 1) & self._mask
 
-    def place_one(self, h: int) -> tuple[int, bool]:
-        """``place`` for one hash, with scalar reads (a decode step caches one block at a time)."""
-        slot = self.home_one(h)
+    def place_one(self, h: int, slot: int | None = None) -> tuple[int, bool]:
+        """``place`` for one hash, with scalar reads (a decode step caches one block at a time); probing from its
+        home slot, or from ``slot`` where a batch left off."""
+        if slot is None:
+            slot = self.home_one(h)
         keys = self._keys_one
         while True:
             k = keys[slot]
@@ -246,32 +255,51 @@ class _HashIndex:
         self._blocks_one[slot] = block
 
     def place(self, hashes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-        """Each (distinct) hash's slot, claiming an empty one where it has none; and which already had one."""
-        n = len(hashes)
-        out = np.empty(n, dtype=np.int64)
-        existed = np.zeros(n, dtype=np.bool_)
-        pending = np.arange(n)
-        slots = self.home(hashes)
+        """Each (distinct) hash's slot, claiming an empty one where it has none; and which already had one.
+
+        Which empty slot a new key claims matters to no one (``find`` needs each key reachable from its home slot
+        without crossing an empty one, which linear probing keeps), only that each distinct key claims one.
+        """
+        out = self.home(hashes)
+        table, mask = self.keys, self._mask
+        # The first pass, at the home slots, settles most keys: it works on whole arrays, without the index
+        # arrays the later passes need.
+        found = table[out]
+        existed = found == hashes
+        settled = existed | (found == _EMPTY)
+        claim = np.flatnonzero(settled ^ existed)
+        if len(claim):
+            # Two new keys may want the same empty slot: write all, and those whose key stuck have it.
+            slots, mine = out[claim], hashes[claim]
+            table[slots] = mine
+            won = table[slots] == mine
+            taken = int(np.count_nonzero(won))
+            self.used += taken
+            if taken < len(claim):
+                settled[claim[~won]] = False
+        if settled.all():
+            return out, existed
+        pending = np.flatnonzero(~settled)
+        slots = (out[pending] + 1) & mask
         while len(pending) > _SCALAR_TAIL:
             keys = hashes[pending]
-            found = self.keys[slots]
+            found = table[slots]
             match = found == keys
             out[pending[match]] = slots[match]
             existed[pending[match]] = True
             done = match
             empty = np.flatnonzero(found == _EMPTY)
             if len(empty):
-                # Two new keys may want the same empty slot: write all, and those whose key stuck have it.
-                self.keys[slots[empty]] = keys[empty]
-                won = empty[self.keys[slots[empty]] == keys[empty]]
+                table[slots[empty]] = keys[empty]
+                won = empty[table[slots[empty]] == keys[empty]]
                 self.used += len(won)
                 out[pending[won]] = slots[won]
                 done = match.copy()
                 done[won] = True
             more = ~done
-            pending, slots = pending[more], (slots[more] + 1) & self._mask
-        for i in pending.tolist():
-            out[i], existed[i] = self.place_one(int(hashes[i]))
+            pending, slots = pending[more], (slots[more] + 1) & mask
+        for i, slot in zip(pending.tolist(), slots.tolist(), strict=True):
+            out[i], existed[i] = self.place_one(int(hashes[i]), slot)
         return out, existed
 
 
@@ -307,17 +335,25 @@ class KVCacheManager:
         self._sliding_scaled = [
             (i, cap, layout.groups[i].block_tokens or self.block_size) for i, cap in self._sliding_caps
         ]
-        self._ref = np.zeros(num_blocks, dtype=np.int32)
+        # Per-block state, paired as it is read together (reference count and queue stamp: is a queue entry
+        # live; cached hash and group: is a cached block what an index entry says), each pair side by side in one
+        # array. Block ids are scattered over a pool far larger than the CPU caches, so every pass over a
+        # request's blocks costs a cache miss per block and array read; paired, one miss serves both.
+        counts = np.zeros((num_blocks, 2), dtype=np.int64)
+        keyed = np.zeros((num_blocks, 2), dtype=np.int64)
+        self._ref = counts[:, 0]
         # The free queue: live entries are queue[head:tail] whose block is unreferenced and stamped there.
         self._queue = np.empty(4 * num_blocks + 1024, dtype=np.int32)
         self._queue[:num_blocks] = np.arange(num_blocks, dtype=np.int32)
-        self._stamp = np.arange(num_blocks, dtype=np.int64)
+        self._stamp = counts[:, 1]
+        self._stamp[:] = np.arange(num_blocks)
         self._head = 0
         self._tail = num_blocks
         self._num_free = num_blocks
         # Which cache table holds a block (-1: none) and under which hash.
-        self._key_group = np.full(num_blocks, -1, dtype=np.int16)
-        self._key_hash = np.zeros(num_blocks, dtype=np.int64)
+        self._key_group = keyed[:, 1]
+        self._key_group[:] = -1
+        self._key_hash = keyed[:, 0]
         # Memoryviews of the per-block arrays for the one-block paths (scalar access at half numpy's cost).
         self._ref_one = _one_by_one(self._ref)
         self._stamp_one = _one_by_one(self._stamp)
@@ -485,8 +521,9 @@ class KVCacheManager:
         """Drop one reference from each block; those left unreferenced join the back of the free queue."""
         if len(blocks) == 0:
             return
-        self._ref[blocks] -= 1
-        freed = blocks[self._ref[blocks] == 0]
+        left = self._ref[blocks] - 1  # one gather instead of two (``-=`` then a read back)
+        self._ref[blocks] = left
+        freed = blocks[left == 0]
         if len(freed):
             self._enqueue(freed)
 
@@ -507,10 +544,21 @@ class KVCacheManager:
             before, n, known, walked = memo
             k = min(n, limit)
             if before is hashes or before[:k] == hashes[:k]:
-                live = np.ones(k, dtype=np.bool_)
-                for g, remembered in zip(groups, walked, strict=True):
-                    live &= (self._key_group[remembered[:k]] == g) & (self._key_hash[remembered[:k]] == known[:k])
-                i = k if live.all() else int(np.argmin(live))
+                # Up to the first block that no longer holds its hash, checked in doubling pieces: past the knee
+                # that comes early (a quarter of the way in, on the fleet benchmark), and each block checked is a
+                # cache miss.
+                span = _MEMO_AT * 2
+                while i < k:
+                    j = min(k, i + span)
+                    live = np.ones(j - i, dtype=np.bool_)
+                    for g, remembered in zip(groups, walked, strict=True):
+                        blocks = remembered[i:j]
+                        live &= (self._key_group[blocks] == g) & (self._key_hash[blocks] == known[i:j])
+                    if not live.all():
+                        i += int(np.argmin(live))
+                        break
+                    i = j
+                    span *= 2
                 hit_hashes.append(known[:i])
                 for column, remembered in zip(columns, walked, strict=True):
                     column.append(remembered[:i])
@@ -518,7 +566,7 @@ class KVCacheManager:
         # it the whole chain hits; either way the work stays within 4× of the blocks walked.
         step = 128
         while i < limit:
-            piece = np.array(hashes[i : min(i + step, limit)], dtype=np.int64)
+            piece = hash_array(hashes, i, min(i + step, limit))
             stop = len(piece)
             for column, g in zip(columns, groups, strict=True):
                 candidates = self._index[g].find(piece[:stop])
@@ -548,14 +596,26 @@ class KVCacheManager:
 
     def blocks_needed(self, held: BlockTable, target_tokens: int, lookup: Lookup | None = None) -> int:
         """Free blocks an allocation to ``target_tokens`` would consume (hits taken out of the free queue too)."""
+        hit_refs = None if lookup is None else [self._ref[blocks] for blocks in lookup.hit_blocks]
+        return self._blocks_needed(held, target_tokens, lookup, hit_refs)
+
+    def _blocks_needed(
+        self,
+        held: BlockTable,
+        target_tokens: int,
+        lookup: Lookup | None,
+        hit_refs: list[npt.NDArray[np.int64]] | None,
+    ) -> int:
+        """``blocks_needed``, given the hit blocks' reference counts (read once by ``allocate``, which then sets
+        them: each read of a long hit is a cache miss per block)."""
         bs = self.block_size
         logical = -(-target_tokens // bs)
         need = 0
         hits = 0
-        if lookup is not None:
+        if lookup is not None and hit_refs is not None:
             hits = lookup.num_hit_blocks
-            for blocks in lookup.hit_blocks:
-                need += int(np.count_nonzero(self._ref[blocks] == 0))
+            for refs in hit_refs:
+                need += int(np.count_nonzero(refs == 0))
         for gi in self.full_groups:
             need += max(0, logical - len(held[gi]) - hits)
         if self._mixed:
@@ -605,12 +665,13 @@ class KVCacheManager:
             if total > self._num_free:
                 return False
         else:
-            if self.blocks_needed(held, target_tokens, lookup) > self._num_free:
+            hit_refs = [self._ref[blocks] for blocks in lookup.hit_blocks]
+            if self._blocks_needed(held, target_tokens, lookup, hit_refs) > self._num_free:
                 return False
-            for gi, hit in zip(self.full_groups, lookup.hit_blocks, strict=True):
+            for gi, hit, refs in zip(self.full_groups, lookup.hit_blocks, hit_refs, strict=True):
                 if len(hit):
-                    was_free = int(np.count_nonzero(self._ref[hit] == 0))
-                    self._ref[hit] += 1  # a chain names each block once
+                    was_free = int(np.count_nonzero(refs == 0))
+                    self._ref[hit] = refs + 1  # a chain names each block once
                     self._num_free -= was_free
                     held[gi].extend(hit)
             wants = [(gi, logical - len(held[gi])) for gi in self.full_groups]
@@ -651,10 +712,11 @@ class KVCacheManager:
         if stop - start == 1:
             self.register_one(held, hashes[start], start)
             return
+        chain = hash_array(hashes, start, stop)
         for gi in self.full_groups:
             index = self._index[gi]
             blocks = held[gi].view()[start:stop]
-            mine = np.array(hashes[start:stop], dtype=np.int64)
+            mine = chain
             if not index.room_for(len(mine)):
                 self._rebuild(gi)
             slots, existed = index.place(mine)

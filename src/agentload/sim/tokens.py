@@ -52,9 +52,13 @@ def extend_block_hashes(
         return hashes  # nothing new (the usual call: a prompt whose hashes the driver already knows)
     parent = hashes[-1] if hashes else ROOT_HASH
     append = hashes.append
-    # chain_hash inlined: this loop hashes every block of every prompt, and the call is a third of its cost.
-    for start in range(first - offset, limit - offset - block_size + 1, block_size):
-        parent = hash((parent, tuple(tokens[start : start + block_size])))
+    # chain_hash inlined: this loop hashes every block of every prompt. One slice of the whole span, cut into
+    # block tuples by zip over a single iterator (the "grouper" recipe), builds each tuple in C: the same tuples
+    # as ``tuple(tokens[start : start + block_size])`` block by block, at less than half the cost.
+    start = first - offset
+    span = iter(tokens[start : start + (limit - first) // block_size * block_size])
+    for block in zip(*[span] * block_size, strict=True):
+        parent = hash((parent, block))
         append(parent)
     return hashes
 
