@@ -119,12 +119,19 @@ def test_steady_itl_uses_only_the_window_where_every_stream_decodes() -> None:
     assert steady_itl([a, late], prompt_tokens=100, min_gaps=1) is None
 
 
-def test_streams_whose_chunks_came_in_together_give_no_itl_point_rather_than_an_invalid_one() -> None:
-    # A loaded client read every chunk of both streams at once, in bursts of four: most gaps are 0.
+def test_streams_whose_chunks_came_in_bursts_are_read_from_burst_to_burst() -> None:
+    # A loaded client read the chunks of both streams in bursts of four, a burst every 0.2 s: most gaps are 0
+    # (their median was once an ITL of zero, a pydantic ValidationError; then no point, which on a busy machine left
+    # calibrate with too few). Four tokens a burst at 0.2 s a burst: a step of 50 ms.
     burst = (0.0, 0.0, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2, 0.4, 0.4, 0.4, 0.4)
     a = StreamTiming(0.0, burst, 100, 0, 12)
     b = StreamTiming(0.0, burst, 100, 0, 12)
-    assert steady_itl([a, b], prompt_tokens=100, min_gaps=2) is None  # was a pydantic ValidationError (itl_s=0)
+    point = steady_itl([a, b], prompt_tokens=100, min_gaps=2)
+    assert point is not None
+    assert point.itl_s == pytest.approx(0.05)
+    # All in one burst: nothing spans two, so there is no step time to read.
+    together = StreamTiming(0.0, (0.3,) * 12, 100, 0, 12)
+    assert steady_itl([together, together], prompt_tokens=100, min_gaps=2) is None
 
 
 # -- the whole calibration against a modelled server (no HTTP, no wall time) ----------------------------------

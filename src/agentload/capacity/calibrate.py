@@ -268,10 +268,30 @@ def steady_itl(streams: Sequence[StreamTiming], *, prompt_tokens: int, min_gaps:
         return None
     itl = float(np.median(gaps))
     if itl <= 0:
-        # Most chunks came in together (a client behind on a loaded machine, a proxy that buffers): their times
-        # hold no step time, so this point is unusable rather than an ITL of zero.
-        return None
+        # Most chunks came in together (a client behind on a loaded machine, a proxy that buffers): single gaps hold
+        # no step time, but the bursts still arrive a step per token apart on average. Read it from burst to burst.
+        burst_itl = _burst_to_burst(streams, start, end)
+        if burst_itl is None:
+            return None  # unusable rather than an ITL of zero
+        itl = burst_itl
     return ItlPoint(batch=len(streams), context=float(np.mean(contexts)), itl_s=itl, gaps=len(gaps))
+
+
+def _burst_to_burst(streams: Sequence[StreamTiming], start: float, end: float) -> float | None:
+    """The step time of streams whose chunks arrived in bursts: per stream, the time from its first arrival in the
+    window to its last, over the tokens between the first chunk of each (a burst's chunks were generated a step
+    apart before they were read at once); the median over streams, or None where no stream spans two bursts."""
+    steps: list[float] = []
+    for s in streams:
+        inside = [(j, t) for j, t in enumerate(s.token_times) if start <= t <= end]
+        if not inside:
+            continue
+        j0, t0 = inside[0]
+        t1 = inside[-1][1]
+        j1 = next(j for j, t in inside if t == t1)
+        if t1 > t0 and j1 > j0:
+            steps.append((t1 - t0) / (j1 - j0))
+    return float(np.median(steps)) if steps else None
 
 
 class _SteadyWindow:
