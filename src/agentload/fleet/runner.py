@@ -276,7 +276,7 @@ class _FleetAgent:
             plan.tools,
             ToolSettings(aid, r.workspaces / aid, plan.tool_result_tokens, plan.tool_latency_s, searches),
         )
-        on_turn = CheckpointHook(r, aid, prior, started, committed)
+        on_turn = CheckpointHook(r, aid, prior, started, committed, max_rounds=spec.max_rounds)
 
         while True:
             # One attempt of the agent from its committed turns; a restart cancels it and comes round again.
