@@ -300,6 +300,9 @@ class _FleetAgent:
                     await r.limiter.gate.enter(aid, self.priority())
                 r.progress.agent(aid, AgentState.RUNNING, rounds=len(committed))
                 continue
+            # A restart whose cancel the client's timeout guard took for its own (uncancel() in the same tick)
+            # was a no-op: the attempt went on. Forget it, or a later cancel of the run would restart the agent.
+            r.restarting.discard(aid)
             try:
                 transcript = attempt.result()
             except AgentStopped:
