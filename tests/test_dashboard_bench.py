@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -148,6 +149,23 @@ def test_the_dashboard_needs_a_real_time_server(tmp_path: Path) -> None:
     assert "--dashboard shows a run as it happens" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_dashboard_port_in_use_leaves_no_run_directory(tmp_path: Path) -> None:
+    with socket.socket() as taken, sim_process(FAST) as (_, sim_url):
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentload", "bench", "--url", sim_url, "--model",
+             "meta-llama/Llama-3.1-8B-Instruct", *MODEL_ARGS, "--out", str(tmp_path / "runs"), "--dashboard",
+             "--dashboard-port", str(port)],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"the dashboard cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists() or not any(p.is_dir() for p in (tmp_path / "runs").iterdir())
 
 
 @pytest.mark.slow

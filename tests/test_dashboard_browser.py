@@ -160,8 +160,24 @@ def test_24_agents_render_and_pause_resume_from_the_page(tmp_path: Path) -> None
     assert any(t > resumed_at for t in sent)
 
 
+LONG_ROUNDS = 30  # the two agents whose buttons are pressed: a late click still finds them running
+LONG_TASKS = f"""
+[[tasks]]
+id = "stopme"
+prompt = "Long work."
+max_rounds = {LONG_ROUNDS}
+depends_on = ["plan"]
+
+[[tasks]]
+id = "restartme"
+prompt = "Long work too."
+max_rounds = {LONG_ROUNDS}
+depends_on = ["plan"]
+"""
+
+
 def test_stop_and_restart_one_agent_from_its_card(tmp_path: Path) -> None:
-    (tmp_path / "f.toml").write_text(FLEET)
+    (tmp_path / "f.toml").write_text(FLEET.replace("count = 23", "count = 21") + LONG_TASKS)
     opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
                       dashboard=True)  # fmt: skip
     run = _Run(opts)
@@ -184,24 +200,24 @@ def test_stop_and_restart_one_agent_from_its_card(tmp_path: Path) -> None:
             page.on("console", on_console)
             page.goto(opts.dashboard_url)
             expect(page.locator("#waves .card[data-id]")).to_have_count(24, timeout=15_000)
-            stopped = page.locator('.card[data-id="w.05"]')
-            restarted = page.locator('.card[data-id="w.10"]')
+            stopped = page.locator('.card[data-id="stopme"]')
+            restarted = page.locator('.card[data-id="restartme"]')
             # Both are live (the planner is done, its dependents under way) before their buttons are pressed.
             expect(stopped).to_have_attribute("data-state", "running", timeout=30_000)
             stopped.locator('button[data-act="stop_agent"]').click()
             expect(restarted).to_have_attribute("data-state", "running", timeout=30_000)
             restarted.locator('button[data-act="restart_agent"]').click()
-            expect(restarted.locator(".nums")).to_contain_text("restarted 1×", timeout=10_000)
+            expect(restarted.locator(".nums")).to_contain_text("restarted 1×", timeout=30_000)
             # The width, from the page, while it runs.
             page.select_option("#width-mode", "parallel")
             page.fill("#width-n", "8")
             page.click("#width-apply")
-            expect(page.locator("#limit")).to_have_text("8", timeout=10_000)
+            expect(page.locator("#limit")).to_have_text("8", timeout=30_000)
 
-            run.join(120)
+            run.join(180)
             assert not run.is_alive()
             assert run.error is None, run.error
-            expect(page.locator("#conn")).to_have_text("run ended", timeout=10_000)
+            expect(page.locator("#conn")).to_have_text("run ended", timeout=30_000)
             expect(stopped).to_have_attribute("data-state", "stopped")
             expect(stopped.locator(".acts")).to_be_hidden()  # an ended card has no buttons
             expect(page.locator('.card[data-state="done"]')).to_have_count(23)
@@ -214,10 +230,10 @@ def test_stop_and_restart_one_agent_from_its_card(tmp_path: Path) -> None:
     assert opts.run_dir is not None
     assert result.totals.done == 23
     state = load_log(opts.run_dir / LOG, repair=False)  # raises on a turn lost or repeated
-    assert "w.05" not in state.finished  # resumable
-    assert 1 <= len(state.turns["w.05"]) < 6
-    assert {a: len(t) for a, t in state.turns.items() if a != "w.05"} == {
-        "plan": 2, **{f"w.{i:02d}": 6 for i in range(23) if i != 5}}  # fmt: skip
+    assert "stopme" not in state.finished  # resumable
+    assert 1 <= len(state.turns["stopme"]) < LONG_ROUNDS
+    assert {a: len(t) for a, t in state.turns.items() if a != "stopme"} == {
+        "plan": 2, "restartme": LONG_ROUNDS, **{f"w.{i:02d}": 6 for i in range(21)}}  # fmt: skip
     from_page = [c.reason for c in result.limiter.history if "dashboard" in c.reason]
     assert from_page == ["set from the dashboard: parallel 8"]
 

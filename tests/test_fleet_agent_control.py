@@ -158,6 +158,55 @@ async def test_stop_commits_the_turn_in_flight_then_holds_the_agent_and_its_depe
     assert len(load_log(tmp_path / LOG, repair=False).finished) == 4
 
 
+async def test_a_stop_during_the_last_round_lets_the_agent_finish(tmp_path: Path) -> None:
+    backend = Scripted(hold=("w.1", 3))  # max_rounds = 4: round 3 is its last, whatever the model answers
+    runner, log, events = _runner(tmp_path, backend)
+    run = asyncio.create_task(runner.run())
+    await asyncio.wait_for(backend.held.wait(), 30)
+    runner.stop_agent("w.1")
+    backend.release.set()
+    outcome = await asyncio.wait_for(run, 30)
+    log.close()
+    assert not outcome.stopped_early
+    # Its last round was committed and the conversation ended there: done, not held as stopped.
+    assert _rounds(tmp_path) == {"w.0": [0, 1, 2, 3], "w.1": [0, 1, 2, 3], "w.2": [0, 1, 2, 3], "after": [0, 1]}
+    state = load_log(tmp_path / LOG, repair=False)
+    assert {a: x.outcome for a, x in state.finished.items()} == {"w.0": "done", "w.1": "done", "w.2": "done",
+                                                                 "after": "done"}  # fmt: skip
+    assert "stopped" not in events.states["w.1"]
+    assert runner.held == set()
+
+
+class Swallowing(Scripted):
+    """Like the client's timeout guard firing in the tick a restart cancels: the cancel is taken for its own,
+    ``uncancel()``ed, and the turn goes on (answered)."""
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        try:
+            return await super().complete(body, ids)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            assert task is not None
+            task.uncancel()
+            self.hold = None
+            return await super().complete(body, ids)
+
+
+async def test_a_restart_swallowed_by_a_timeout_is_a_no_op_and_forgotten(tmp_path: Path) -> None:
+    backend = Swallowing(hold=("w.1", 2))
+    runner, log, _ = _runner(tmp_path, backend)
+    run = asyncio.create_task(runner.run())
+    await asyncio.wait_for(backend.held.wait(), 30)
+    runner.restart_agent("w.1")
+    assert runner.restarting == {"w.1"}
+    outcome = await asyncio.wait_for(run, 30)
+    log.close()
+    assert not outcome.stopped_early
+    assert runner.restarting == set()
+    assert _rounds(tmp_path) == {"w.0": [0, 1, 2, 3], "w.1": [0, 1, 2, 3], "w.2": [0, 1, 2, 3], "after": [0, 1]}
+    assert len(load_log(tmp_path / LOG, repair=False).finished) == 4
+
+
 async def test_an_agent_stopped_before_it_starts_never_sends(tmp_path: Path) -> None:
     backend = Scripted(hold=("w.0", 0))
     runner, log, events = _runner(tmp_path, backend)

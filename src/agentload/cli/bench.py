@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import re
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -457,14 +459,22 @@ def run(
         f"{mode} · contexts {', '.join(f'{c:,}' for c in contexts)} · run {writer.run_id}"
     )
 
+    board_failed = False  # the dashboard could not start (its port in use): the run never began
+
     async def go() -> tuple[RunResult, list[LevelData]]:
+        nonlocal board_failed
         try:
             if not dashboard:
                 return await run_bench(plan, pool=pool, slots=slots, on_level=on_level, on_data=on_data,
                                        sink=writer.record, run_id=writer.run_id, resumed=resumed, created=created,
                                        resume_from_s=resume_from_s)  # fmt: skip
             meta = {"mode": mode, "target": where, "workload": workload, "run_id": writer.run_id}
-            async with open_bench_board(LoopClock(), meta, port=dashboard_port) as board:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    board = await stack.enter_async_context(open_bench_board(LoopClock(), meta, port=dashboard_port))
+                except ConfigError:
+                    board_failed = True
+                    raise
                 err_console.print(f"dashboard: {board.url}", markup=False, soft_wrap=True)
 
                 def level_shown(s: LevelSummary) -> None:
@@ -492,6 +502,8 @@ def run(
         raise typer.Exit(130) from None
     except BaseException:
         writer.close()  # the records gathered so far stay on disk
+        if board_failed and resume_dir is None:
+            shutil.rmtree(writer.path, ignore_errors=True)  # nothing ran: no run directory with only bench.json
         raise
     measured_nothing = not resumed and not any(r.ok for level in data for r in level.records)
     if result.incomplete is None and measured_nothing:

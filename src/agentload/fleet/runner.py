@@ -276,7 +276,7 @@ class _FleetAgent:
             plan.tools,
             ToolSettings(aid, r.workspaces / aid, plan.tool_result_tokens, plan.tool_latency_s, searches),
         )
-        on_turn = CheckpointHook(r, aid, prior, started, committed)
+        on_turn = CheckpointHook(r, aid, prior, started, committed, max_rounds=spec.max_rounds)
 
         while True:
             # One attempt of the agent from its committed turns; a restart cancels it and comes round again.
@@ -300,6 +300,9 @@ class _FleetAgent:
                     await r.limiter.gate.enter(aid, self.priority())
                 r.progress.agent(aid, AgentState.RUNNING, rounds=len(committed))
                 continue
+            # A restart whose cancel the client's timeout guard took for its own (uncancel() in the same tick)
+            # was a no-op: the attempt went on. Forget it, or a later cancel of the run would restart the agent.
+            r.restarting.discard(aid)
             try:
                 transcript = attempt.result()
             except AgentStopped:

@@ -155,10 +155,17 @@ class CheckpointHook:
     """
 
     def __init__(
-        self, run: FleetRun, agent: str, prior_s: float, started: float, committed: list[TurnLog] | None = None
+        self,
+        run: FleetRun,
+        agent: str,
+        prior_s: float,
+        started: float,
+        committed: list[TurnLog] | None = None,
+        max_rounds: int | None = None,
     ) -> None:
         self.run = run
         self.agent = agent
+        self.max_rounds = max_rounds  # the agent's round cap: a stop on its last round is no stop (it ends anyway)
         self.prior_s = prior_s  # the agent's active seconds in earlier segments
         self.started = started  # when it started in this one
         self.committed: list[TurnLog] = committed if committed is not None else []
@@ -184,5 +191,6 @@ class CheckpointHook:
             if r.log.lines_written > before:
                 self.committed.append(turn)
                 r.progress.turn(aid, turn)
-        if aid in r.stopping and turn.assistant is not None and turn.final.tool_calls:
+        goes_on = self.max_rounds is None or turn.round + 1 < self.max_rounds
+        if aid in r.stopping and turn.assistant is not None and turn.final.tool_calls and goes_on:
             raise AgentStopped(aid)  # committed, and the conversation would go on: this is its turn boundary
