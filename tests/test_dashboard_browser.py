@@ -317,9 +317,17 @@ def test_a_finished_run_replays_with_a_time_slider(tmp_path: Path) -> None:
                 end = float(page.locator("#t").get_attribute("max") or "0")
                 _scrub(page, round(end / 2, 1))
                 expect(page.locator("body")).to_have_attribute("data-replay-t", str(round(end / 2, 1)), timeout=10_000)
-                counts = page.locator("#counts").inner_text()
-                turns = int(counts.rsplit(" · ", 1)[1].split(" ")[0])
-                assert 0 < turns < sum(len(t) for t in log.turns.values())
+                # The counts are applied on the page's next animation frame, after the time attribute: read them
+                # until they show the scrubbed time's (a read in between saw the start's "0 turns" on a busy CI).
+                total = sum(len(t) for t in log.turns.values())
+                turns = -1
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    turns = int(page.locator("#counts").inner_text().rsplit(" · ", 1)[1].split(" ")[0])
+                    if 0 < turns < total:
+                        break
+                    page.wait_for_timeout(100)
+                assert 0 < turns < total
                 expect(page.locator("#t-label")).to_contain_text(f"{round(end / 2, 1):.1f} / ")
             finally:
                 browser.close()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentload.dashboard.state import reply_preview
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import CheckpointError
 from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, load_log, read_manifest
@@ -36,17 +37,6 @@ from agentload.store.rundir import LEVELS, SAMPLES
 SEGMENT_GAP_S = 1.0
 # One timeline point per this many seconds of replay.
 POINT_S = 1.0
-PREVIEW_CHARS = 200
-
-
-def _preview(record: RequestRecord) -> str:
-    if record.tool_calls:
-        return "→ " + ", ".join(f"{c.name}({c.arguments[:60]})" for c in record.tool_calls)
-    if record.content:
-        return record.content[-PREVIEW_CHARS:]
-    if not record.ok:
-        return f"{record.outcome.value}: {record.error_message}"[:PREVIEW_CHARS]
-    return ""
 
 
 @dataclass(frozen=True)
@@ -134,7 +124,7 @@ class FleetReplay:
                         context=final.prompt_tokens,
                         out=sum(r.completion_tokens for r in line.turn.records),
                         ttft=final.ttft,
-                        preview=_preview(final),
+                        preview=reply_preview(final),
                     )
                 )
         for aid, interrupts in state.interrupts.items():

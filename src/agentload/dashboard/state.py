@@ -119,7 +119,8 @@ def _tail(pieces: Sequence[str], chars: int = PREVIEW_CHARS) -> str:
     return "".join(reversed(out))[-chars:]
 
 
-def _reply_preview(record: RequestRecord) -> str:
+def reply_preview(record: RequestRecord) -> str:
+    """What a card shows of a finished turn (live, and in a replay): its tool calls, its text's tail, or its error."""
     if record.tool_calls:
         return "→ " + ", ".join(f"{c.name}({c.arguments[:60]})" for c in record.tool_calls)
     if record.content:
@@ -201,7 +202,7 @@ class LiveState:
         if final.ttft is not None:
             self._ttfts.append(final.ttft)
         self.out_tokens += sum(r.completion_tokens for r in turn.records)
-        card.preview = _reply_preview(final) or card.preview
+        card.preview = reply_preview(final) or card.preview
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
         self._bump(card)
@@ -227,7 +228,7 @@ class LiveState:
         card.phase = "tool" if final.ok and final.tool_calls else "think"
         if final.ttft is not None:
             card.ttft = final.ttft
-        card.preview = _reply_preview(final) or card.preview
+        card.preview = reply_preview(final) or card.preview
         self._bump(card)
 
     def request_abandoned(self, agent: str) -> None:
