@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -269,20 +271,11 @@ class _Replay(threading.Thread):
         self.join(30)
 
 
-def _scrub(page: Page, t: float) -> None:
-    page.evaluate("(t) => { const s = document.getElementById('t'); s.value = String(t); "
-                  "s.dispatchEvent(new Event('input')); }", t)  # fmt: skip
-
-
-def test_a_finished_run_replays_with_a_time_slider(tmp_path: Path) -> None:
-    (tmp_path / "f.toml").write_text(FLEET)
-    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
-                      virtual=True)  # fmt: skip
-    result = run_virtual(run_fleet(opts))
-    assert result.totals.done == 24
-    assert opts.run_dir is not None
-    log = load_log(opts.run_dir / LOG, repair=False)
-    server = _Replay(opts.run_dir)
+@contextmanager
+def _replay_page(run_dir: Path) -> Iterator[Page]:
+    """``agentload dashboard RUN_DIR``'s page in headless Chromium; after the test's checks, the server stopped
+    with no error and the page logged no console error."""
+    server = _Replay(run_dir)
     server.start()
     deadline = time.monotonic() + 30
     while server.url is None and server.error is None and time.monotonic() < deadline:
@@ -297,44 +290,61 @@ def test_a_finished_run_replays_with_a_time_slider(tmp_path: Path) -> None:
                 page = browser.new_page(viewport={"width": 1400, "height": 900})
                 page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
                 page.goto(server.url)
-                # It opens at the end of the run: every card done, with its committed turns.
-                expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
-                expect(page.locator('.card[data-state="done"]')).to_have_count(24, timeout=15_000)
-                expect(page.locator('.card[data-id="w.07"] .nums')).to_contain_text(f"turn {len(log.turns['w.07'])} ")
-                for chart in ("c-width", "c-ttft", "c-tok"):
-                    assert (page.locator(f"#{chart} polyline").first.get_attribute("points") or "").count(",") >= 2
-                # Read-only: no run controls, no card buttons, no width form.
-                expect(page.locator("#controls")).to_be_hidden()
-                expect(page.locator("#width-controls")).to_be_hidden()
-                expect(page.locator(".card .acts").first).to_be_hidden()
-                # Back to the start: the planner's first request is in flight, its dependents wait.
-                _scrub(page, 0)
-                expect(page.locator("body")).to_have_attribute("data-replay-t", "0", timeout=10_000)
-                expect(page.locator('.card[data-state="waiting"]')).to_have_count(23)
-                expect(page.locator('.card[data-id="plan"]')).to_have_attribute("data-state", "running")
-                expect(page.locator("#counts")).to_contain_text("0 turns")
-                # Halfway: some turns committed, not all; the page says the time it shows.
-                end = float(page.locator("#t").get_attribute("max") or "0")
-                _scrub(page, round(end / 2, 1))
-                expect(page.locator("body")).to_have_attribute("data-replay-t", str(round(end / 2, 1)), timeout=10_000)
-                # The counts are applied on the page's next animation frame, after the time attribute: read them
-                # until they show the scrubbed time's (a read in between saw the start's "0 turns" on a busy CI).
-                total = sum(len(t) for t in log.turns.values())
-                turns = -1
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline:
-                    turns = int(page.locator("#counts").inner_text().rsplit(" · ", 1)[1].split(" ")[0])
-                    if 0 < turns < total:
-                        break
-                    page.wait_for_timeout(100)
-                assert 0 < turns < total
-                expect(page.locator("#t-label")).to_contain_text(f"{round(end / 2, 1):.1f} / ")
+                yield page
             finally:
                 browser.close()
     finally:
         server.stop()
     assert server.error is None, server.error
     assert console_errors == []
+
+
+def _scrub(page: Page, t: float) -> None:
+    page.evaluate("(t) => { const s = document.getElementById('t'); s.value = String(t); "
+                  "s.dispatchEvent(new Event('input')); }", t)  # fmt: skip
+
+
+def test_a_finished_run_replays_with_a_time_slider(tmp_path: Path) -> None:
+    (tmp_path / "f.toml").write_text(FLEET)
+    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
+                      virtual=True)  # fmt: skip
+    result = run_virtual(run_fleet(opts))
+    assert result.totals.done == 24
+    assert opts.run_dir is not None
+    log = load_log(opts.run_dir / LOG, repair=False)
+    with _replay_page(opts.run_dir) as page:
+        # It opens at the end of the run: every card done, with its committed turns.
+        expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
+        expect(page.locator('.card[data-state="done"]')).to_have_count(24, timeout=15_000)
+        expect(page.locator('.card[data-id="w.07"] .nums')).to_contain_text(f"turn {len(log.turns['w.07'])} ")
+        for chart in ("c-width", "c-ttft", "c-tok"):
+            assert (page.locator(f"#{chart} polyline").first.get_attribute("points") or "").count(",") >= 2
+        # Read-only: no run controls, no card buttons, no width form.
+        expect(page.locator("#controls")).to_be_hidden()
+        expect(page.locator("#width-controls")).to_be_hidden()
+        expect(page.locator(".card .acts").first).to_be_hidden()
+        # Back to the start: the planner's first request is in flight, its dependents wait.
+        _scrub(page, 0)
+        expect(page.locator("body")).to_have_attribute("data-replay-t", "0", timeout=10_000)
+        expect(page.locator('.card[data-state="waiting"]')).to_have_count(23)
+        expect(page.locator('.card[data-id="plan"]')).to_have_attribute("data-state", "running")
+        expect(page.locator("#counts")).to_contain_text("0 turns")
+        # Halfway: some turns committed, not all; the page says the time it shows.
+        end = float(page.locator("#t").get_attribute("max") or "0")
+        _scrub(page, round(end / 2, 1))
+        expect(page.locator("body")).to_have_attribute("data-replay-t", str(round(end / 2, 1)), timeout=10_000)
+        # The counts are applied on the page's next animation frame, after the time attribute: read them
+        # until they show the scrubbed time's (a read in between saw the start's "0 turns" on a busy CI).
+        total = sum(len(t) for t in log.turns.values())
+        turns = -1
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            turns = int(page.locator("#counts").inner_text().rsplit(" · ", 1)[1].split(" ")[0])
+            if 0 < turns < total:
+                break
+            page.wait_for_timeout(100)
+        assert 0 < turns < total
+        expect(page.locator("#t-label")).to_contain_text(f"{round(end / 2, 1):.1f} / ")
 
 
 def test_a_bench_run_replays_its_level_table_and_search(tmp_path: Path) -> None:
@@ -345,33 +355,15 @@ def test_a_bench_run_replays_its_level_table_and_search(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     (run_dir,) = [p.parent for p in root.glob("*/result.json")]
     levels = RunDir(run_dir).result().levels
-    server = _Replay(run_dir)
-    server.start()
-    deadline = time.monotonic() + 30
-    while server.url is None and server.error is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.url is not None, server.error
-    console_errors: list[str] = []
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-                page.goto(server.url)
-                expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
-                expect(page.locator("#levels tbody tr")).to_have_count(len(levels))
-                expect(page.locator("#steps li")).to_have_count(len(levels))
-                expect(page.locator("#width-section")).to_be_hidden()
-                kv = page.locator('#c-share polyline[data-key="kv"]').get_attribute("points") or ""
-                assert kv.count(",") >= 2
-                _scrub(page, 0)
-                expect(page.locator("body")).to_have_attribute("data-replay-t", "0", timeout=10_000)
-                expect(page.locator("#levels tbody tr")).to_have_count(0)
-                expect(page.locator("#steps li")).to_have_count(0)
-                expect(page.locator("#bench-current")).to_contain_text("measuring level 0: 1 agents")
-            finally:
-                browser.close()
-    finally:
-        server.stop()
-    assert console_errors == []
+    with _replay_page(run_dir) as page:
+        expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
+        expect(page.locator("#levels tbody tr")).to_have_count(len(levels))
+        expect(page.locator("#steps li")).to_have_count(len(levels))
+        expect(page.locator("#width-section")).to_be_hidden()
+        kv = page.locator('#c-share polyline[data-key="kv"]').get_attribute("points") or ""
+        assert kv.count(",") >= 2
+        _scrub(page, 0)
+        expect(page.locator("body")).to_have_attribute("data-replay-t", "0", timeout=10_000)
+        expect(page.locator("#levels tbody tr")).to_have_count(0)
+        expect(page.locator("#steps li")).to_have_count(0)
+        expect(page.locator("#bench-current")).to_contain_text("measuring level 0: 1 agents")
