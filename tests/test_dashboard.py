@@ -419,6 +419,53 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
     assert (state.cards["w.0"].state, state.cards["w.0"].phase) == ("done", "")
 
 
+async def test_a_reply_of_tool_calls_streams_with_the_preview_it_had(board: Board) -> None:
+    _, state, *_ = board
+    state.turn("w.0", _turn(0, 0.05, 7, "the last answer"))
+    state.request_started("w.0")
+
+    @dataclass
+    class Stream:
+        t_first_token: float | None = None
+        content: list[str] = field(default_factory=list)
+
+    stream = Stream()
+    state.stream_started("w.0", stream)
+    stream.t_first_token = 1.0  # a tool call's first token: no text
+    state.refresh()
+    card = state.cards["w.0"]
+    assert (card.phase, card.preview) == ("streaming", "the last answer")
+    version = state.version
+    state.refresh()
+    assert state.version == version  # nothing new: the card is not sent again
+
+
+async def test_a_delta_carries_the_agents_changed_since_its_own_cursor(board: Board) -> None:
+    _, state, *_ = board
+    _, early = state.snapshot()
+    state.agent("w.3", AgentState.RUNNING, rounds=0)
+    state.agent("w.1", AgentState.RUNNING, rounds=0)
+    _, late = state.snapshot()  # a second page, opened now
+    state.agent("w.0", AgentState.RUNNING, rounds=0)
+    state.request_started("w.3")
+    state.agent("ghost", AgentState.RUNNING, rounds=0)  # an agent the plans did not name: shown, and counted
+    late_delta, early_delta = state.delta(late), state.delta(early)
+    assert late_delta is not None
+    assert early_delta is not None
+    # Each agent once, in the order they last changed; the later page gets only what changed after it opened.
+    assert [a["id"] for a in early_delta["agents"]] == ["w.1", "w.0", "w.3", "ghost"]
+    assert [a["id"] for a in late_delta["agents"]] == ["w.0", "w.3", "ghost"]
+    assert early_delta["agents"][2]["phase"] == "prefilling"
+    assert early_delta["summary"]["counts"] == {"waiting": 3, "running": 4}
+    state.agent("w.3", AgentState.DONE, rounds=4)
+    state.agent("w.1", AgentState.DONE, rounds=4)
+    delta = state.delta(late)
+    assert delta is not None
+    assert [a["id"] for a in delta["agents"]] == ["w.3", "w.1"]
+    assert delta["summary"]["counts"] == {"waiting": 3, "running": 2, "done": 2}
+    assert [a["id"] for a in state.snapshot()[0]["agents"]] == ["plan", "w.0", "w.1", "w.2", "w.3", "w.4", "ghost"]
+
+
 async def test_an_unknown_charset_is_a_400(board: Board) -> None:
     client, _, control, _ = board
     resp = await client.post("/api/control", params={"token": TOKEN}, data=b'{"action": "pause"}',

@@ -4,16 +4,23 @@ Nothing here feeds back into the run. The fleet reports through its ``FleetProgr
 width changes), the dashboard's backend wrapper (``dashboard.control.WatchedBackend``: a turn sent, its stream,
 its reply) and the connection's one server monitor (``SignalPoller.subscribe``: no second poller). Each change
 bumps a version; a page's stream asks for what changed since the version it last saw (``delta``), so an agent
-that changed ten times between two flushes is sent once (coalesced per agent) and a flush costs O(changed).
+that changed ten times between two flushes is sent once (coalesced per agent).
+
+What a flush costs is O(agents changed since the cursor) plus O(requests in flight), never O(agents): a change
+moves its card to the end of a recency list (``OrderedDict.move_to_end``), so a delta walks that list back from
+the end only as far as the cursor's version; the per-state counts (the header, the *live agents* timeline) are
+kept as agents change state instead of being counted over every card at each flush and each scrape.
 
 A streaming reply is not followed chunk by chunk: the chat client hands the request's accumulator over once
 (``endpoint.client.stream_watch``) and ``refresh`` reads it at the page's rate — the first token's arrival
-makes the phase ``streaming``, the last ~200 characters are the preview.
+(text, reasoning or a tool call's) makes the phase ``streaming``, the last ~200 characters of text are the
+preview.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -130,6 +137,17 @@ def reply_preview(record: RequestRecord) -> str:
     return ""
 
 
+class _Watch:
+    """A request in flight as ``refresh`` reads it: its accumulator, how many text pieces were seen, its card."""
+
+    __slots__ = ("card", "seen", "view")
+
+    def __init__(self, view: StreamView, card: Card) -> None:
+        self.view = view
+        self.card = card
+        self.seen = 0
+
+
 _ENDED = {AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED}
 
 
@@ -142,9 +160,14 @@ class LiveState:
         self.fleet = fleet
         self.run_id = run_id
         self.version = 0
+        # In the plans' order (the snapshot's: the page lays its cards out in it), and least recently changed first.
         self.cards: dict[str, Card] = {
             p.agent_id: Card(p.agent_id, p.task_id, p.wave, list(p.depends_on)) for p in plans
         }
+        self._recent: OrderedDict[str, Card] = OrderedDict(self.cards)
+        self._counts: dict[str, int] = {}  # cards by state (kept as they change; no state at 0)
+        for card in self.cards.values():
+            self._counts[card.state] = self._counts.get(card.state, 0) + 1
         self.limiter: LimiterStatistics | None = None
         self.decisions: list[dict[str, Any]] = []
         self.points: list[dict[str, Any]] = []
@@ -155,7 +178,7 @@ class LiveState:
         self.turns = 0
         self.out_tokens = 0  # completion tokens of the turns committed in this process
         self._ttfts: list[float] = []  # TTFTs of the turns committed since the last scrape
-        self._streams: dict[str, tuple[StreamView, int]] = {}  # agent → its request in flight, chunks seen
+        self._streams: dict[str, _Watch] = {}  # agent → its request in flight
         self._last_counters: tuple[float, float] | None = None  # prefix queries, hits at the last scrape
         self._preempt0: float | None = None
         self._summary_v = 0  # version of the last change outside the cards (limiter, control, points)
@@ -168,16 +191,26 @@ class LiveState:
             self._summary_v = self.version
         else:
             card.v = self.version
+            self._recent.move_to_end(card.id)
 
     def _card(self, agent: str) -> Card:
         card = self.cards.get(agent)
         if card is None:  # an agent the plans did not name (cannot happen in a fleet; kept rather than lost)
-            card = self.cards[agent] = Card(agent, "", 0, [])
+            card = self.cards[agent] = self._recent[agent] = Card(agent, "", 0, [])
+            self._counts[card.state] = self._counts.get(card.state, 0) + 1
         return card
 
     def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
         card = self._card(agent)
-        card.state = state.value
+        if card.state != state.value:
+            counts = self._counts
+            left = counts[card.state] - 1
+            if left:
+                counts[card.state] = left
+            else:
+                del counts[card.state]
+            counts[state.value] = counts.get(state.value, 0) + 1
+            card.state = state.value
         if rounds is not None:
             card.turn = rounds
         if state in (AgentState.WAITING, AgentState.PARKED):
@@ -195,13 +228,14 @@ class LiveState:
     def turn(self, agent: str, turn: TurnLog) -> None:
         card = self._card(agent)
         final = turn.final
+        out = sum(r.completion_tokens for r in turn.records)
         card.turn = turn.round + 1
         card.context = final.prompt_tokens
-        card.out += sum(r.completion_tokens for r in turn.records)
+        card.out += out
         card.ttft = final.ttft
         if final.ttft is not None:
             self._ttfts.append(final.ttft)
-        self.out_tokens += sum(r.completion_tokens for r in turn.records)
+        self.out_tokens += out
         card.preview = reply_preview(final) or card.preview
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
@@ -219,7 +253,7 @@ class LiveState:
         self._bump(card)
 
     def stream_started(self, agent: str, view: StreamView) -> None:
-        self._streams[agent] = (view, 0)
+        self._streams[agent] = _Watch(view, self._card(agent))
 
     def request_done(self, agent: str, records: Sequence[RequestRecord]) -> None:
         self._streams.pop(agent, None)
@@ -279,7 +313,7 @@ class LiveState:
             if self._preempt0 is None:
                 self._preempt0 = sig.preemptions
             preemptions = sig.preemptions - self._preempt0
-        live = sum(1 for c in self.cards.values() if c.state == AgentState.RUNNING.value)
+        live = self._counts.get(AgentState.RUNNING.value, 0)
         if self.bench is not None and self.bench.current is not None:
             live = self.bench.current["agents"]  # a bench level's agents are all live at once
         ttfts = sorted(self._ttfts)
@@ -309,21 +343,24 @@ class LiveState:
 
     # -- compiling ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Read the streams in flight: their first token makes the phase ``streaming``, their tail the preview."""
-        for agent, (view, seen) in list(self._streams.items()):
-            n = len(view.content)
-            if view.t_first_token is None or n == seen:
+        """Read the streams in flight: their first token makes the phase ``streaming``, their text's tail the
+        preview. A reply of tool calls only (or reasoning) has no text: it streams with the preview it had."""
+        for watch in self._streams.values():
+            view = watch.view
+            if view.t_first_token is None:
                 continue
-            self._streams[agent] = (view, n)
-            card = self._card(agent)
+            card = watch.card
+            n = len(view.content)
+            if n != watch.seen:
+                watch.seen = n
+                card.preview = _tail(view.content)
+            elif card.phase == "streaming":
+                continue
             card.phase = "streaming"
-            card.preview = _tail(view.content)
             self._bump(card)
 
     def _summary(self) -> dict[str, Any]:
-        counts: dict[str, int] = {}
-        for c in self.cards.values():
-            counts[c.state] = counts.get(c.state, 0) + 1
+        counts = {s.value: n for s in AgentState if (n := self._counts.get(s.value))}
         lim = self.limiter
         wd = self.watchdog() if self.watchdog is not None else None
         return {
@@ -370,7 +407,12 @@ class LiveState:
         self.refresh()
         if self.version == cursor.version:
             return None
-        agents = [c.public() for c in self.cards.values() if c.v > cursor.version]
+        agents = []
+        for card in reversed(self._recent.values()):  # the most recently changed first, back to the cursor
+            if card.v <= cursor.version:
+                break
+            agents.append(card.public())
+        agents.reverse()  # in the order they last changed
         start = max(0, cursor.points - self.dropped_points)
         body = {
             "summary": self._summary(),
