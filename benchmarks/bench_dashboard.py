@@ -6,10 +6,17 @@ separate process (``simproc``: only the client is in this process), three times:
 
 1. without ``--dashboard`` — the baseline client CPU (user + system seconds of this process);
 2. with ``--dashboard`` and one event-stream reader in this process (so its parsing counts against the
-   dashboard) — the client CPU again, the share it adds, and the deltas a second the reader got
-   (1 and 2 run twice, in the order 1 2 2 1, and are averaged);
+   dashboard) — the client CPU again, the share it adds, and what the stream carried (1 and 2 run twice, in the
+   order 1 2 2 1, and are averaged);
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
+
+The update rate is **deltas that carried agents' changes, per second** of the stream (first to last flush): a
+delta that carries only the once-a-second server sample, and the keep-alive comment a flush sends when nothing
+changed, are counted apart, never in it. Every flush sends one of the three, so together they show whether the
+server kept its schedule (4 flushes a second) and, if the rate is lower, why: flushes with nothing to send
+(keep-alives), or flushes that came late (the gaps between flushes, and the lateness of a 50 ms sleep in the same
+event loop: a loop starved by the run itself shows there).
 
     .venv/bin/python benchmarks/bench_dashboard.py                   # 1,000 agents × 4 rounds, 2 s think
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300   # a 2-core machine's simulator
@@ -20,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import resource
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +67,17 @@ count = {agents}
 
 # Counts the page's delta events and its frame intervals, injected before the page's own script runs.
 PROBE = """
-window.__deltas = 0; window.__frames = [];
+window.__deltas = 0; window.__changed = 0; window.__frames = [];
 const Native = window.EventSource;
 window.EventSource = class extends Native {
-  constructor(url) { super(url); this.addEventListener("delta", () => { window.__deltas++; }); }
+  constructor(url) {
+    super(url);
+    // A delta without agents' changes has '"agents":[]' (orjson writes no spaces; a string's quotes are escaped).
+    this.addEventListener("delta", (e) => {
+      window.__deltas++;
+      if (!e.data.includes('"agents":[]')) window.__changed++;
+    });
+  }
 };
 let last = 0;
 function tick(t) { if (last) window.__frames.push(t - last); last = t; requestAnimationFrame(tick); }
@@ -79,38 +95,83 @@ def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool) -> RunO
                       dashboard=dashboard, fsync=False)  # fmt: skip
 
 
-async def _read_stream(opts: RunOptions, counts: dict[str, float], gaps: list[float]) -> None:
+@dataclass
+class Stream:
+    """What one page's event stream carried, summed over the runs read."""
+
+    changed: int = 0  # deltas that carried agents' changes (the update rate counts these)
+    other: int = 0  # deltas with the server's sample or the summary only
+    empty: int = 0  # flushes with nothing to send (a keep-alive comment)
+    bytes: int = 0  # of the deltas' data
+    span: float = 0.0  # first to last flush, s
+    flush_gaps: list[float] = field(default_factory=list)  # between consecutive flushes of any kind, s
+    changed_gaps: list[float] = field(default_factory=list)  # between consecutive deltas that carried changes, s
+    loop_lag: list[float] = field(default_factory=list)  # how late a 50 ms sleep in the run's loop woke, s
+
+
+async def _read_stream(opts: RunOptions, stream: Stream) -> None:
     while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
         await asyncio.sleep(0.01)
     base, token = opts.dashboard_url.split("/?token=")
     async with aiohttp.ClientSession() as session, session.get(f"{base}/events", params={"token": token}) as resp:
-        first = last = None
-        changed_at: float | None = None  # when the last delta that carried an agent's change arrived
+        first = flushed = changed_at = None  # the first flush, the last one, the last that carried changes
+        in_delta = False
         try:
             async for line in resp.content:
-                if line.startswith(b"event: delta"):
-                    counts["deltas"] += 1
-                    last = time.monotonic()
-                    first = first or last
-                elif line.startswith(b"data: "):
-                    counts["bytes"] += len(line)
-                    if last is not None and orjson.loads(line[6:]).get("agents"):
+                now = time.monotonic()
+                flush = line.startswith(b"event: delta") or line.startswith(b": keep-alive")
+                if flush:
+                    if flushed is not None:
+                        stream.flush_gaps.append(now - flushed)
+                    flushed = now
+                    first = first or now
+                    in_delta = line.startswith(b"event: delta")
+                    stream.empty += not in_delta
+                elif in_delta and line.startswith(b"data: "):
+                    in_delta = False
+                    stream.bytes += len(line)
+                    if orjson.loads(line[6:]).get("agents"):
+                        stream.changed += 1
                         if changed_at is not None:
-                            gaps.append(last - changed_at)
-                        changed_at = last
+                            stream.changed_gaps.append(now - changed_at)
+                        changed_at = now
+                    else:
+                        stream.other += 1
                 elif line.startswith(b"event: end"):
                     return
         finally:
-            if first is not None and last is not None:
-                counts["span"] += last - first  # summed over the runs, as the deltas are
+            if first is not None and flushed is not None:
+                stream.span += flushed - first
 
 
-async def _with_reader(opts: RunOptions, counts: dict[str, float], gaps: list[float]) -> FleetResult:
-    reader = asyncio.ensure_future(_read_stream(opts, counts, gaps))
+async def _lag_probe(lags: list[float], period: float = 0.05) -> None:
+    """How late the event loop wakes a sleep: the run itself (1,000 agents' streams) can starve it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t = loop.time()
+        await asyncio.sleep(period)
+        lags.append(loop.time() - t - period)
+
+
+async def _run(opts: RunOptions, stream: Stream | None, lags: list[float]) -> FleetResult:
+    tasks = [asyncio.ensure_future(_lag_probe(lags))]
+    if stream is not None:
+        tasks.append(asyncio.ensure_future(_read_stream(opts, stream)))
     try:
         return await run_fleet(opts)
     finally:
-        await asyncio.wait_for(reader, 10)
+        tasks[0].cancel()
+        await asyncio.gather(tasks[0], return_exceptions=True)
+        if stream is not None:
+            await asyncio.wait_for(tasks[1], 10)
+
+
+def _pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of ``values`` (sorted here), 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
@@ -135,21 +196,24 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
         page.goto(opts.dashboard_url)
         page.wait_for_selector(".card", timeout=30_000)
         t0 = time.monotonic()
-        d0 = page.evaluate("window.__deltas")
+        d0, c0 = page.evaluate("[window.__deltas, window.__changed]")
         page.evaluate("window.__frames = []")
         run.join()
         span = time.monotonic() - t0
-        deltas = page.evaluate("window.__deltas") - d0
+        deltas, changed = page.evaluate("[window.__deltas, window.__changed]")
+        deltas, changed = deltas - d0, changed - c0
         frames: list[float] = page.evaluate("window.__frames")
         cards = page.locator(".card").count()
         browser.close()
     frames.sort()
     result.update(
         deltas_per_s=deltas / span if span > 0 else 0.0,
+        changed_per_s=changed / span if span > 0 else 0.0,
         cards=cards,
         frame_p50=statistics.median(frames) if frames else None,
         frame_p95=frames[int(0.95 * (len(frames) - 1))] if frames else None,
         frame_max=frames[-1] if frames else None,
+        long_frames=sum(1 for f in frames if f > 50),
         frames=len(frames),
     )
     return result
@@ -175,19 +239,22 @@ def main() -> None:
         cpu = {False: 0.0, True: 0.0}
         wall = {False: 0.0, True: 0.0}
         results: dict[bool, FleetResult] = {}
-        counts = {"deltas": 0.0, "bytes": 0.0, "span": 0.0}
-        gaps: list[float] = []  # between consecutive deltas that carried agents' changes
+        stream = Stream()
+        lags: dict[bool, list[float]] = {False: [], True: []}
+        print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
+              f"simulator step {args.step:g} s")  # fmt: skip
         for dashboard in (False, True, True, False):
             opts = _opts(fleet, out, url, width, dashboard=dashboard)
             c0, w0 = _cpu(), time.monotonic()
-            results[dashboard] = asyncio.run(_with_reader(opts, counts, gaps) if dashboard else run_fleet(opts))
-            cpu[dashboard] += _cpu() - c0
-            wall[dashboard] += time.monotonic() - w0
+            results[dashboard] = r = asyncio.run(_run(opts, stream if dashboard else None, lags[dashboard]))
+            used, took = _cpu() - c0, time.monotonic() - w0
+            cpu[dashboard] += used
+            wall[dashboard] += took
+            print(f"  run {'with' if dashboard else 'without'} the dashboard: {r.totals.turns} turns, {took:.1f} s "
+                  f"wall, {used:.2f} s client CPU")  # fmt: skip
         base, dash = results[False], results[True]
         base_cpu, dash_cpu, base_wall, dash_wall = cpu[False] / 2, cpu[True] / 2, wall[False] / 2, wall[True] / 2
 
-        print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
-              f"simulator step {args.step:g} s")  # fmt: skip
         for name, r in (("without", base), ("with", dash)):
             if r.server_failure is not None or r.totals.done != args.agents:
                 print(f"  warning: the run {name} the dashboard did not finish cleanly: {r.totals.done} agents done; "
@@ -196,23 +263,37 @@ def main() -> None:
               f"{base_cpu:.2f} s client CPU")  # fmt: skip
         print(f"  with dashboard + 1 stream reader (mean of 2): {dash.totals.turns} turns, {dash_wall:.1f} s wall, "
               f"{dash_cpu:.2f} s client CPU ({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
-        rate = counts["deltas"] / counts["span"] if counts["span"] > 0 else 0.0
-        print(f"  stream: {counts['deltas']:.0f} deltas, {rate:.2f} per second, "
-              f"{counts['bytes'] / max(counts['deltas'], 1) / 1024:.1f} KiB each on average")  # fmt: skip
-        if gaps:
-            gaps.sort()
-            print(f"  while agents change: {len(gaps) + 1} deltas carried changes, {1 / statistics.median(gaps):.2f} "
-                  f"a second at the median gap ({statistics.median(gaps) * 1000:.0f} ms; p95 "
-                  f"{gaps[int(0.95 * (len(gaps) - 1))] * 1000:.0f} ms, max {gaps[-1] * 1000:.0f} ms)")  # fmt: skip
+        st = stream
+        flushes = st.changed + st.other + st.empty
+        per_s = (lambda n: n / st.span) if st.span > 0 else (lambda n: 0.0)
+        print(f"  update rate: {per_s(st.changed):.2f} deltas a second carried agents' changes ({st.changed} of "
+              f"{flushes} flushes in {st.span:.1f} s of stream; {st.bytes / max(st.changed + st.other, 1) / 1024:.1f} "
+              f"KiB a delta on average)")  # fmt: skip
+        print(f"  flushes: {per_s(flushes):.2f} a second (the schedule: 4); {st.other} with the server's sample only, "
+              f"{st.empty} with nothing to send; gap between flushes p50 {_pct(st.flush_gaps, 0.5) * 1000:.0f} ms, "
+              f"p95 {_pct(st.flush_gaps, 0.95) * 1000:.0f} ms, max {_pct(st.flush_gaps, 1) * 1000:.0f} ms")  # fmt: skip
+        if gaps := st.changed_gaps:
+            print(f"  between deltas that carried changes: p50 {_pct(gaps, 0.5) * 1000:.0f} ms, p95 "
+                  f"{_pct(gaps, 0.95) * 1000:.0f} ms, max {_pct(gaps, 1) * 1000:.0f} ms")  # fmt: skip
+        for dashboard in (False, True):
+            lag = lags[dashboard]
+            print(f"  event loop lateness {'with' if dashboard else 'without'} the dashboard (a 50 ms sleep): p50 "
+                  f"{_pct(lag, 0.5) * 1000:.1f} ms, p95 {_pct(lag, 0.95) * 1000:.1f} ms, "
+                  f"max {_pct(lag, 1) * 1000:.0f} ms")  # fmt: skip
         if args.no_browser:
             return
         browsed = _browser_pass(_opts(fleet, out, url, width, dashboard=True))
         if browsed is None:
             print("  browser: skipped (no /usr/bin/chromium or no playwright)")
             return
-        print(f"  browser: {browsed['cards']} cards, {browsed['deltas_per_s']:.2f} deltas a second applied; frame "
-              f"time p50 {browsed['frame_p50']:.1f} ms, p95 {browsed['frame_p95']:.1f} ms, "
-              f"max {browsed['frame_max']:.1f} ms over {browsed['frames']} frames")  # fmt: skip
+        frames = (
+            f"frame time p50 {browsed['frame_p50']:.1f} ms, p95 {browsed['frame_p95']:.1f} ms, max "
+            f"{browsed['frame_max']:.1f} ms, {browsed['long_frames']} of {browsed['frames']} frames over 50 ms"
+            if browsed["frames"]
+            else "no frame drawn while the run went on (a starved browser draws none)"
+        )
+        print(f"  browser: {browsed['cards']} cards, {browsed['changed_per_s']:.2f} deltas a second with agents' "
+              f"changes received ({browsed['deltas_per_s']:.2f} with any); {frames}")  # fmt: skip
 
 
 if __name__ == "__main__":
