@@ -23,7 +23,7 @@ from agentload.agent.loop import TurnLog
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
-from agentload.dashboard.state import LiveState, Tee
+from agentload.dashboard.state import Cursor, LiveState, Tee
 from agentload.endpoint.records import RequestRecord
 from agentload.endpoint.scrape import parse_metrics
 from agentload.endpoint.signals import ServerSignals
@@ -223,31 +223,56 @@ async def test_snapshot_then_deltas_coalesced_per_agent(board: Board) -> None:
     assert state.delta(cursor) is None
 
 
+async def _event(resp: aiohttp.ClientResponse) -> tuple[str, dict[str, Any]]:
+    """The stream's next named event (keep-alive comments skipped)."""
+    name, data = "", b""
+    while True:
+        line = (await resp.content.readline()).rstrip(b"\n")
+        if line.startswith(b"event: "):
+            name = line[7:].decode()
+        elif line.startswith(b"data: "):
+            data = line[6:]
+        elif line == b"" and name:
+            return name, orjson.loads(data)
+
+
 async def test_the_event_stream_sends_a_snapshot_then_deltas(board: Board) -> None:
     client, state, *_ = board
     resp = await client.get("/events", params={"token": TOKEN})
     assert resp.status == 200
     assert resp.headers["Content-Type"].startswith("text/event-stream")
-
-    async def event() -> tuple[str, dict[str, Any]]:
-        name, data = "", b""
-        while True:
-            line = (await resp.content.readline()).rstrip(b"\n")
-            if line.startswith(b"event: "):
-                name = line[7:].decode()
-            elif line.startswith(b"data: "):
-                data = line[6:]
-            elif line == b"" and name:
-                return name, orjson.loads(data)
-
-    name, snap = await asyncio.wait_for(event(), 5)
+    name, snap = await asyncio.wait_for(_event(resp), 5)
     assert name == "snapshot"
     assert len(snap["agents"]) == 6
     state.agent("w.1", AgentState.DONE, rounds=4)
-    name, delta = await asyncio.wait_for(event(), 5)
+    name, delta = await asyncio.wait_for(_event(resp), 5)
     assert name == "delta"
     assert [(a["id"], a["state"]) for a in delta["agents"]] == [("w.1", "done")]
     resp.close()
+
+
+async def test_open_streams_share_one_delta_built_once(board: Board, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, state, *_ = board
+    built: list[int] = []
+    delta = state.delta
+
+    def counted(cursor: Cursor) -> dict[str, Any] | None:
+        built.append(cursor.version)
+        return delta(cursor)
+
+    monkeypatch.setattr(state, "delta", counted)
+    pages = [await client.get("/events", params={"token": TOKEN}) for _ in range(2)]
+    for page in pages:
+        assert (await asyncio.wait_for(_event(page), 5))[0] == "snapshot"
+    built.clear()
+    state.agent("w.1", AgentState.DONE, rounds=4)
+    first, second = [await asyncio.wait_for(_event(page), 5) for page in pages]
+    assert first == second
+    assert first[0] == "delta"
+    assert [a["id"] for a in first[1]["agents"]] == ["w.1"]
+    assert len(built) == 1  # built (and encoded) for one page, sent to both
+    for page in pages:
+        page.close()
 
 
 # -- on real runs ---------------------------------------------------------------------------------------------------

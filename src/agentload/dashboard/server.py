@@ -2,7 +2,9 @@
 
 * ``GET /?token=T`` — the page (one vendored file, ``dashboard.html``: no CDN, no framework);
 * ``GET /events?token=T`` — server-sent events: ``snapshot`` (everything) on connect, then ``delta`` (only what
-  changed, coalesced per agent) at most ``1 / interval_s`` times a second, and ``end`` when the run is over;
+  changed, coalesced per agent) at most ``1 / interval_s`` times a second, and ``end`` when the run is over; every
+  open stream flushes on one schedule (``Flusher``), so pages that have seen the same share one delta, built and
+  encoded once;
 * ``GET /api/state?token=T`` — the snapshot as JSON;
 * ``POST /api/control?token=T`` — ``{"action": "pause" | "resume" | "stop"}``,
   ``{"action": "width", "mode": "sequential" | "parallel" | "auto", "width": N}``, or
@@ -26,6 +28,7 @@ import logging
 import math
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import astuple
 from importlib import resources
 from typing import Any
 
@@ -34,7 +37,7 @@ from aiohttp import web
 
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.replay import Replay
-from agentload.dashboard.state import LiveState
+from agentload.dashboard.state import Cursor, LiveState
 from agentload.errors import ConfigError
 from agentload.fleet.limiter import Mode
 
@@ -45,8 +48,7 @@ _log = logging.getLogger(__name__)
 _STATE: web.AppKey[LiveState] = web.AppKey("state", LiveState)
 _CONTROL: web.AppKey[FleetControl] = web.AppKey("control", FleetControl)
 _TOKEN: web.AppKey[str] = web.AppKey("token", str)
-_CLOSING: web.AppKey[asyncio.Event] = web.AppKey("closing", asyncio.Event)
-_INTERVAL: web.AppKey[float] = web.AppKey("interval", float)
+_FLUSHER: web.AppKey[Flusher] = web.AppKey("flusher")
 _REPLAY: web.AppKey[Replay] = web.AppKey("replay")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -91,33 +93,100 @@ async def _state(request: web.Request) -> web.StreamResponse:
     return web.Response(body=_json(body), content_type="application/json")
 
 
+class Flusher:
+    """One flush schedule for every open event stream of a live dashboard, and one encoding per delta.
+
+    At a fixed rate — each flush due ``interval_s`` after the one before, not after the previous write — so the time
+    a flush takes (and a busy loop's lateness) is not added to every period; a schedule that fell more than a period
+    behind starts again from now rather than sending a burst. One timer task runs while a stream is open. Streams
+    whose cursors agree (every stream after its first flush, unless nothing changed in between) get the same bytes:
+    the delta is built and encoded for the first and reused by the rest (``encoded_delta``).
+    """
+
+    def __init__(self, state: LiveState, interval_s: float) -> None:
+        self.state = state
+        self.interval_s = interval_s
+        self.closing = asyncio.Event()
+        self._tick = asyncio.Event()
+        self._streams = 0
+        self._task: asyncio.Task[None] | None = None
+        # The last delta encoded: (cursor before, state version) → (its event, or None: nothing changed; cursor after)
+        self._last: tuple[tuple[int, ...], bytes | None, tuple[int, ...]] | None = None
+
+    def join(self) -> None:
+        self._streams += 1
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    def leave(self) -> None:
+        self._streams -= 1
+        if self._streams == 0 and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def close(self) -> None:
+        """Open streams send what is left and ``end``, then return (the app's shutdown)."""
+        self.closing.set()
+        self._pulse()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def next_flush(self) -> None:
+        """Wait for the next flush (or the close)."""
+        if not self.closing.is_set():
+            await self._tick.wait()
+
+    def _pulse(self) -> None:
+        self._tick.set()  # wakes every waiting stream; the next wait waits for the next flush
+        self._tick.clear()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while not self.closing.is_set():
+            due += self.interval_s
+            if loop.time() - due > self.interval_s:
+                due = loop.time()
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            self._pulse()
+
+    def encoded_delta(self, cursor: Cursor) -> bytes | None:
+        """The ``delta`` event for ``cursor`` (moved on), or None when nothing changed since it."""
+        self.state.refresh()
+        key = (*astuple(cursor), self.state.version)
+        if self._last is not None and self._last[0] == key:
+            _, event, after = self._last
+            cursor.version, cursor.points, cursor.decisions, cursor.levels, cursor.steps = after
+            return event
+        body = self.state.delta(cursor)
+        event = None if body is None else b"event: delta\ndata: " + _json(body) + b"\n\n"
+        self._last = (key, event, astuple(cursor))
+        return event
+
+
 async def _events(request: web.Request) -> web.StreamResponse:
-    state, closing, interval = request.app[_STATE], request.app[_CLOSING], request.app[_INTERVAL]
+    state, flusher = request.app[_STATE], request.app[_FLUSHER]
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     )
     await resp.prepare(request)
     body, cursor = state.snapshot()
-    with contextlib.suppress(ConnectionResetError):
-        await resp.write(b"event: snapshot\ndata: " + _json(body) + b"\n\n")
-        # At a fixed rate — each flush due ``interval`` after the one before, not after the previous write — so the
-        # time a flush takes (and a busy loop's lateness) is not added to every period. A stream that fell more
-        # than a period behind starts again from now rather than sending a burst. Plain sleeps: a wait on
-        # ``closing`` per flush costs a task each time; the close is seen within one period.
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        while not closing.is_set():
-            due += interval
-            late = loop.time() - due
-            if late > interval:
-                due = loop.time()
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            delta = state.delta(cursor)
-            if delta is not None:
-                await resp.write(b"event: delta\ndata: " + _json(delta) + b"\n\n")
-            elif not closing.is_set():
-                await resp.write(b": keep-alive\n\n")  # a comment: lets the server notice a closed tab
-        await resp.write(b"event: end\ndata: {}\n\n")
+    flusher.join()
+    try:
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write(b"event: snapshot\ndata: " + _json(body) + b"\n\n")
+            while not flusher.closing.is_set():
+                await flusher.next_flush()
+                event = flusher.encoded_delta(cursor)
+                if event is not None:
+                    await resp.write(event)
+                elif not flusher.closing.is_set():
+                    await resp.write(b": keep-alive\n\n")  # a comment: lets the server notice a closed tab
+            await resp.write(b"event: end\ndata: {}\n\n")
+    finally:
+        flusher.leave()
     return resp
 
 
@@ -211,11 +280,10 @@ def make_app(
     app[_STATE] = state
     app[_CONTROL] = control
     app[_TOKEN] = token
-    app[_CLOSING] = asyncio.Event()
-    app[_INTERVAL] = interval_s
+    app[_FLUSHER] = Flusher(state, interval_s)
 
     async def closing(app: web.Application) -> None:
-        app[_CLOSING].set()  # open event streams send what is left and ``end``, then return
+        await app[_FLUSHER].close()  # open event streams send what is left and ``end``, then return
 
     app.on_shutdown.append(closing)
     app.router.add_get("/", _index)
