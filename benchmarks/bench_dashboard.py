@@ -82,6 +82,11 @@ window.EventSource = class extends Native {
 let last = 0;
 function tick(t) { if (last) window.__frames.push(t - last); last = t; requestAnimationFrame(tick); }
 requestAnimationFrame(tick);
+// The page's own script (and its layout) holding the main thread over 50 ms; a long frame without one was the
+// browser waiting for a core, not the page's work.
+window.__longtasks = [];
+new PerformanceObserver((l) => { for (const e of l.getEntries()) window.__longtasks.push(e.duration); })
+  .observe({ entryTypes: ["longtask"] });
 """
 
 
@@ -197,12 +202,13 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
         page.wait_for_selector(".card", timeout=30_000)
         t0 = time.monotonic()
         d0, c0 = page.evaluate("[window.__deltas, window.__changed]")
-        page.evaluate("window.__frames = []")
+        page.evaluate("window.__frames = []; window.__longtasks = []")
         run.join()
         span = time.monotonic() - t0
         deltas, changed = page.evaluate("[window.__deltas, window.__changed]")
         deltas, changed = deltas - d0, changed - c0
         frames: list[float] = page.evaluate("window.__frames")
+        longtasks: list[float] = page.evaluate("window.__longtasks")
         cards = page.locator(".card").count()
         browser.close()
     frames.sort()
@@ -214,6 +220,8 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
         frame_p95=frames[int(0.95 * (len(frames) - 1))] if frames else None,
         frame_max=frames[-1] if frames else None,
         long_frames=sum(1 for f in frames if f > 50),
+        long_tasks=len(longtasks),
+        long_task_max=max(longtasks, default=0.0),
         frames=len(frames),
     )
     return result
@@ -288,7 +296,8 @@ def main() -> None:
             return
         frames = (
             f"frame time p50 {browsed['frame_p50']:.1f} ms, p95 {browsed['frame_p95']:.1f} ms, max "
-            f"{browsed['frame_max']:.1f} ms, {browsed['long_frames']} of {browsed['frames']} frames over 50 ms"
+            f"{browsed['frame_max']:.1f} ms, {browsed['long_frames']} of {browsed['frames']} frames over 50 ms; "
+            f"{browsed['long_tasks']} long tasks of the page's (over 50 ms; longest {browsed['long_task_max']:.0f} ms)"
             if browsed["frames"]
             else "no frame drawn while the run went on (a starved browser draws none)"
         )
