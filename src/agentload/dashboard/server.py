@@ -99,8 +99,8 @@ class Flusher:
     At a fixed rate — each flush due ``interval_s`` after the one before, not after the previous write — so the time
     a flush takes (and a busy loop's lateness) is not added to every period; a schedule that fell more than a period
     behind starts again from now rather than sending a burst. One timer task runs while a stream is open. Streams
-    whose cursors agree (every stream after its first flush, unless nothing changed in between) get the same bytes:
-    the delta is built and encoded for the first and reused by the rest (``encoded_delta``).
+    that flushed at the same tick are at the same cursor afterwards (a new page joins them at its first flush), so
+    each delta is built and encoded for the first of them and the same bytes go to the rest (``encoded_delta``).
     """
 
     def __init__(self, state: LiveState, interval_s: float) -> None:
