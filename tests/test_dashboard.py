@@ -24,7 +24,7 @@ from agentload.cli.run import RunOptions, run_fleet
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
 from agentload.dashboard.state import Cursor, LiveState, Tee
-from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.records import RequestRecord, ToolCallRecord
 from agentload.endpoint.scrape import parse_metrics
 from agentload.endpoint.signals import ServerSignals
 from agentload.errors import ConfigError
@@ -425,6 +425,7 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
     class Stream:
         t_first_token: float | None = None
         content: list[str] = field(default_factory=list)
+        calls: dict[int, dict[str, str]] = field(default_factory=dict)
 
     stream = Stream()
     state.stream_started("w.0", stream)
@@ -444,7 +445,7 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
     assert (state.cards["w.0"].state, state.cards["w.0"].phase) == ("done", "")
 
 
-async def test_a_reply_of_tool_calls_streams_with_the_preview_it_had(board: Board) -> None:
+async def test_a_reply_of_tool_calls_streams_its_calls_as_they_grow(board: Board) -> None:
     _, state, *_ = board
     state.turn("w.0", _turn(0, 0.05, 7, "the last answer"))
     state.request_started("w.0")
@@ -453,16 +454,33 @@ async def test_a_reply_of_tool_calls_streams_with_the_preview_it_had(board: Boar
     class Stream:
         t_first_token: float | None = None
         content: list[str] = field(default_factory=list)
+        calls: dict[int, dict[str, str]] = field(default_factory=dict)
 
     stream = Stream()
     state.stream_started("w.0", stream)
-    stream.t_first_token = 1.0  # a tool call's first token: no text
+    stream.t_first_token = 1.0  # a reasoning token: no text, no call yet
     state.refresh()
     card = state.cards["w.0"]
     assert (card.phase, card.preview) == ("streaming", "the last answer")
     version = state.version
     state.refresh()
     assert state.version == version  # nothing new: the card is not sent again
+    stream.calls[0] = {"id": "c0", "name": "search", "arguments": ""}
+    state.refresh()
+    assert card.preview == "→ search()"
+    stream.calls[0]["arguments"] += '{"query": "lo'
+    state.refresh()
+    assert card.preview == '→ search({"query": "lo)'
+    stream.calls[0]["arguments"] += "n" * 80  # past the 60 characters shown: the preview no longer changes
+    state.refresh()
+    version = state.version
+    stream.calls[0]["arguments"] += "g"
+    state.refresh()
+    assert state.version == version
+    call = ToolCallRecord(id="c0", name="search", arguments=stream.calls[0]["arguments"])
+    done = RequestRecord(t_sent=1.0, t_first_token=1.5, t_done=2.0, completion_tokens=9, tool_calls=[call])
+    state.request_done("w.0", [done])
+    assert (card.phase, card.preview) == ("tool", '→ search({"query": "lo' + "n" * 47 + ")")
 
 
 async def test_a_delta_carries_the_agents_changed_since_its_own_cursor(board: Board) -> None:

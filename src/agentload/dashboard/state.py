@@ -13,15 +13,15 @@ kept as agents change state instead of being counted over every card at each flu
 
 A streaming reply is not followed chunk by chunk: the chat client hands the request's accumulator over once
 (``endpoint.client.stream_watch``) and ``refresh`` reads it at the page's rate — the first token's arrival
-(text, reasoning or a tool call's) makes the phase ``streaming``, the last ~200 characters of text are the
-preview.
+(text, reasoning or a tool call's) makes the phase ``streaming``, and the preview follows the reply: its tool
+calls as their arguments stream, else the last ~200 characters of its text.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ class StreamView(Protocol):
 
     t_first_token: float | None
     content: list[str]
+    calls: dict[int, dict[str, str]]  # the tool calls so far, by index: their name and arguments as they stream
 
 
 class WatchdogView(Protocol):
@@ -126,10 +127,14 @@ def _tail(pieces: Sequence[str], chars: int = PREVIEW_CHARS) -> str:
     return "".join(reversed(out))[-chars:]
 
 
+def _calls_preview(calls: Iterable[tuple[str, str]]) -> str:
+    return "→ " + ", ".join(f"{name}({arguments[:60]})" for name, arguments in calls)
+
+
 def reply_preview(record: RequestRecord) -> str:
     """What a card shows of a finished turn (live, and in a replay): its tool calls, its text's tail, or its error."""
     if record.tool_calls:
-        return "→ " + ", ".join(f"{c.name}({c.arguments[:60]})" for c in record.tool_calls)
+        return _calls_preview((c.name, c.arguments) for c in record.tool_calls)
     if record.content:
         return record.content[-PREVIEW_CHARS:]
     if not record.ok:
@@ -343,19 +348,27 @@ class LiveState:
 
     # -- compiling ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Read the streams in flight: their first token makes the phase ``streaming``, their text's tail the
-        preview. A reply of tool calls only (or reasoning) has no text: it streams with the preview it had."""
+        """Read the streams in flight: their first token makes the phase ``streaming``; the preview is the reply so
+        far as a finished turn's shows it — its tool calls (the arguments grow as they stream), else its text's
+        tail. A reply still thinking (reasoning only) streams with the preview it had."""
         for watch in self._streams.values():
             view = watch.view
             if view.t_first_token is None:
                 continue
             card = watch.card
-            n = len(view.content)
-            if n != watch.seen:
-                watch.seen = n
-                card.preview = _tail(view.content)
-            elif card.phase == "streaming":
-                continue
+            calls = view.calls
+            # How far the reply got: text pieces, or tool calls and their arguments' length (both only grow).
+            size = len(view.content) + (len(calls) + sum(len(c["arguments"]) for c in calls.values()) if calls else 0)
+            preview = card.preview
+            if size != watch.seen:
+                watch.seen = size
+                if calls:
+                    preview = _calls_preview((c["name"], c["arguments"]) for c in calls.values())
+                elif view.content:
+                    preview = _tail(view.content)
+            if preview == card.preview and card.phase == "streaming":
+                continue  # nothing the page would show differently: not sent again
+            card.preview = preview
             card.phase = "streaming"
             self._bump(card)
 
