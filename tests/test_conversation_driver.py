@@ -128,16 +128,16 @@ class Scripted:
             self.answers.append((yield step))
 
 
-def test_the_suite_yields_its_conversations_and_never_runs_them() -> None:
-    # The suite's sessions (and bench's suite workload) are agents of ConversationDriver too:
+def test_the_suite_and_the_fleet_yield_their_conversations_and_never_run_them() -> None:
+    # The suite's sessions (and bench's suite workload) and the fleet's agents are agents of ConversationDriver too:
     # no module of theirs runs a conversation (issue 10: one driver shape).
     src = WORKLOAD.parent
     checked = []
-    for path in sorted([*(src / "suite").glob("*.py"), WORKLOAD / "suite.py"]):
+    for path in sorted([*(src / "suite").glob("*.py"), *(src / "fleet").glob("*.py"), WORKLOAD / "suite.py"]):
         calls = _loop_names_used(ast.parse(path.read_text(), filename=str(path))) & RUNS_CONVERSATIONS
         assert not calls, f"{path.relative_to(src)} calls {sorted(calls)} of agent/loop"
         checked.append(path.stem)
-    assert {"runner", "suite"} <= set(checked)
+    assert {"runner", "turns", "suite"} <= set(checked)
 
 
 def test_a_conversation_is_run_and_its_ending_sent_back_and_a_wait_is_slept() -> None:

@@ -1,15 +1,18 @@
 """What one fleet agent's turns go through, apart from the runner that starts the agent (issue 10).
 
-``agent.loop.run_agent`` calls two things back on every turn: the backend (``AgentBackend``: parks the agent at a
-turn boundary when the limiter has narrowed, and reports the turn to the limiter) and the ``on_turn`` hook
-(``CheckpointHook``: commits the turn to the log, or logs an interrupt and stops the run when the server failed
-it). They live here rather than in ``fleet/runner.py`` so that no module is called back by one it calls: the
-runner calls ``run_agent``, ``run_agent`` calls these, and these call neither.
+A fleet agent's task is a ``ToolConversation`` that ``agent.loop.ConversationDriver`` runs; the loop calls two
+things of the fleet's on every turn: the backend (``FleetBackend``, the agents' context's: each agent's own
+``AgentBackend`` parks it at a turn boundary when the limiter has narrowed, and reports the turn to the limiter)
+and the conversation's ``on_turn`` hook (``CheckpointHook``: commits the turn to the log, or logs an interrupt and
+stops the run when the server failed it). They live here rather than in ``fleet/runner.py`` so that no module is
+called back by one it calls: the runner's agents yield their conversations to the loop, the loop calls these, and
+these call neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -82,7 +85,12 @@ def _is_overload(record: RequestRecord) -> bool:
 
 
 class AgentBackend:
-    """One agent's view of the shared backend: parks at turn boundaries and reports each turn to the limiter."""
+    """One agent's view of the shared backend (one attempt of it: a restart starts afresh): parks at turn boundaries
+    and reports each turn to the limiter.
+
+    ``rejoin`` (a restart's) is the priority to queue at the gate with, before the first request, when the agent
+    had given its slot back (it was restarted while parked).
+    """
 
     def __init__(
         self,
@@ -90,18 +98,24 @@ class AgentBackend:
         runner: FleetRun,
         plan: AgentPlan,
         previous: RequestRecord | None,
+        rejoin: tuple[int, ...] | None = None,
     ) -> None:
         self.inner = inner
         self.runner = runner
         self.plan = plan
         self.previous = previous  # the agent's last committed reply (its prompt and length make the next prefix)
         self.previous_here = False  # was ``previous`` received by this process? (else the cache state is unknown)
+        self.rejoin = rejoin
         self.sent = 0
 
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
         r = self.runner
         aid = self.plan.agent_id
         parked = False
+        if self.rejoin is not None and not self.sent and not r.limiter.gate.is_live(aid):
+            r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
+            await r.limiter.gate.enter(aid, self.rejoin)
+            r.progress.agent(aid, AgentState.RUNNING, rounds=ids.turn)
         if self.sent and r.limiter.gate.over_limit():
             r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
             parked = await r.limiter.gate.yield_if_over(aid, (0, self.plan.wave, self.plan.index))
@@ -144,6 +158,29 @@ class AgentBackend:
             self.previous = final
             self.previous_here = True
         return records
+
+
+@dataclass
+class FleetBackend:
+    """The backend of the fleet's agents' context: each request goes through its agent's ``AgentBackend`` (the
+    current attempt's, set when the agent starts or restarts), found by the request's agent id."""
+
+    agents: dict[str, AgentBackend] = field(default_factory=dict)
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        return await self.agents[ids.agent].complete(body, ids)
+
+
+@dataclass(frozen=True)
+class FleetContext:
+    """What ``ConversationDriver`` runs the fleet's agents' conversations with."""
+
+    backend: FleetBackend
+    clock: Clock
+
+    def should_stop(self) -> bool:
+        """Never between turns: an agent stops at a committed turn (``AgentStopped``), a run ends by a cancel."""
+        return False
 
 
 class CheckpointHook:
