@@ -53,15 +53,8 @@ from agentload.fleet.config import AgentPlan
 from agentload.fleet.handoff import hand_over
 from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges
 from agentload.fleet.toolbox import ToolSettings, build_registry
-from agentload.fleet.turns import (
-    AgentBackend,
-    AgentStopped,
-    CheckpointHook,
-    FleetBackend,
-    FleetContext,
-    NoProgress,
-)
 from agentload.fleet.turns import AgentState as AgentState  # re-exported: progress and the CLI name it here
+from agentload.fleet.turns import AgentStopped, CheckpointHook, FleetBackend, FleetContext, NoProgress
 from agentload.fleet.turns import FleetProgress as FleetProgress
 from agentload.load.runner import End, LoadOutcome, run_load
 from agentload.load.strategy import Gated
@@ -148,7 +141,7 @@ class FleetRunner:
         self.t0 = self.clock.now()
         agents = [_FleetAgent(self, p) for p in self.plans]
         strategy = Gated(self.limiter.gate, clock=self.clock, control=self._tick, interval_s=self.control_interval_s)
-        ctx = FleetContext(FleetBackend(), self.clock)
+        ctx = FleetContext(FleetBackend(self.backend, self), self.clock)
         load = run_load(agents, ctx, strategy=strategy, stop_after_s=self.stop_after_s, clock=self.clock)
         outcome = await load if self.stop is None else await _unless(load, self.stop)
         if outcome is None:  # stopped from outside
@@ -216,10 +209,11 @@ class _FleetAgent(ConversationDriver[FleetContext]):
     """One fleet agent: a ``ConversationDriver`` of its own conversations, plus the hooks ``Gated`` calls.
 
     Its task is a ``ToolConversation`` from its committed turns (``resume``), with the checkpoint as its ``on_turn``
-    hook; the loop sends its turns through the context's ``FleetBackend`` (its ``AgentBackend``: parking, the
-    limiter's feed). A restart cancels the driver's task with ``RESTART`` while the conversation is in flight; the
-    cancel is raised here, at the ``yield``, taken back, and the conversation yielded again from the committed
-    turns. ``AgentStopped`` (a stop at a turn boundary) is raised here too, and holds the agent.
+    hook; the loop sends its turns through the context's ``FleetBackend`` (parking, the limiter's feed), which
+    ``begin`` starts afresh for each attempt. A restart cancels the driver's task with ``RESTART`` while the
+    conversation is in flight; the cancel is raised here, at the ``yield``, taken back, and the conversation
+    yielded again from the committed turns. ``AgentStopped`` (a stop at a turn boundary) is raised here too, and
+    holds the agent.
 
     The ``Gated`` strategy calls the hooks in this order: ``announce``, (dependencies done) ``ready``, (the gate
     lets it in) ``run``, (its slot given back) ``done``. A failed or skipped dependency skips it; an agent that
@@ -302,7 +296,7 @@ class _FleetAgent(ConversationDriver[FleetContext]):
         while True:
             # One attempt of the agent from its committed turns; a restart cancels it and comes round again.
             previous = next((t.final for t in reversed(committed) if t.final.ok), None)
-            ctx.backend.agents[aid] = AgentBackend(r.backend, r, plan, previous, rejoin)
+            ctx.backend.begin(plan, previous, rejoin)
             conversation = ToolConversation(spec, tools, r.clock, run_id=r.run_id, on_turn=on_turn,
                                             resume=list(committed))  # fmt: skip
             r.attempts[aid] = task
