@@ -1,10 +1,10 @@
 """Run the suite: N agents at once, each running every selected test in order, as the seed runner does.
 
 The seed started one process per agent, all at once, with non-streaming requests (domain.md §2). Here an agent
-is a ``SuiteSession`` whose tests are conversations (``test_steps``: a ``ToolConversation`` with fresh tools, run
+is a ``SuiteSession`` whose tests are conversations (``scored_test``: a ``ToolConversation`` with fresh tools, run
 whole, then scored) that ``agent.loop.ConversationDriver`` runs on the one runner (``load.runner``), over a
 shared ``ChatBackend`` (streaming, so time to first token is measured too); every agent starts together and runs
-the tests one after another. Bench's suite workload (``workload/suite.py``) runs the same ``test_steps``, pass
+the tests one after another. Bench's suite workload (``workload/suite.py``) runs the same ``scored_test``, pass
 after pass.
 A sweep runs one load level after another, never overlapping, so each level's figures are its own.
 
@@ -95,7 +95,7 @@ class LevelAccumulator:
         return compile_level(self.agents, ended - self.started, self.tests, self.sessions)
 
 
-def test_steps(
+def scored_test(
     agent_id: str,
     test: SuiteTest,
     config: SuiteConfig,
@@ -147,8 +147,8 @@ class SuiteSession:
         error = ""
         try:
             for test in self.tests:
-                result = yield from test_steps(self.agent_id, test, ctx.config, clock, run_id=ctx.run_id,
-                                               level=acc.agents, started=acc.started)  # fmt: skip
+                result = yield from scored_test(self.agent_id, test, ctx.config, clock, run_id=ctx.run_id,
+                                                level=acc.agents, started=acc.started)  # fmt: skip
                 results.append(result)
                 acc.test_done()
                 if self.on_test is not None:

@@ -6,7 +6,7 @@ level's backend, pass after pass until the level ends, and reports every pass th
 over T1–T17, the H1 relay kept out; a test whose request failed (unscored) counts against, as a test the seed's
 agents never finished did. The bench's pass rate is then Σ passed ÷ Σ scored over the level.
 
-Each test is the suite runner's ``test_steps`` — a tool-calling conversation yielded to
+Each test is the suite runner's ``scored_test`` — a tool-calling conversation yielded to
 ``agent.loop.ConversationDriver``, run whole, then scored — so the end of the level is noticed between tests
 rather than after a whole pass (the relay alone is 51 turns), and the test in flight finishes. A pass the level's
 end cuts short is still reported with the tests it finished — under a short level, those are the only scores
@@ -25,7 +25,7 @@ from agentload.errors import ConfigError
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.model import Category, SuiteTest
-from agentload.suite.runner import SuiteConfig, test_steps
+from agentload.suite.runner import SuiteConfig, scored_test
 from agentload.suite.scoring import Status
 from agentload.workload.agentic import FAILURE_PAUSE_S, agent_ids
 from agentload.workload.base import AgentDriver, LoadContext
@@ -42,7 +42,7 @@ class _Tally:
 
 @dataclass
 class SuiteAgent:
-    """One agent running the suite pass after pass: each test a conversation (``suite.runner.test_steps``) that
+    """One agent running the suite pass after pass: each test a conversation (``suite.runner.scored_test``) that
     ``agent.loop.ConversationDriver`` runs whole; the score is kept here, between conversations."""
 
     agent_id: str
@@ -75,8 +75,8 @@ class SuiteAgent:
             if i > 0 and ctx.should_stop():
                 return
             try:
-                result = yield from test_steps(name, test, config, ctx.clock, run_id=ctx.run_id, level=ctx.level,
-                                               started=ctx.clock.now())  # fmt: skip
+                result = yield from scored_test(name, test, config, ctx.clock, run_id=ctx.run_id, level=ctx.level,
+                                                started=ctx.clock.now())  # fmt: skip
             except Exception:  # a harness bug in this test: the pass is failed, the level goes on
                 tally.ok = False
                 return
