@@ -27,6 +27,7 @@ from agentload.agent.loop import (
     Spawn,
     Steps,
     Wait,
+    Whole,
 )
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.vtime import LoopClock, run_virtual
@@ -127,6 +128,18 @@ class Scripted:
             self.answers.append((yield step))
 
 
+def test_the_suite_and_the_fleet_yield_their_conversations_and_never_run_them() -> None:
+    # The suite's sessions (and bench's suite workload) and the fleet's agents are agents of ConversationDriver too:
+    # no module of theirs runs a conversation (issue 10: one driver shape).
+    src = WORKLOAD.parent
+    checked = []
+    for path in sorted([*(src / "suite").glob("*.py"), *(src / "fleet").glob("*.py"), WORKLOAD / "suite.py"]):
+        calls = _loop_names_used(ast.parse(path.read_text(), filename=str(path))) & RUNS_CONVERSATIONS
+        assert not calls, f"{path.relative_to(src)} calls {sorted(calls)} of agent/loop"
+        checked.append(path.stem)
+    assert {"runner", "turns", "suite"} <= set(checked)
+
+
 def test_a_conversation_is_run_and_its_ending_sent_back_and_a_wait_is_slept() -> None:
     async def go() -> tuple[Scripted, Backend]:
         clock = LoopClock()
@@ -216,3 +229,107 @@ def test_a_spawned_conversations_bug_is_raised_and_its_siblings_are_awaited() ->
 
     assert run_virtual(go()) == "a bug in the conversation"
     assert cancelled == ["slow"]  # cancelled and awaited before the driver returned, not left running
+
+
+class Turns(OneShot):
+    """``count`` turns, a ``pause_s`` pause after each but the last."""
+
+    def __init__(self, name: str, count: int, pause_s: float) -> None:
+        super().__init__(name)
+        self.count = count
+        self.pause_s = pause_s
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        return End("done") if turn + 1 == self.count else Next(pause_s=self.pause_s)
+
+
+def test_a_whole_conversation_runs_to_its_end_through_the_stop_and_a_plain_one_does_not() -> None:
+    async def go(step: Any) -> tuple[Scripted, Backend]:
+        clock = LoopClock()
+        backend = Backend(clock)
+        agent = Scripted([step, OneShot("next")])
+        await ConversationDriver(agent).run(Ctx(backend, clock, stop_at=1.5))
+        return agent, backend
+
+    whole, sent = run_virtual(go(Whole(Turns("w", 4, 1.0))))
+    # The stop at 1.5 s did not cut it; whether to start the next conversation is the agent's to decide.
+    assert sent.sent == [(0.0, "w"), (1.0, "w"), (2.0, "w"), (3.0, "w"), (3.0, "next")]
+    assert [a.reason if a else None for a in whole.answers] == ["done", "done"]
+    plain, sent = run_virtual(go(Turns("p", 4, 1.0)))
+    assert sent.sent == [(0.0, "p"), (1.0, "p"), (2.0, "next")]
+    assert plain.answers[0] == Ending(STOPPED, 2)
+
+
+def test_what_a_conversation_raises_is_raised_in_the_agent_which_may_go_on_or_not() -> None:
+    class Broken(OneShot):
+        async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+            raise RuntimeError(f"{self.name} broke")
+
+    caught: list[str] = []
+
+    class Careful(Scripted):
+        def conversations(self, ctx: Ctx) -> Steps:
+            try:
+                yield Broken("first")
+            except RuntimeError as exc:  # kept as data: the agent goes on
+                caught.append(str(exc))
+            self.answers.append((yield OneShot("after")))
+            yield Broken("second")  # not caught: it leaves the driver
+
+    async def go() -> tuple[Careful, Backend, str]:
+        clock = LoopClock()
+        backend = Backend(clock)
+        agent = Careful([])
+        try:
+            await ConversationDriver(agent).run(Ctx(backend, clock))
+        except RuntimeError as exc:
+            return agent, backend, str(exc)
+        return agent, backend, "no error"
+
+    agent, backend, raised = run_virtual(go())
+    assert caught == ["first broke"]
+    assert [a.reason if a else None for a in agent.answers] == ["done"]
+    assert [a for _, a in backend.sent] == ["first", "after", "second"]
+    assert raised == "second broke"
+
+
+def test_a_cancel_is_raised_in_the_agent_at_its_yield_and_one_it_asked_for_may_be_taken_back() -> None:
+    # The fleet's restart: the agent cancels its own task to abandon the conversation in flight, takes the cancel
+    # back (``uncancel``) and yields the conversation again; a cancel it did not ask for still ends it.
+    seen: list[str] = []
+
+    class Restarting(Scripted):
+        restart = True
+
+        def conversations(self, ctx: Ctx) -> Steps:
+            task = asyncio.current_task()
+            assert task is not None
+            self.task = task
+            while True:
+                try:
+                    self.answers.append((yield Turns(f"try{len(seen)}", 3, 1.0)))
+                    return
+                except asyncio.CancelledError:
+                    seen.append("cancelled")
+                    if not self.restart or task.uncancel() > 0:
+                        raise
+
+    async def go() -> tuple[Restarting, Backend, bool]:
+        clock = LoopClock()
+        backend = Backend(clock, latency_s=1.0)
+        agent = Restarting([])
+        running = asyncio.ensure_future(ConversationDriver(agent).run(Ctx(backend, clock)))
+        await clock.sleep(1.5)
+        agent.task.cancel()  # a restart, in the first try's pause after its first turn
+        await clock.sleep(2.2)
+        agent.restart = False
+        running.cancel()  # the run's end: not taken back
+        await asyncio.gather(running, return_exceptions=True)
+        return agent, backend, running.cancelled()
+
+    agent, backend, cancelled = run_virtual(go())
+    assert seen == ["cancelled", "cancelled"]
+    assert agent.answers == []  # neither try ended
+    # The second try starts at once; the run's end lands in its second request, and is not taken back.
+    assert backend.sent == [(0.0, "try0"), (1.5, "try1"), (3.5, "try1")]
+    assert cancelled

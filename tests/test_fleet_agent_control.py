@@ -246,3 +246,56 @@ async def test_unknown_or_ended_agents_are_refused(tmp_path: Path) -> None:
         await asyncio.wait_for(run, 30)
         log.close()
     assert _rounds(tmp_path)["after"] == [0, 1]
+
+
+async def _until(check: Any) -> None:
+    for _ in range(20000):
+        if check():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never happened")
+
+
+async def test_a_restart_while_parked_queues_again_and_sends_the_round_once(tmp_path: Path) -> None:
+    backend = Scripted(hold=("w.1", 1))
+    runner, log, events = _runner(tmp_path, backend)
+    run = asyncio.create_task(runner.run())
+    await asyncio.wait_for(backend.held.wait(), 30)
+    gate = runner.limiter.gate
+    gate.set_limit(0)  # narrowed to nothing: w.1 parks at its next turn boundary
+    backend.release.set()
+    await asyncio.wait_for(_until(lambda: events.states["w.1"][-1] == "parked"), 30)
+    assert not gate.is_live("w.1")  # parked: it gave its slot back
+    runner.restart_agent("w.1")
+    # The restart abandons the wait for a slot and queues again, before its round 2 is sent.
+    await asyncio.wait_for(_until(lambda: events.states["w.1"][-2:] == ["parked", "parked"]), 30)
+    assert ("w.1", 2) not in backend.sent
+    assert runner.restarting == set()
+    gate.set_limit(3)
+    outcome = await asyncio.wait_for(run, 30)
+    log.close()
+    assert not outcome.stopped_early
+    assert backend.sent.count(("w.1", 2)) == 1  # never sent while parked, sent once after
+    assert _rounds(tmp_path) == {"w.0": [0, 1, 2, 3], "w.1": [0, 1, 2, 3], "w.2": [0, 1, 2, 3], "after": [0, 1]}
+    assert events.states["w.1"][-3:] == ["parked", "running", "done"]
+
+
+async def test_only_the_restarts_cancel_is_taken_back_not_the_runs(tmp_path: Path) -> None:
+    # A restart and the run's own cancel in the same tick (as when the run ends just then): the agent must end with
+    # the run, not start over (a cancel taken back by mistake would keep a run from ending).
+    backend = Scripted(hold=("w.1", 2))
+    runner, log, _ = _runner(tmp_path, backend)
+    runner.stop = asyncio.Event()
+    run = asyncio.create_task(runner.run())
+    await asyncio.wait_for(backend.held.wait(), 30)
+    agent_task = runner.attempts["w.1"]
+    runner.restart_agent("w.1")
+    agent_task.cancel()  # the run's cancel, before the agent wakes to the restart's
+    runner.stop.set()
+    outcome = await asyncio.wait_for(run, 30)
+    log.close()
+    assert outcome.stopped_early
+    assert agent_task.cancelled()
+    assert backend.sent.count(("w.1", 2)) == 1  # not sent again: the agent did not start over
+    assert _rounds(tmp_path)["w.1"] == [0, 1]
+    assert "w.1" not in load_log(tmp_path / LOG, repair=False).finished  # no outcome: resumable

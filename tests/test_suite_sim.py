@@ -25,6 +25,7 @@ from agentload.suite.oracle import STOP_EARLY_AFTER, WRONG_KEY_AT, scenarios
 from agentload.suite.results import AgentStatus, SuiteRun, load_run, rescore
 from agentload.suite.runner import SuiteConfig, run_suite
 from agentload.suite.scoring import Status
+from agentload.vtime import LoopClock, run_virtual
 from tests.simserver import running_sim
 
 KNOWN_BAD = [(s.id, name) for s in scenarios() for name in sorted(s.bad)]
@@ -225,3 +226,42 @@ async def test_the_api_key_is_never_written(tmp_path: Path, monkeypatch: pytest.
     path = save_run(run, tmp_path)
     assert "sk-very-secret-4711" not in path.read_text(encoding="utf-8")
     assert run.levels[0].pooled_pass_rate == 1.0
+
+
+class _Answers:
+    """Answers every request after ``latency_s`` of the loop's clock with a plain reply (no tool calls)."""
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+
+    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
+        clock = LoopClock()
+        t = clock.now()
+        await clock.sleep(self.latency_s)
+        return [RequestRecord(ids=ids, t_sent=t, t_done=clock.now(), content="done")]
+
+
+class _LostAt:
+    def __init__(self, at_s: float) -> None:
+        self.at_s = at_s
+
+    async def wait_lost(self) -> str:
+        await LoopClock().sleep(self.at_s)
+        return "the server has not answered"
+
+
+def test_a_lost_server_fails_every_session_keeping_the_tests_it_finished_in_order() -> None:
+    # Each test is one 1 s turn; the server is lost at 2.5 s, in every agent's third test.
+    async def go() -> SuiteRun:
+        tests = select(["T1", "T2", "T3", "T5"])
+        return await run_suite(_Answers(1.0), tests, SuiteConfig(model="m"), [2], LoopClock(), liveness=_LostAt(2.5))
+
+    run = run_virtual(go())
+    assert run.incomplete == "the server has not answered"
+    (level,) = run.levels
+    assert [a.agent_id for a in level.agent_results] == ["agent-0", "agent-1"]
+    for agent in level.agent_results:
+        assert agent.status is AgentStatus.FAILED
+        assert agent.error == "stopped: the server was lost"
+        assert [t.test_id for t in agent.tests] == ["T1", "T2"]  # the third, cut short, is not scored
+        assert agent.session_s == pytest.approx(2.5)

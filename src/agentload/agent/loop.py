@@ -1,20 +1,24 @@
 """The conversation loop: send a turn, hand its reply to the conversation, wait, send the next, until it ends.
 
 Every agent agentload drives is a conversation on this one loop (``converse``): the tool-calling agents of the
-suite and the fleet (``run_agent``: send the conversation, run the tools the model calls, append their results,
-repeat), and the bench workloads' agentic sessions, synthetic requests and trace replays. A ``Conversation``
-decides what each turn sends and what its reply means — go on after a pause, or end, and why; the loop owns the
-order of things: one request a turn through a ``ChatBackend`` (declared here, by its consumer; it returns every
-attempt, retries included), the ``on_turn`` report, the pause between turns on the clock, and the stop check.
+suite's tests and the fleet's tasks (``ToolConversation``: send the transcript, run the tools the model calls,
+append their results, repeat), and the bench workloads' agentic sessions, synthetic requests and trace replays. A
+``Conversation`` decides what each turn sends and what its reply means — go on after a pause, or end, and why;
+the loop owns the order of things: one request a turn through a ``ChatBackend`` (declared here, by its consumer;
+it returns every attempt, retries included), the ``on_turn`` report, the pause between turns on the clock, and
+the stop check.
 
-A workload's agent does not call the loop: it *produces* its conversations (``Agent.conversations``, a generator
-that also says what to wait for between them and hears how each ended), and ``ConversationDriver`` runs them on
-``converse`` — so a workload module is only ever called by the loop, never calls it, and no turn goes back up
-the stack it came down.
+An agent does not call the loop: it *produces* its conversations (``Agent.conversations``, a generator that also
+says what to wait for between them and hears how each ended), and ``ConversationDriver`` runs them on
+``converse`` — the bench workloads' agents, the suite's sessions and the fleet's agents alike — so a module that
+defines an agent is only ever called by the loop, never calls it, and no turn goes back up the stack it came
+down. What happens around a conversation stays its owner's: the suite scores each test's transcript between its
+conversations; the fleet's checkpoint is the ``ToolConversation``'s ``on_turn`` hook and its parking and limiter
+feed are its backend.
 
-``run_agent`` reports each finished turn through ``on_turn`` — the fleet checkpoints there, so a turn is either
-wholly in the checkpoint (assistant message, tool results, every attempt's record) or redone on resume, never
-half-kept and never repeated.
+``ToolConversation`` reports each finished turn through ``on_turn`` before keeping it — the fleet checkpoints
+there, so a turn is either wholly in the checkpoint (assistant message, tool results, every attempt's record) or
+redone on resume, never half-kept and never repeated.
 """
 
 from __future__ import annotations
@@ -242,9 +246,19 @@ class Spawn:
     on_end: Callable[[Ending], None]
 
 
-Step = Conversation | Wait | Spawn
-# What an agent yields (a conversation to run now, a wait, a spawn) and is sent back: a conversation's Ending,
-# None after a wait or a spawn.
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """Run ``conversation`` to its end: the stop is not checked between its turns (a suite test is scored only
+    whole, so the test in flight when a level ends finishes; the agent checks the stop before its next one)."""
+
+    conversation: Conversation
+
+
+Step = Conversation | Wait | Spawn | Whole
+# What an agent yields (a conversation to run now, whole or until the stop, a wait, a spawn) and is sent back: a
+# conversation's Ending, None after a wait or a spawn. What a step raised (a harness bug, the task's cancel) is
+# raised in the agent at the yield that asked for it, so an agent that keeps failures as data (the suite's
+# sessions) or takes back a cancel it asked for (the fleet's restart) does so in its own code.
 Steps = Generator[Step, Ending | None, None]
 
 
@@ -284,30 +298,36 @@ class ConversationDriver(Generic[C]):
         failed: list[BaseException] = []  # a spawned conversation's bug, raised here rather than lost with its task
         try:
             answer: Ending | None = None
+            raised: BaseException | None = None
             while True:
                 if failed:
                     raise failed[0]
                 try:
-                    step = steps.send(answer)
+                    step = steps.send(answer) if raised is None else steps.throw(raised)
                 except StopIteration:
                     break
-                answer = None
-                if isinstance(step, Wait):
-                    if step.until is not None:
-                        going_on = await wait_until(ctx.clock, step.until, ctx.should_stop, step.slice_s)
+                answer = raised = None
+                try:
+                    if isinstance(step, Wait):
+                        if step.until is not None:
+                            going_on = await wait_until(ctx.clock, step.until, ctx.should_stop, step.slice_s)
+                        else:
+                            going_on = await pause(ctx.clock, step.pause_s, ctx.should_stop)
+                        if not going_on:
+                            break
+                    elif isinstance(step, Spawn):
+                        await step.slots.acquire()
+                        task = asyncio.create_task(_spawned(step, ctx))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                        task.add_done_callback(functools.partial(_release, step.slots))
+                        task.add_done_callback(functools.partial(_note_failure, failed))
+                    elif isinstance(step, Whole):
+                        answer = await converse(step.conversation, ctx.backend, ctx.clock)
                     else:
-                        going_on = await pause(ctx.clock, step.pause_s, ctx.should_stop)
-                    if not going_on:
-                        break
-                elif isinstance(step, Spawn):
-                    await step.slots.acquire()
-                    task = asyncio.create_task(_spawned(step, ctx))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                    task.add_done_callback(functools.partial(_release, step.slots))
-                    task.add_done_callback(functools.partial(_note_failure, failed))
-                else:
-                    answer = await converse(step, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
+                        answer = await converse(step, ctx.backend, ctx.clock, should_stop=ctx.should_stop)
+                except BaseException as exc:  # raised in the agent (see ``Step``), which may re-raise it
+                    raised = exc
             steps.close()
             if running:  # spawned conversations finish their turn in flight (the stop ends them between turns)
                 await asyncio.gather(*running)
@@ -336,23 +356,45 @@ async def _spawned(spawn: Spawn, ctx: TurnContext) -> None:
 # -- the tool-calling agent --------------------------------------------------------------------------------------
 
 
-class _ToolConversation:
-    """``run_agent``'s conversation: the whole transcript resent each round, the model's tool calls run between."""
+class ToolConversation:
+    """The tool-calling agent's conversation: the whole transcript resent each round, the model's tool calls run
+    between rounds, until an answer, the round cap or a failed turn.
+
+    The suite's tests and the fleet's tasks are this conversation, yielded by their agents to ``ConversationDriver``
+    (``run_agent`` runs one alone). ``resume`` is the turns already committed (the fleet's checkpoint): the rounds
+    go on from there, numbered on. Each finished turn goes to ``on_turn`` first and then into the transcript, so a
+    turn the hook did not take (the fleet's checkpoint failed, or stopped the run) is not in the transcript either.
+    ``finish`` reads how the conversation ended into its ``Transcript``.
+    """
 
     def __init__(
-        self, spec: AgentSpec, tools: ToolRegistry, clock: Clock, transcript: Transcript, run_id: str, level: int
+        self,
+        spec: AgentSpec,
+        tools: ToolRegistry,
+        clock: Clock,
+        *,
+        run_id: str = "",
+        level: int = 0,
+        on_turn: TurnHook | None = None,
+        resume: Sequence[TurnLog] = (),
     ) -> None:
         self.spec = spec
         self.tools = tools
         self.clock = clock
-        self.transcript = transcript
         self.run_id = run_id
         self.level = level
+        self.on_turn = on_turn
         self.schemas = tools.schemas()
+        self.transcript = Transcript(agent_id=spec.agent_id, spec=spec, turns=list(resume))
+        self.first_round = len(self.transcript.turns)
+        last = self.transcript.turns[-1] if self.transcript.turns else None
+        # The agent had already finished before the stop it resumes from: nothing to redo.
+        self.ended_before = last is not None and (last.assistant is None or not last.final.tool_calls)
 
     def request(self, turn: int) -> Request | None:
         spec = self.spec
-        if turn >= spec.max_rounds:
+        rnd = self.first_round + turn
+        if self.ended_before or rnd >= spec.max_rounds:
             return None
         body: dict[str, Any] = {"model": spec.model, "messages": self.transcript.messages(), **spec.extra_body}
         if self.schemas:
@@ -363,12 +405,14 @@ class _ToolConversation:
             body["max_tokens"] = spec.max_tokens
         if spec.temperature is not None:
             body["temperature"] = spec.temperature
-        return Request(body, RequestIds(run=self.run_id, level=self.level, agent=spec.agent_id, turn=turn))
+        return Request(body, RequestIds(run=self.run_id, level=self.level, agent=spec.agent_id, turn=rnd))
 
     async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        rnd = self.first_round + turn
         final = records[-1]
         if not final.ok:
-            return End("failed", TurnLog(round=turn, records=records))
+            await self._keep(TurnLog(round=rnd, records=records))
+            return End("failed")
         assistant = assistant_message(final)
         results: list[dict[str, Any]] = []
         for i, call in enumerate(final.tool_calls):
@@ -377,10 +421,28 @@ class _ToolConversation:
                 await self.clock.sleep(tool.latency_s)
             result = await self.tools.call(call.name, call.arguments)
             results.append({"role": "tool", "tool_call_id": call.id or f"call_{i}", "content": result.text})
-        log = TurnLog(round=turn, records=records, assistant=assistant, tool_results=results)
+        await self._keep(TurnLog(round=rnd, records=records, assistant=assistant, tool_results=results))
         if not final.tool_calls:
-            return End("answer", log)
-        return Next(pause_s=self.spec.think_time_s, log=log)
+            return End("answer")
+        return Next(pause_s=self.spec.think_time_s)
+
+    async def _keep(self, turn: TurnLog) -> None:
+        await _emit(self.on_turn, turn)
+        self.transcript.turns.append(turn)
+
+    def finish(self, ending: Ending) -> Transcript:
+        """The transcript, with why the conversation stopped and its last answer."""
+        transcript = self.transcript
+        if self.ended_before:
+            last = transcript.turns[-1]
+            transcript.stop_reason = "failed" if last.assistant is None else "answer"
+            transcript.final_content = last.final.content
+        elif ending.reason == "failed":
+            transcript.stop_reason = "failed"
+        else:
+            transcript.stop_reason = "answer" if ending.reason == "answer" else "round_cap"
+            transcript.final_content = transcript.turns[-1].final.content if transcript.turns else ""
+        return transcript
 
 
 async def run_agent(
@@ -394,29 +456,10 @@ async def run_agent(
     on_turn: TurnHook | None = None,
     resume: Sequence[TurnLog] = (),
 ) -> Transcript:
-    """Run one agent to its answer, its round cap, or a failed turn; ``resume`` replays committed turns."""
-    transcript = Transcript(agent_id=spec.agent_id, spec=spec, turns=list(resume))
-    if transcript.turns:
-        last = transcript.turns[-1]
-        if last.assistant is None or not last.final.tool_calls:
-            # The agent had already finished before the stop; nothing to redo.
-            transcript.stop_reason = "failed" if last.assistant is None else "answer"
-            transcript.final_content = last.final.content
-            return transcript
-
-    async def keep(turn: TurnLog) -> None:
-        # The caller's hook first: a turn its checkpoint did not take is not in the transcript either.
-        await _emit(on_turn, turn)
-        transcript.turns.append(turn)
-
-    conversation = _ToolConversation(spec, tools, clock, transcript, run_id, level)
-    ending = await converse(conversation, backend, clock, first_turn=len(transcript.turns), on_turn=keep)
-    if ending.reason == "failed":
-        transcript.stop_reason = "failed"
-        return transcript
-    transcript.stop_reason = "answer" if ending.reason == "answer" else "round_cap"
-    transcript.final_content = transcript.turns[-1].final.content if transcript.turns else ""
-    return transcript
+    """Run one tool-calling agent alone to its answer, its round cap, or a failed turn; ``resume`` replays
+    committed turns. (The suite and the fleet yield their ``ToolConversation``s to ``ConversationDriver``.)"""
+    conversation = ToolConversation(spec, tools, clock, run_id=run_id, level=level, on_turn=on_turn, resume=resume)
+    return conversation.finish(await converse(conversation, backend, clock))
 
 
 async def _emit(hook: TurnHook | None, turn: TurnLog) -> None:

@@ -5,13 +5,15 @@ The runner declares what it needs (style.md §3) and imports no concrete server,
 ``SignalSource`` (``endpoint.signals.SignalPoller`` fits), an optional ``FleetProgress`` and a ``Clock``.
 
 Each agent gets its own conversation (``AgentSpec``), tool registry, workspace directory and backend wrapper;
-nothing but the server and the limiter is shared. Each agent is a driver (``_FleetAgent``) on the one runner
-(``load.runner``), started through its ``Gated`` strategy over the limiter's gate. An agent starts once every
-task it depends on is done (a failed or skipped dependency skips it), asks the gate for a slot, and runs
-``run_agent`` with the turns already committed in the log (``resume=``); each finished turn is appended to the
-log before the agent goes on. Per-agent failures (the server refused the request: a bad model, a prompt too long,
-an error in the stream) end that agent as ``failed`` and are data; anything else (a full disk, a bug) stops the
-whole run, after every agent task has been cancelled and awaited.
+nothing but the server and the limiter is shared. Each agent (``_FleetAgent``) is an
+``agent.loop.ConversationDriver`` on the one runner (``load.runner``), started through its ``Gated`` strategy over
+the limiter's gate; like bench's workloads' agents it yields its task as a ``ToolConversation`` and the loop runs
+it. An agent starts once every task it depends on is done (a failed or skipped dependency skips it), asks the
+gate for a slot, and yields its conversation from the turns already committed in the log (``resume=``); each
+finished turn is appended to the log (the conversation's ``on_turn`` hook) before the agent goes on. Per-agent
+failures (the server refused the request: a bad model, a prompt too long, an error in the stream) end that agent
+as ``failed`` and are data; anything else (a full disk, a bug) stops the whole run, after every agent task has
+been cancelled and awaited.
 
 A turn that fails for the server's sake — the retry layer gave up on a failure it counts as transient: refused
 or reset connections, stalls the watchdog cut (a dead or frozen server), 429/5xx, a malformed stream — is not
@@ -21,7 +23,7 @@ turn, and the whole run stops: every other agent is cancelled at once (their unc
 resume) rather than each burning its own retries on the same dead server. ``SegmentOutcome.server_failure``
 says why; ``--resume`` then runs the interrupted and unstarted agents and keeps the finished ones.
 The per-turn side — the backend view that parks and feeds the limiter, the checkpoint hook that commits a
-turn or stops the run — is ``fleet/turns.py``'s, so ``run_agent`` never calls back into this module.
+turn or stops the run — is ``fleet/turns.py``'s, so the loop never calls back into this module during a turn.
 
 One agent can be stopped or restarted while the others run (the dashboard's card buttons), both on the
 checkpointed path a kill + resume takes:
@@ -30,9 +32,9 @@ checkpointed path a kill + resume takes:
   it stops (``AgentStopped``, raised by the checkpoint hook after the commit or by the backend view before a
   request is sent); an agent not yet started never starts. No ``agent`` line is written, so it stays resumable
   (``--resume`` continues it from its last committed turn), and the agents that depend on it are held with it.
-* ``restart_agent`` — the agent's turn in flight is abandoned: its ``run_agent`` is cancelled, nothing of that
-  turn is committed, and it runs again from its last committed turn (the checkpoint hook's list, in step with the
-  log), in the same slot.
+* ``restart_agent`` — the agent's turn in flight is abandoned: its conversation is cancelled (the agent's task,
+  with ``RESTART``; the agent takes that cancel back), nothing of that turn is committed, and it runs again from
+  its last committed turn (the checkpoint hook's list, in step with the log), in the same slot.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentload.agent.loop import ChatBackend, run_agent
+from agentload.agent.loop import ChatBackend, ConversationDriver, Steps, ToolConversation
 from agentload.clock import Clock
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import AgentLine, CheckpointLog, LimitLine, LogState
@@ -51,8 +53,8 @@ from agentload.fleet.config import AgentPlan
 from agentload.fleet.handoff import hand_over
 from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges
 from agentload.fleet.toolbox import ToolSettings, build_registry
-from agentload.fleet.turns import AgentBackend, AgentStopped, CheckpointHook, NoProgress
 from agentload.fleet.turns import AgentState as AgentState  # re-exported: progress and the CLI name it here
+from agentload.fleet.turns import AgentStopped, CheckpointHook, FleetBackend, FleetContext, NoProgress
 from agentload.fleet.turns import FleetProgress as FleetProgress
 from agentload.load.runner import End, LoadOutcome, run_load
 from agentload.load.strategy import Gated
@@ -61,6 +63,8 @@ from agentload.load.strategy import Gated
 CONTROL_INTERVAL_S = 1.0
 # Dependency results handed to a dependent task are cut to this many characters each.
 DEPENDENCY_RESULT_CHARS = 2000
+# The message of a restart's cancel (``FleetRunner.restart_agent``): the agent takes back only this cancel.
+RESTART = "agentload: restart this agent"
 
 
 class SignalSource(Protocol):
@@ -124,7 +128,7 @@ class FleetRunner:
         self.stopping: set[str] = set()  # asked to stop at their next turn boundary
         self.held: set[str] = set()  # ended in this segment without an outcome: stopped, or behind a stopped one
         self.restarting: set[str] = set()
-        self.attempts: dict[str, asyncio.Task[Any]] = {}  # each running agent's run_agent, for a restart
+        self.attempts: dict[str, asyncio.Task[Any]] = {}  # running agents' tasks, while a conversation is in flight
 
     # -- the run ----------------------------------------------------------------------------------------------
     async def run(self) -> SegmentOutcome:
@@ -137,7 +141,8 @@ class FleetRunner:
         self.t0 = self.clock.now()
         agents = [_FleetAgent(self, p) for p in self.plans]
         strategy = Gated(self.limiter.gate, clock=self.clock, control=self._tick, interval_s=self.control_interval_s)
-        load = run_load(agents, None, strategy=strategy, stop_after_s=self.stop_after_s, clock=self.clock)
+        ctx = FleetContext(FleetBackend(self.backend, self), self.clock)
+        load = run_load(agents, ctx, strategy=strategy, stop_after_s=self.stop_after_s, clock=self.clock)
         outcome = await load if self.stop is None else await _unless(load, self.stop)
         if outcome is None:  # stopped from outside
             return SegmentOutcome(self.clock.now() - self.t0, True, self.limiter.statistics())
@@ -172,7 +177,7 @@ class FleetRunner:
         attempt = self.attempts.get(agent)
         if attempt is None or attempt.done():
             raise ConfigError(f"agent {agent} is not running (only a running agent can be restarted)")
-        if attempt.cancel():  # False: it finished in this very tick, and there is nothing to restart
+        if attempt.cancel(RESTART):  # False: it finished in this very tick, and there is nothing to restart
             self.restarting.add(agent)
 
     def hold(self, agent: str, rounds: int, why: str) -> None:
@@ -200,8 +205,15 @@ async def _unless(load: Coroutine[Any, Any, LoadOutcome], stop: asyncio.Event) -
     return None if task.cancelled() else task.result()
 
 
-class _FleetAgent:
-    """One fleet agent as a driver of the one runner: ``agent.loop.run_agent`` with its checkpoint hook.
+class _FleetAgent(ConversationDriver[FleetContext]):
+    """One fleet agent: a ``ConversationDriver`` of its own conversations, plus the hooks ``Gated`` calls.
+
+    Its task is a ``ToolConversation`` from its committed turns (``resume``), with the checkpoint as its ``on_turn``
+    hook; the loop sends its turns through the context's ``FleetBackend`` (parking, the limiter's feed), which
+    ``begin`` starts afresh for each attempt. A restart cancels the driver's task with ``RESTART`` while the
+    conversation is in flight; the cancel is raised here, at the ``yield``, taken back, and the conversation
+    yielded again from the committed turns. ``AgentStopped`` (a stop at a turn boundary) is raised here too, and
+    holds the agent.
 
     The ``Gated`` strategy calls the hooks in this order: ``announce``, (dependencies done) ``ready``, (the gate
     lets it in) ``run``, (its slot given back) ``done``. A failed or skipped dependency skips it; an agent that
@@ -212,6 +224,7 @@ class _FleetAgent:
         self.runner = runner
         self.plan = plan
         self.agent_id = plan.agent_id
+        super().__init__(self)
         self.settled = plan.agent_id in runner.outcomes  # finished in an earlier segment (fixed for this one)
         self._dep_results: dict[str, str] = {}
         self._line: AgentLine | None = None
@@ -258,7 +271,7 @@ class _FleetAgent:
         # Agents with committed turns first (their context is paid for), then by wave and order.
         return (0 if self.runner.state.committed(self.agent_id) else 1, self.plan.wave, self.plan.index)
 
-    async def run(self, ctx: object) -> None:
+    def conversations(self, ctx: FleetContext) -> Steps:
         r, plan, aid = self.runner, self.plan, self.agent_id
         committed = r.state.committed(aid)
         if aid in r.stopping:  # stopped while it waited for a slot
@@ -277,38 +290,40 @@ class _FleetAgent:
             ToolSettings(aid, r.workspaces / aid, plan.tool_result_tokens, plan.tool_latency_s, searches),
         )
         on_turn = CheckpointHook(r, aid, prior, started, committed, max_rounds=spec.max_rounds)
-
+        task = asyncio.current_task()  # the driver's: a restart cancels it while the conversation is in flight
+        assert task is not None
+        rejoin: tuple[int, ...] | None = None
         while True:
             # One attempt of the agent from its committed turns; a restart cancels it and comes round again.
             previous = next((t.final for t in reversed(committed) if t.final.ok), None)
-            backend = AgentBackend(r.backend, r, plan, previous)
-            attempt = asyncio.ensure_future(
-                run_agent(spec, backend, tools, r.clock, run_id=r.run_id, on_turn=on_turn, resume=list(committed))
-            )
-            r.attempts[aid] = attempt
+            ctx.backend.begin(plan, previous, rejoin)
+            conversation = ToolConversation(spec, tools, r.clock, run_id=r.run_id, on_turn=on_turn,
+                                            resume=list(committed))  # fmt: skip
+            r.attempts[aid] = task
             try:
-                await asyncio.wait({attempt})
-            finally:
-                if not attempt.done():  # this agent itself was cancelled (the run stopped): so is its attempt
-                    attempt.cancel()
-                    await asyncio.gather(attempt, return_exceptions=True)
-                r.attempts.pop(aid, None)
-            if attempt.cancelled() and aid in r.restarting:
+                ending = yield conversation
+            except asyncio.CancelledError as cancel:
+                # Only this agent's restart is taken back: the run's own cancel (alone, or with it) ends the agent.
+                if cancel.args != (RESTART,) or aid not in r.restarting or task.cancelling() != 1:
+                    raise
+                task.uncancel()
                 r.restarting.discard(aid)
-                if not r.limiter.gate.is_live(aid):  # restarted while parked: it had given its slot back
-                    r.progress.agent(aid, AgentState.PARKED, rounds=len(committed))
-                    await r.limiter.gate.enter(aid, self.priority())
-                r.progress.agent(aid, AgentState.RUNNING, rounds=len(committed))
+                rejoin = self.priority()  # restarted while parked, it gave its slot back: it queues again first
+                if r.limiter.gate.is_live(aid):
+                    r.progress.agent(aid, AgentState.RUNNING, rounds=len(committed))
                 continue
-            # A restart whose cancel the client's timeout guard took for its own (uncancel() in the same tick)
-            # was a no-op: the attempt went on. Forget it, or a later cancel of the run would restart the agent.
-            r.restarting.discard(aid)
-            try:
-                transcript = attempt.result()
             except AgentStopped:
                 r.hold(aid, len(committed), f"stopped after {len(committed)} committed turns; resumable")
                 return
+            finally:
+                r.attempts.pop(aid, None)
             break
+        # A restart whose cancel the client's timeout guard took for its own (uncancel() in the same tick) was a
+        # no-op: the attempt went on. Forget it (only a cancel carrying ``RESTART`` is ever taken back, so the run's
+        # own cancel can never be mistaken for it).
+        r.restarting.discard(aid)
+        assert ending is not None  # the driver sends a conversation's ending back
+        transcript = conversation.finish(ending)
         outcome = "failed" if transcript.stop_reason == "failed" else "done"
         detail = ""
         if outcome == "failed" and transcript.turns:

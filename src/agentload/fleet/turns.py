@@ -1,15 +1,18 @@
 """What one fleet agent's turns go through, apart from the runner that starts the agent (issue 10).
 
-``agent.loop.run_agent`` calls two things back on every turn: the backend (``AgentBackend``: parks the agent at a
-turn boundary when the limiter has narrowed, and reports the turn to the limiter) and the ``on_turn`` hook
-(``CheckpointHook``: commits the turn to the log, or logs an interrupt and stops the run when the server failed
-it). They live here rather than in ``fleet/runner.py`` so that no module is called back by one it calls: the
-runner calls ``run_agent``, ``run_agent`` calls these, and these call neither.
+A fleet agent's task is a ``ToolConversation`` that ``agent.loop.ConversationDriver`` runs; the loop calls two
+things of the fleet's on every turn: the backend (``FleetBackend``, the agents' context's: parks an agent at a
+turn boundary when the limiter has narrowed, and reports the turn to the limiter) and the conversation's
+``on_turn`` hook (``CheckpointHook``: commits the turn to the log, or logs an interrupt and
+stops the run when the server failed it). They live here rather than in ``fleet/runner.py`` so that no module is
+called back by one it calls: the runner's agents yield their conversations to the loop, the loop calls these, and
+these call neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -81,38 +84,54 @@ def _is_overload(record: RequestRecord) -> bool:
     return record.outcome is Outcome.TIMEOUT or record.http_status in (429, 503)
 
 
-class AgentBackend:
-    """One agent's view of the shared backend: parks at turn boundaries and reports each turn to the limiter."""
+@dataclass
+class _Attempt:
+    """One agent's turns in this process since it (re)started: what parking and the limiter's feed remember."""
 
-    def __init__(
-        self,
-        inner: ChatBackend,
-        runner: FleetRun,
-        plan: AgentPlan,
-        previous: RequestRecord | None,
-    ) -> None:
+    plan: AgentPlan
+    previous: RequestRecord | None  # the agent's last committed reply (its prompt and length make the next prefix)
+    rejoin: tuple[int, ...] | None  # a restart's: the priority to queue with if it had given its slot back
+    previous_here: bool = False  # was ``previous`` received by this process? (else the cache state is unknown)
+    sent: int = 0
+
+
+class FleetBackend:
+    """The fleet's agents' backend (their context's): parks an agent at a turn boundary when the limiter has
+    narrowed, and reports each turn to the limiter; the agent is the request's ``ids.agent``.
+
+    ``begin`` starts an agent's attempt afresh (when it starts, and again on a restart): its first request is cold,
+    and ``rejoin`` (a restart's) is the priority to queue at the gate with, before that request, when the agent had
+    given its slot back (it was restarted while parked).
+    """
+
+    def __init__(self, inner: ChatBackend, runner: FleetRun) -> None:
         self.inner = inner
         self.runner = runner
-        self.plan = plan
-        self.previous = previous  # the agent's last committed reply (its prompt and length make the next prefix)
-        self.previous_here = False  # was ``previous`` received by this process? (else the cache state is unknown)
-        self.sent = 0
+        self.attempts: dict[str, _Attempt] = {}
+
+    def begin(self, plan: AgentPlan, previous: RequestRecord | None, rejoin: tuple[int, ...] | None = None) -> None:
+        self.attempts[plan.agent_id] = _Attempt(plan, previous, rejoin)
 
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
         r = self.runner
-        aid = self.plan.agent_id
+        aid = ids.agent
+        a = self.attempts[aid]
         parked = False
-        if self.sent and r.limiter.gate.over_limit():
+        if a.rejoin is not None and not a.sent and not r.limiter.gate.is_live(aid):
             r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
-            parked = await r.limiter.gate.yield_if_over(aid, (0, self.plan.wave, self.plan.index))
+            await r.limiter.gate.enter(aid, a.rejoin)
+            r.progress.agent(aid, AgentState.RUNNING, rounds=ids.turn)
+        if a.sent and r.limiter.gate.over_limit():
+            r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
+            parked = await r.limiter.gate.yield_if_over(aid, (0, a.plan.wave, a.plan.index))
             r.progress.agent(aid, AgentState.RUNNING, rounds=ids.turn)
         if aid in r.stopping:  # stopped while parked (or just before this turn): it is not sent
             raise AgentStopped(aid)
         # A cold turn prefills what no warm cache holds: an agent's first turn, its first turn in this process
         # (the server's cache may have gone with the last one), its first turn after being parked (evicted
         # meanwhile). The server pays it at any width, so the limiter reads it as a burst, not as load.
-        cold = self.sent == 0 or parked
-        self.sent += 1
+        cold = a.sent == 0 or parked
+        a.sent += 1
         if cold:
             r.limiter.prefill_started(aid, r.clock.now() - r.t0)
         try:
@@ -121,8 +140,8 @@ class AgentBackend:
             if cold:
                 r.limiter.prefill_finished(aid, r.clock.now() - r.t0)
         final = records[-1]
-        prev = self.previous
-        if prev is None or (self.previous_here and not parked):
+        prev = a.previous
+        if prev is None or (a.previous_here and not parked):
             reusable = prev.prompt_tokens if prev is not None else 0
             grown = final.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens if prev else 0)
             t0 = r.t0
@@ -141,9 +160,21 @@ class AgentBackend:
                 )
             )
         if final.ok:
-            self.previous = final
-            self.previous_here = True
+            a.previous = final
+            a.previous_here = True
         return records
+
+
+@dataclass(frozen=True)
+class FleetContext:
+    """What ``ConversationDriver`` runs the fleet's agents' conversations with."""
+
+    backend: FleetBackend
+    clock: Clock
+
+    def should_stop(self) -> bool:
+        """Never between turns: an agent stops at a committed turn (``AgentStopped``), a run ends by a cancel."""
+        return False
 
 
 class CheckpointHook:

@@ -1,9 +1,11 @@
 """Run the suite: N agents at once, each running every selected test in order, as the seed runner does.
 
 The seed started one process per agent, all at once, with non-streaming requests (domain.md §2). Here an agent
-is a driver (``SessionDriver``) on the one runner (``load.runner``), over a shared ``ChatBackend`` (streaming, so
-time to first token is measured too); every agent starts together and runs the tests one after another, each
-test a fresh conversation with fresh tools.
+is a ``SuiteSession`` whose tests are conversations (``scored_test``: a ``ToolConversation`` with fresh tools, run
+whole, then scored) that ``agent.loop.ConversationDriver`` runs on the one runner (``load.runner``), over a
+shared ``ChatBackend`` (streaming, so time to first token is measured too); every agent starts together and runs
+the tests one after another. Bench's suite workload (``workload/suite.py``) runs the same ``scored_test``, pass
+after pass.
 A sweep runs one load level after another, never overlapping, so each level's figures are its own.
 
 What can go wrong with one agent is data: a failed request makes that test unscored and the agent moves on to
@@ -14,11 +16,20 @@ level. A lost server (the connection's liveness rule) or cancelling the run (Ctr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from agentload.agent.loop import AgentSpec, ChatBackend, run_agent
+from agentload.agent.loop import (
+    AgentSpec,
+    ChatBackend,
+    ConversationDriver,
+    Ending,
+    Step,
+    Steps,
+    ToolConversation,
+    Whole,
+)
 from agentload.agent.tools import ToolRegistry
 from agentload.clock import Clock
 from agentload.errors import ConfigError
@@ -84,81 +95,87 @@ class LevelAccumulator:
         return compile_level(self.agents, ended - self.started, self.tests, self.sessions)
 
 
-async def run_session(
+def scored_test(
     agent_id: str,
-    tests: Sequence[SuiteTest],
-    backend: ChatBackend,
+    test: SuiteTest,
     config: SuiteConfig,
     clock: Clock,
-    acc: LevelAccumulator,
     *,
-    run_id: str = "",
-    on_test: TestDone | None = None,
-) -> AgentResult:
-    """One agent's whole suite, test after test."""
-    start = clock.now()
-    results: list[TestResult] = []
-    error = ""
-    try:
-        for test in tests:
-            t0 = clock.now()
-            spec = AgentSpec(
-                agent_id=f"{agent_id}/{test.id}",
-                model=config.model,
-                messages=test.messages(),
-                max_rounds=test.max_rounds,
-                max_tokens=config.max_tokens,
-                temperature=config.temperature,
-            )
-            tools = ToolRegistry.of(test.tools())  # fresh per agent: the T17 list is this agent's own
-            transcript = await run_agent(spec, backend, tools, clock, run_id=run_id, level=acc.agents)
-            result = judge(
-                test, transcript, played_version=SUITE_VERSION, started_s=t0 - acc.started, duration_s=clock.now() - t0
-            )
-            results.append(result)
-            acc.test_done()
-            if on_test is not None:
-                on_test(acc.agents, result)
-    except Exception as exc:  # one agent's crash is data about that agent, not a reason to stop the others
-        error = f"{type(exc).__name__}: {exc}"
-    except asyncio.CancelledError:
-        # The level was stopped (the server was lost): the tests this agent finished are kept, as a failed session.
-        acc.session_done(
-            AgentResult(
-                agent_id=agent_id,
-                status=AgentStatus.FAILED,
-                error="stopped: the server was lost",
-                session_s=clock.now() - start,
-                tests=results,
-            )
-        )
-        raise
-    if error:
-        status = AgentStatus.FAILED
-    elif any(r.status is Status.UNSCORED for r in results):
-        status = AgentStatus.UNSCORED
-    else:
-        status = AgentStatus.COMPLETED
-    session = AgentResult(agent_id=agent_id, status=status, error=error, session_s=clock.now() - start, tests=results)
-    acc.session_done(session)
-    return session
+    run_id: str,
+    level: int,
+    started: float,
+) -> Generator[Step, Ending | None, TestResult]:
+    """One test as an agent's steps: its conversation (fresh tools), run whole, then scored (``yield from`` it).
+
+    ``started`` is the level's start on ``clock``: the result says how far into the level the test began.
+    """
+    t0 = clock.now()
+    spec = AgentSpec(
+        agent_id=f"{agent_id}/{test.id}",
+        model=config.model,
+        messages=test.messages(),
+        max_rounds=test.max_rounds,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+    )
+    tools = ToolRegistry.of(test.tools())  # fresh per agent: the T17 list is this agent's own
+    conversation = ToolConversation(spec, tools, clock, run_id=run_id, level=level)
+    ending = yield Whole(conversation)
+    assert ending is not None  # the driver sends a conversation's ending back
+    transcript = conversation.finish(ending)
+    return judge(test, transcript, played_version=SUITE_VERSION, started_s=t0 - started, duration_s=clock.now() - t0)
 
 
 @dataclass
-class SessionDriver:
-    """One agent of a suite level as a driver for the one runner (``load.runner``): the suite once, in order.
+class SuiteSession:
+    """One agent of a suite level: every selected test in order, each a conversation ``ConversationDriver`` runs
+    (``agent.loop``) on the one runner (``load.runner``); the finished session goes to the level's accumulator.
 
-    Like ``workload.suite.SuiteDriver`` (bench's suite workload), but one pass that the level waits for rather
-    than passes until a window ends; its context is the level's ``LevelContext``.
+    A failed request leaves its test unscored and the agent goes on; an error out of a test (a harness bug) ends
+    the session as failed; a cancel (the server was lost) ends it as failed with the tests it finished. Neither
+    stops the other agents.
     """
 
     agent_id: str
     tests: Sequence[SuiteTest]
     on_test: TestDone | None = None
 
-    async def run(self, ctx: LevelContext) -> None:
-        await run_session(self.agent_id, self.tests, ctx.backend, ctx.config, ctx.clock, ctx.acc, run_id=ctx.run_id,
-                          on_test=self.on_test)  # fmt: skip
+    def conversations(self, ctx: LevelContext) -> Steps:
+        clock, acc = ctx.clock, ctx.acc
+        start = clock.now()
+        results: list[TestResult] = []
+        error = ""
+        try:
+            for test in self.tests:
+                result = yield from scored_test(self.agent_id, test, ctx.config, clock, run_id=ctx.run_id,
+                                                level=acc.agents, started=acc.started)  # fmt: skip
+                results.append(result)
+                acc.test_done()
+                if self.on_test is not None:
+                    self.on_test(acc.agents, result)
+        except Exception as exc:  # one agent's crash is data about that agent, not a reason to stop the others
+            error = f"{type(exc).__name__}: {exc}"
+        except asyncio.CancelledError:
+            # The level was stopped (the server was lost): the tests this agent finished are kept, as a failed session.
+            acc.session_done(
+                AgentResult(
+                    agent_id=self.agent_id,
+                    status=AgentStatus.FAILED,
+                    error="stopped: the server was lost",
+                    session_s=clock.now() - start,
+                    tests=results,
+                )
+            )
+            raise
+        if error:
+            status = AgentStatus.FAILED
+        elif any(r.status is Status.UNSCORED for r in results):
+            status = AgentStatus.UNSCORED
+        else:
+            status = AgentStatus.COMPLETED
+        session = AgentResult(agent_id=self.agent_id, status=status, error=error, session_s=clock.now() - start,
+                              tests=results)  # fmt: skip
+        acc.session_done(session)
 
 
 @dataclass(frozen=True)
@@ -170,6 +187,10 @@ class LevelContext:
     clock: Clock
     acc: LevelAccumulator
     run_id: str = ""
+
+    def should_stop(self) -> bool:
+        """Never: a level ends when its sessions do (or, cancelled, when the server is lost)."""
+        return False
 
 
 async def run_level(
@@ -191,7 +212,7 @@ async def run_level(
     check_agent_counts([agents])
     acc = LevelAccumulator(agents, tests, clock.now())
     width = len(str(agents - 1))
-    drivers = [SessionDriver(f"agent-{i:0{width}d}", tests, on_test) for i in range(agents)]
+    drivers = [ConversationDriver(SuiteSession(f"agent-{i:0{width}d}", tests, on_test)) for i in range(agents)]
     ctx = LevelContext(backend, config, clock, acc, run_id)
     outcome = await run_load(drivers, ctx, liveness=liveness, clock=clock)
     return acc.compile(clock.now()), outcome.lost

@@ -1,8 +1,8 @@
 """The contract between a workload and the benchmark that runs it (the consumer, bench/, relies only on this).
 
 A workload makes ``AgentDriver``s; the benchmark starts ``count`` of them for one load level and stops them when
-the level ends. The agentic, synthetic and trace workloads' agents produce their conversations and the waits
-between them (``agent.loop.Agent``) and ``agent.loop.ConversationDriver`` runs them: it sends the requests
+the level ends. Every workload's agents (agentic, synthetic, trace replays, the suite) produce their conversations
+and the waits between them (``agent.loop.Agent``) and ``agent.loop.ConversationDriver`` runs them: it sends the requests
 through ``ctx.backend`` (which records every attempt), waits with ``ctx.clock`` (virtual in simulated runs), and
 checks ``ctx.should_stop()`` between turns — so a workload's module is called by the loop and never calls it.
 Workloads never time anything themselves: the records carry every timing.

@@ -6,46 +6,45 @@ level's backend, pass after pass until the level ends, and reports every pass th
 over T1–T17, the H1 relay kept out; a test whose request failed (unscored) counts against, as a test the seed's
 agents never finished did. The bench's pass rate is then Σ passed ÷ Σ scored over the level.
 
-Tests go one at a time through the suite runner's ``run_session``, so the end of the level is noticed between
-tests rather than after a whole pass (the relay alone is 51 turns). A pass the level's end cuts short is still
-reported with the tests it finished — under a short level, those are the only scores there are. The suite runner
-stamps a request's level with its agent count; the backend here restamps the bench's level, so records group
-by level like every other workload's. Passes are named ``<agent>/p<n>`` (a test's conversation then is
-``<agent>/p<n>/<test>``), so a recorded run keeps each pass's conversations apart.
+Each test is the suite runner's ``scored_test`` — a tool-calling conversation yielded to
+``agent.loop.ConversationDriver``, run whole, then scored — so the end of the level is noticed between tests
+rather than after a whole pass (the relay alone is 51 turns), and the test in flight finishes. A pass the level's
+end cuts short is still reported with the tests it finished — under a short level, those are the only scores
+there are. Requests carry the bench's level, so records group by level like every other workload's. Passes are
+named ``<agent>/p<n>`` (a test's conversation then is ``<agent>/p<n>/<test>``), so a recorded run keeps each
+pass's conversations apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from agentload.agent.loop import ChatBackend, pause
-from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.agent.loop import ConversationDriver, Steps, Wait
 from agentload.errors import ConfigError
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.model import Category, SuiteTest
-from agentload.suite.results import AgentStatus
-from agentload.suite.runner import LevelAccumulator, SuiteConfig, run_session
+from agentload.suite.runner import SuiteConfig, scored_test
 from agentload.suite.scoring import Status
 from agentload.workload.agentic import FAILURE_PAUSE_S, agent_ids
 from agentload.workload.base import AgentDriver, LoadContext
 
 
-class _AtLevel:
-    """The level's backend with every request stamped with the bench's level."""
+@dataclass
+class _Tally:
+    """One pass's score so far."""
 
-    def __init__(self, inner: ChatBackend, level: int) -> None:
-        self._inner = inner
-        self._level = level
-
-    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
-        return await self._inner.complete(body, ids.model_copy(update={"level": self._level}))
+    ok: bool = True
+    passed: int = 0
+    scored: int = 0
 
 
 @dataclass
-class SuiteDriver:
+class SuiteAgent:
+    """One agent running the suite pass after pass: each test a conversation (``suite.runner.scored_test``) that
+    ``agent.loop.ConversationDriver`` runs whole; the score is kept here, between conversations."""
+
     agent_id: str
     tests: Sequence[SuiteTest]
     max_tokens: int | None = None
@@ -53,39 +52,41 @@ class SuiteDriver:
     payload_tokens: int = PAYLOAD_TOKENS
     passes: int = 0
 
-    async def run(self, ctx: LoadContext) -> None:
+    def conversations(self, ctx: LoadContext) -> Steps:
         config = SuiteConfig(
             model=ctx.model,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             payload_tokens=self.payload_tokens,
         )
-        backend = _AtLevel(ctx.backend, ctx.level)
         while not ctx.should_stop():
             name = f"{self.agent_id}/p{self.passes}"
             self.passes += 1
-            passed = scored = 0
-            ok = True
-            for i, test in enumerate(self.tests):
-                if i > 0 and ctx.should_stop():
-                    break
-                # A fresh accumulator per test: the runner keeps whole transcripts in it, which a long level
-                # would otherwise pile up.
-                acc = LevelAccumulator(1, [test], ctx.clock.now())
-                result = await run_session(name, [test], backend, config, ctx.clock, acc, run_id=ctx.run_id)
-                if result.status is AgentStatus.FAILED:
-                    ok = False
-                    break
-                pooled = [t for t in result.tests if t.category is not Category.MULTIHOP]
-                passed += sum(1 for t in pooled if t.status is Status.PASS)
-                scored += len(pooled)
-                # An unscored test means a request failed; against a dead server that takes no time at all, so
-                # wait a little rather than spin through the suite.
-                if any(t.status is Status.UNSCORED for t in result.tests) and not await pause(
-                    ctx.clock, FAILURE_PAUSE_S, ctx.should_stop
-                ):
-                    break
-            ctx.session_done(self.agent_id, ok=ok, passed=passed, scored=scored)
+            tally = _Tally()
+            try:
+                yield from self._one_pass(name, config, ctx, tally)
+            except GeneratorExit:  # the level's stop cut the failure pause short: the pass ends with what it has
+                ctx.session_done(self.agent_id, ok=tally.ok, passed=tally.passed, scored=tally.scored)
+                raise
+            ctx.session_done(self.agent_id, ok=tally.ok, passed=tally.passed, scored=tally.scored)
+
+    def _one_pass(self, name: str, config: SuiteConfig, ctx: LoadContext, tally: _Tally) -> Steps:
+        for i, test in enumerate(self.tests):
+            if i > 0 and ctx.should_stop():
+                return
+            try:
+                result = yield from scored_test(name, test, config, ctx.clock, run_id=ctx.run_id, level=ctx.level,
+                                                started=ctx.clock.now())  # fmt: skip
+            except Exception:  # a harness bug in this test: the pass is failed, the level goes on
+                tally.ok = False
+                return
+            if result.category is not Category.MULTIHOP:
+                tally.passed += result.status is Status.PASS
+                tally.scored += 1
+            # An unscored test means a request failed; against a dead server that takes no time at all, so wait a
+            # little rather than spin through the suite.
+            if result.status is Status.UNSCORED:
+                yield Wait(pause_s=FAILURE_PAUSE_S)
 
 
 SUITE_OPTIONS = ("tests", "skip_hop", "payload_tokens", "max_tokens", "temperature")
@@ -112,6 +113,8 @@ class SuiteWorkload:
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` and ``seed`` do not apply: the suite's tests fix their conversations.
         return [
-            SuiteDriver(agent_id, self._selected, self.max_tokens, self.temperature, self.payload_tokens)
+            ConversationDriver(
+                SuiteAgent(agent_id, self._selected, self.max_tokens, self.temperature, self.payload_tokens)
+            )
             for agent_id in agent_ids(count)
         ]
