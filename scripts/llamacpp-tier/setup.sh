@@ -27,6 +27,22 @@ flock 9
 
 say() { printf '[llamacpp-tier %s] %s\n' "$(date +%T)" "$*" >&2; }
 
+# The tier's own venv (python3 -m venv, so it has pip): its pip downloads the sdist, and it carries the gguf package
+# build_model.py writes the model with, so the project's locked environment carries neither. Not the python3 on PATH's
+# pip: under `uv run` that python3 is the project's venv, which has no pip.
+tier_venv() {
+    [[ -f "$tier/venv/.installed" ]] && return 0
+    rm -rf "$tier/venv"
+    { python3 -m venv "$tier/venv" &&
+        "$tier/venv/bin/pip" install --disable-pip-version-check "gguf==$GGUF_VERSION" "numpy<3"; } \
+        >"$tier/venv.log" 2>&1 || {
+        tail -5 "$tier/venv.log" >&2
+        echo "cannot set up the llama.cpp tier: its venv (pip, gguf) could not be installed" >&2
+        exit 3
+    }
+    touch "$tier/venv/.installed"
+}
+
 if [[ ! -f "$dir/.built" ]]; then
     for tool in cmake c++ cc; do
         command -v "$tool" >/dev/null || { echo "cannot build llama-server: $tool is not installed" >&2; exit 3; }
@@ -34,8 +50,9 @@ if [[ ! -f "$dir/.built" ]]; then
     started=$SECONDS
     rm -rf "$dir"
     mkdir -p "$dir"
+    tier_venv
     say "downloading the llama-cpp-python==$version sdist (for its vendored llama.cpp sources)"
-    if ! python3 -m pip download --disable-pip-version-check --no-binary :all: --no-deps -d "$dir/sdist" \
+    if ! "$tier/venv/bin/pip" download --disable-pip-version-check --no-binary :all: --no-deps -d "$dir/sdist" \
         "llama-cpp-python==$version" >"$dir/download.log" 2>&1; then
         tail -5 "$dir/download.log" >&2
         echo "cannot build llama-server: the llama-cpp-python sdist could not be downloaded" >&2
@@ -63,24 +80,14 @@ if [[ ! -f "$dir/.built" ]]; then
     say "built in $((SECONDS - started)) s"
 fi
 
-# The model: written by build_model.py with the gguf package (PyPI) in a venv of its own, so the project's locked
-# environment does not carry it. Keyed by the script's content, so a change to the model rebuilds it.
+# The model: written by build_model.py with the gguf package in the tier's venv. Keyed by the script's content, so
+# a change to the model rebuilds it.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 key="$(cat "$here/build_model.py" "$here/../../src/agentload/workload/words.py" | sha256sum | cut -c1-12)"
 model="$tier/model-$key.gguf"
 if [[ ! -f "$model" ]]; then
     started=$SECONDS
-    if [[ ! -f "$tier/venv/.installed" ]]; then
-        rm -rf "$tier/venv"
-        { python3 -m venv "$tier/venv" &&
-            "$tier/venv/bin/pip" install --disable-pip-version-check "gguf==$GGUF_VERSION" "numpy<3"; } \
-            >"$tier/venv.log" 2>&1 || {
-            tail -5 "$tier/venv.log" >&2
-            echo "cannot build the model: the gguf package could not be installed" >&2
-            exit 3
-        }
-        touch "$tier/venv/.installed"
-    fi
+    tier_venv
     "$tier/venv/bin/python" "$here/build_model.py" "$model.tmp" >&2 || exit 4
     mv "$model.tmp" "$model"
     say "model built in $((SECONDS - started)) s"
