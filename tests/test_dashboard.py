@@ -415,19 +415,21 @@ async def test_the_timelines_are_rates_between_scrapes(board: Board) -> None:
     assert (third["hit"], third["kv"], third["ttft_p50"]) == (None, None, None)  # no scrape, no TTFT: not drawn
 
 
+@dataclass
+class _Stream:
+    """A reply in flight as the state reads it (the client's stream: first-token time, text, tool calls so far)."""
+
+    t_first_token: float | None = None
+    content: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+
+
 async def test_a_card_follows_its_turns(board: Board) -> None:
     _, state, *_ = board
     state.agent("w.0", AgentState.RUNNING, rounds=0)
     state.request_started("w.0")
     assert state.cards["w.0"].phase == "prefilling"
-
-    @dataclass
-    class Stream:
-        t_first_token: float | None = None
-        content: list[str] = field(default_factory=list)
-        calls: dict[int, dict[str, str]] = field(default_factory=dict)
-
-    stream = Stream()
+    stream = _Stream()
     state.stream_started("w.0", stream)
     state.refresh()
     assert state.cards["w.0"].phase == "prefilling"  # no token yet
@@ -449,14 +451,7 @@ async def test_a_reply_of_tool_calls_streams_its_calls_as_they_grow(board: Board
     _, state, *_ = board
     state.turn("w.0", _turn(0, 0.05, 7, "the last answer"))
     state.request_started("w.0")
-
-    @dataclass
-    class Stream:
-        t_first_token: float | None = None
-        content: list[str] = field(default_factory=list)
-        calls: dict[int, dict[str, str]] = field(default_factory=dict)
-
-    stream = Stream()
+    stream = _Stream()
     state.stream_started("w.0", stream)
     stream.t_first_token = 1.0  # a reasoning token: no text, no call yet
     state.refresh()
