@@ -128,15 +128,22 @@ def _passes(data: dict[str, Any]) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_the_suite_command_over_http_survives_resets_503s_and_a_cold_start() -> None:
-    """``agentload suite --url`` on a simulator that resets and 503s requests and starts 3 s late: all pass."""
+    """``agentload suite --url`` on a simulator that resets and 503s requests and starts 3 s late: all pass.
+
+    One agent, so the simulator draws its faults for the same requests in the same order every run (seed 3 fails 3
+    of them). With two agents the interleaving decided which turn got which draws, and at 0.36 failures an attempt
+    a turn meets five in a row (``max_attempts``, a turn given up, its test unscored) in about 1 run of 13 under
+    load: session 9's CI and 3 of 39 runs with a core busy. That is the retry budget working, not a fault that
+    reached a score, so the test no longer bets on it.
+    """
     tests = "T1,T2,T3"
     faults = ["--fault", "reset:0.2", "--fault", "http503:0.2", "--seed", "3", "--cold-start", "3"]
     with sim_process("laptop", "--behaviour", "oracle", *faults) as (_sim, url):
-        code, out, err = _cli("--url", url, "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--tests", tests, "--agents", "2",
+        code, out, err = _cli("--url", url, "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--tests", tests, "--agents", "1",
                               "--json")  # fmt: skip
     assert code == 0, err
     data = json.loads(out)
     assert data.get("incomplete") is None
-    assert _passes(data) == {t.id: 2 for t in select(tests.split(","))}
+    assert _passes(data) == {t.id: 1 for t in select(tests.split(","))}
     # The faults reached the suite's requests (each failed attempt is recorded) and were resent, not scored.
     assert data["levels"][0]["requests_failed"] >= 2
