@@ -6,8 +6,11 @@ separate process (``simproc``: only the client is in this process), three times:
 
 1. without ``--dashboard`` — the baseline client CPU (user + system seconds of this process);
 2. with ``--dashboard`` and one event-stream reader in this process (so its parsing counts against the
-   dashboard) — the client CPU again, the share it adds, and what the stream carried (1 and 2 run twice, in the
-   order 1 2 2 1, and are averaged);
+   dashboard) — the client CPU again, the share it adds, and what the stream carried. 1 and 2 run in blocks of
+   four, in the order 1 2 2 1, so a shared machine's drift falls on both sides; each block gives one paired
+   figure, (2 − 1) ÷ 1. Two identical runs differ by up to 14 % in client CPU on a 2-core machine, more than
+   the effect sought, so ``--blocks K`` repeats the block and the share is given as the mean of the K figures
+   with a 95 % interval (bootstrap over the blocks, seeded): "≤ 5 %" is shown when the interval's top is ≤ 5 %;
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
@@ -21,6 +24,7 @@ event loop: a loop starved by the run itself shows there).
     .venv/bin/python benchmarks/bench_dashboard.py                   # 1,000 agents × 4 rounds, 2 s think
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300   # a 2-core machine's simulator
     .venv/bin/python benchmarks/bench_dashboard.py --agents 200 --no-browser
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # the CPU share
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 
 from agentload.cli.run import RunOptions, run_fleet
@@ -179,6 +184,20 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+def _share_line(shares: list[float], limit: float = 0.05) -> str:
+    """The client CPU the dashboard adds, over the blocks' paired figures: mean, 95 % interval, against ``limit``."""
+    per_block = ", ".join(f"{x:+.1%}" for x in shares)
+    mean = statistics.fmean(shares)
+    if len(shares) < 3:
+        return f"client CPU added by the dashboard: {mean:+.1%} (blocks: {per_block}); too few blocks for an interval"
+    # Percentile bootstrap of the mean over blocks (seeded, so a rerun on the same figures prints the same).
+    draws = np.random.default_rng(0).choice(np.asarray(shares), size=(10_000, len(shares)), replace=True)
+    low, high = np.percentile(draws.mean(axis=1), [2.5, 97.5])
+    verdict = "shown" if high <= limit else "not shown"
+    return (f"client CPU added by the dashboard: mean {mean:+.1%}, 95 % interval {low:+.1%} to {high:+.1%} over "
+            f"{len(shares)} blocks ({per_block}); ≤ {limit:.0%}: {verdict}")  # fmt: skip
+
+
 def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
     try:
         from playwright.sync_api import sync_playwright
@@ -234,8 +253,11 @@ def main() -> None:
     ap.add_argument("--think", type=float, default=2.0)
     ap.add_argument("--width", type=int, default=None, help="agents live at once (default: all)")
     ap.add_argument("--step", type=float, default=0.02, help="the simulator's step time, s")
+    ap.add_argument("--blocks", type=int, default=1, help="blocks of four runs (without, with, with, without)")
     ap.add_argument("--no-browser", action="store_true")
     args = ap.parse_args()
+    if args.blocks < 1:
+        ap.error("--blocks must be at least 1")
     width = args.width or args.agents
     with tempfile.TemporaryDirectory() as tmp, sim_process(fast_profile(args.step)) as (_, host, port):
         fleet = Path(tmp) / "fleet.toml"
@@ -249,28 +271,36 @@ def main() -> None:
         results: dict[bool, FleetResult] = {}
         stream = Stream()
         lags: dict[bool, list[float]] = {False: [], True: []}
+        shares: list[float] = []  # one paired figure per block: (with − without) ÷ without, client CPU
         print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
-              f"simulator step {args.step:g} s")  # fmt: skip
-        for dashboard in (False, True, True, False):
-            opts = _opts(fleet, out, url, width, dashboard=dashboard)
-            c0, w0 = _cpu(), time.monotonic()
-            results[dashboard] = r = asyncio.run(_run(opts, stream if dashboard else None, lags[dashboard]))
-            used, took = _cpu() - c0, time.monotonic() - w0
-            cpu[dashboard] += used
-            wall[dashboard] += took
-            print(f"  run {'with' if dashboard else 'without'} the dashboard: {r.totals.turns} turns, {took:.1f} s "
-                  f"wall, {used:.2f} s client CPU")  # fmt: skip
+              f"simulator step {args.step:g} s, {args.blocks} block(s) of four runs")  # fmt: skip
+        for block in range(args.blocks):
+            used_in = {False: 0.0, True: 0.0}
+            for dashboard in (False, True, True, False):
+                opts = _opts(fleet, out, url, width, dashboard=dashboard)
+                c0, w0 = _cpu(), time.monotonic()
+                results[dashboard] = r = asyncio.run(_run(opts, stream if dashboard else None, lags[dashboard]))
+                used, took = _cpu() - c0, time.monotonic() - w0
+                used_in[dashboard] += used
+                cpu[dashboard] += used
+                wall[dashboard] += took
+                print(f"  block {block + 1}, run {'with' if dashboard else 'without'} the dashboard: "
+                      f"{r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client CPU")  # fmt: skip
+            shares.append((used_in[True] - used_in[False]) / used_in[False])
         base, dash = results[False], results[True]
-        base_cpu, dash_cpu, base_wall, dash_wall = cpu[False] / 2, cpu[True] / 2, wall[False] / 2, wall[True] / 2
+        runs = 2 * args.blocks
+        base_cpu, dash_cpu, base_wall, dash_wall = (cpu[False] / runs, cpu[True] / runs, wall[False] / runs,
+                                                    wall[True] / runs)  # fmt: skip
 
         for name, r in (("without", base), ("with", dash)):
             if r.server_failure is not None or r.totals.done != args.agents:
                 print(f"  warning: the run {name} the dashboard did not finish cleanly: {r.totals.done} agents done; "
                       f"server failure: {r.server_failure}")  # fmt: skip
-        print(f"  without dashboard (mean of 2): {base.totals.turns} turns, {base_wall:.1f} s wall, "
+        print(f"  without dashboard (mean of {runs}): {base.totals.turns} turns, {base_wall:.1f} s wall, "
               f"{base_cpu:.2f} s client CPU")  # fmt: skip
-        print(f"  with dashboard + 1 stream reader (mean of 2): {dash.totals.turns} turns, {dash_wall:.1f} s wall, "
-              f"{dash_cpu:.2f} s client CPU ({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
+        print(f"  with dashboard + 1 stream reader (mean of {runs}): {dash.totals.turns} turns, {dash_wall:.1f} s "
+              f"wall, {dash_cpu:.2f} s client CPU ({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
+        print("  " + _share_line(shares))
         st = stream
         flushes = st.changed + st.other + st.empty
         per_s = (lambda n: n / st.span) if st.span > 0 else (lambda n: 0.0)

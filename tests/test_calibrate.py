@@ -182,12 +182,16 @@ class ModelledServer:
 async def test_calibration_of_a_modelled_server_recovers_it_and_writes_a_generic_profile(tmp_path: Path) -> None:
     truth = load_profile("laptop")
     target = ModelledServer(truth, served="acme/unknown-7b")
-    result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048)))
+    plan = CalibrationPlan(itl_contexts=(256, 2048), itl_repeats=2)
+    result = await calibrate(target, url="http://model", plan=plan)
     assert result.catalogue_model is None
-    assert target.batches[-5:] == [1, 2, 4, 8, 16]
+    # Two passes over both contexts, each pass every batch size in turn (drift touches all points alike).
+    assert target.batches[-20:] == [1, 2, 4, 8, 16] * 4
+    assert len(result.itl) == 20
     # The steady window ended one stream of every batch of 2 or more early (a lone stream asks for exactly the
-    # window); those streams carry no usage, so their contexts came from the estimated tokens per word.
-    assert target.stopped == 8
+    # window): 4 batches × 2 contexts × 2 passes. Those streams carry no usage, so their contexts came from the
+    # estimated tokens per word.
+    assert target.stopped == 16
     for key in (*FITTED, "api_overhead_s"):
         assert getattr(result.coefficients, key) == pytest.approx(getattr(truth.coefficients, key), rel=1e-6), key
     assert result.fit.ttft_rel_rms < 1e-6

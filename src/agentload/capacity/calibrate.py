@@ -120,6 +120,9 @@ class CalibrationPlan(BaseModel):
     itl_contexts: tuple[int, ...] | None = Field(default=None, description="context tokens; None = two")
     steady_tokens: int = Field(default=48, ge=4, description="output tokens wanted in the steady window")
     min_gaps: int = Field(default=8, ge=2, description="fewest steady gaps per stream for a usable ITL point")
+    # A steady window lasts about a second at batch 1; one per point let a second of a faster (or slower) machine
+    # set the whole decode fit (issue 9: the calibrated simulator 10 % fast at every level in one quiet run).
+    itl_repeats: int = Field(default=2, ge=1, description="passes over every (context, batch) point, interleaved")
     pool_share: float = Field(default=0.8, gt=0, le=1, description="most of the pool the ITL streams may hold")
     step_s: float = Field(default=StepSpec().step_s, ge=0, description="assumed: not identifiable")
     seed: int = 0
@@ -389,9 +392,11 @@ class _Session:
         xs, ys = [p.prompt_tokens for p in fastest], [p.ttft_s for p in fastest]
         batches = sorted(set(plan.batch_sizes))
         measured: set[int] = set()
-        self.progress.phase("ITL against batch size and context", len(contexts) * len(batches))
-        for context in contexts:
-            step_guess = ys[0]  # a decode step is no slower than the shortest prefill
+        guesses: dict[int, float] = {}  # per context, the last step time measured there
+        self.progress.phase("ITL against batch size and context", plan.itl_repeats * len(contexts) * len(batches))
+        # Passes over all points rather than repeats of each one: drift of the machine touches every point alike.
+        for first, context in ((r == 0, c) for r in range(plan.itl_repeats) for c in contexts):
+            step_guess = guesses.get(context, ys[0])  # a decode step is no slower than the shortest prefill
             for n in batches:
                 # While the later streams prefill, the earlier ones decode: allow for n whole prefills (generous;
                 # the steady window ends the streams once it has its gaps) plus the window itself.
@@ -399,7 +404,10 @@ class _Session:
                 room = int(plan.pool_share * pool.num_blocks / n) * pool.block_size - context
                 out = min(plan.steady_tokens + 1 + ramp, max_model_len - context - 1, room)
                 if out < plan.steady_tokens + 1 or n > (pool.max_num_seqs or n):
-                    m.notes.append(f"batch {n} at context {context} does not fit the pool or max_model_len; skipped")
+                    if first:
+                        m.notes.append(
+                            f"batch {n} at context {context} does not fit the pool or max_model_len; skipped"
+                        )
                     self.progress.advance()
                     continue
                 window = _SteadyWindow(n, plan.steady_tokens)
@@ -419,7 +427,7 @@ class _Session:
                 else:
                     m.itl.append(point)
                     measured.add(context)
-                    step_guess = point.itl_s
+                    step_guess = guesses[context] = point.itl_s
                 self.progress.advance()
         return measured
 

@@ -87,7 +87,8 @@ def summary(result: CalibrationResult, out: Console = console) -> None:
     out.print(
         f"Fit error (relative RMS): TTFT {fit.ttft_rel_rms:.1%} over {len(result.fastest_ttft)} prompt lengths "
         f"(fastest of {len(result.ttft)} requests), "
-        f"ITL {fit.itl_rel_rms:.1%} over {len(result.itl)} batches; round trip {result.round_trip_s * 1e3:.2f} ms"
+        f"ITL {fit.itl_rel_rms:.1%} over {len(result.itl)} points (batch × context × pass); "
+        f"round trip {result.round_trip_s * 1e3:.2f} ms"
     )
     for note in result.notes:
         out.print(f"[dim]note: {note}[/]")
@@ -105,13 +106,14 @@ def calibrate(
     api_key_env: ApiKeyEnvOption = None,
     repeats: Annotated[int, typer.Option(min=1, help="TTFT measurements per prompt length.")] = 3,
     max_batch: Annotated[int, typer.Option(min=1, help="Largest number of concurrent streams for ITL.")] = 16,
+    itl_repeats: Annotated[int, typer.Option(min=1, help="Passes over every ITL point (batch × context).")] = 2,
 ) -> None:
     """Measure a server's KV pool, TTFT and inter-token latency; fit the step-time model; write a profile.
 
     `agentload sim --profile PROFILE.toml` then serves a simulated copy of that server.
     """
     batches = {b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= max_batch} | {max_batch}
-    plan = CalibrationPlan(ttft_repeats=repeats, batch_sizes=tuple(sorted(batches)))
+    plan = CalibrationPlan(ttft_repeats=repeats, batch_sizes=tuple(sorted(batches)), itl_repeats=itl_repeats)
     # Refuse an unwritable destination before minutes of measurement, not after.
     if output is not None and output.is_dir():
         raise ConfigError(f"-o {output} is a directory; give a file name such as {output / 'profile.toml'}")
