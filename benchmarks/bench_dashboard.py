@@ -10,7 +10,10 @@ separate process (``simproc``: only the client is in this process), three times:
    four, in the order 1 2 2 1, so a shared machine's drift falls on both sides; each block gives one paired
    figure, (2 − 1) ÷ 1. Two identical runs differ by up to 14 % in client CPU on a 2-core machine, more than
    the effect sought, so ``--blocks K`` repeats the block and the share is given as the mean of the K figures
-   with a 95 % interval (bootstrap over the blocks, seeded): "≤ 5 %" is shown when the interval's top is ≤ 5 %;
+   with a 95 % interval (bootstrap over the blocks, seeded): "≤ 5 %" is shown when the interval's top is ≤ 5 %.
+   The dashboard's own CPU is also timed in place in every run with it (``OwnTime``: its hooks, flushes and
+   encoding, and the reader's parsing) as a share of that same run's client CPU, which the machine's drift
+   moves far less;
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
@@ -47,6 +50,8 @@ import numpy as np
 import orjson
 
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.dashboard.server import Flusher
+from agentload.dashboard.state import LiveState
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
 
@@ -95,6 +100,45 @@ new PerformanceObserver((l) => { for (const e of l.getEntries()) window.__longta
 """
 
 
+@dataclass
+class OwnTime:
+    """The dashboard's own CPU in a run, timed in place (``time.process_time`` around its code): steadier than the
+    difference of two whole runs, whose client CPU moves by up to 14 % between identical runs on a shared machine.
+
+    ``state``: the live state's hooks the run calls (turns, requests, agent states, scrapes) and the flusher's
+    refresh, delta and encoding, outermost call only. ``reader``: this benchmark's event-stream reader parsing what
+    it received. Not in either: aiohttp writing and reading the stream's bytes, and the event loop waking the
+    flusher four times a second.
+    """
+
+    state: float = 0.0
+    reader: float = 0.0
+    _depth: int = 0
+
+    def install(self) -> None:
+        """Time every hook of the live state and the flusher's encoding (class-wide, once per process)."""
+        hooks = ("agent", "turn", "limiter_changed", "request_started", "stream_started", "request_done",
+                 "request_abandoned", "agent_control", "touch", "record", "control_changed", "on_scrape", "refresh",
+                 "snapshot", "delta")  # fmt: skip
+        for owner, names in ((LiveState, hooks), (Flusher, ("encoded_delta",))):
+            for name in names:
+                setattr(owner, name, self._timed(getattr(owner, name)))
+
+    def _timed(self, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:  # called from another timed method: already counted
+                return fn(*args, **kwargs)
+            self._depth += 1
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.state += time.process_time() - t0
+                self._depth -= 1
+
+        return timed
+
+
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -119,7 +163,7 @@ class Stream:
     loop_lag: list[float] = field(default_factory=list)  # how late a 50 ms sleep in the run's loop woke, s
 
 
-async def _read_stream(opts: RunOptions, stream: Stream) -> None:
+async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime) -> None:
     while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
         await asyncio.sleep(0.01)
     base, token = opts.dashboard_url.split("/?token=")
@@ -128,27 +172,31 @@ async def _read_stream(opts: RunOptions, stream: Stream) -> None:
         in_delta = False
         try:
             async for line in resp.content:
-                now = time.monotonic()
-                flush = line.startswith(b"event: delta") or line.startswith(b": keep-alive")
-                if flush:
-                    if flushed is not None:
-                        stream.flush_gaps.append(now - flushed)
-                    flushed = now
-                    first = first or now
-                    in_delta = line.startswith(b"event: delta")
-                    stream.empty += not in_delta
-                elif in_delta and line.startswith(b"data: "):
-                    in_delta = False
-                    stream.bytes += len(line)
-                    if orjson.loads(line[6:]).get("agents"):
-                        stream.changed += 1
-                        if changed_at is not None:
-                            stream.changed_gaps.append(now - changed_at)
-                        changed_at = now
-                    else:
-                        stream.other += 1
-                elif line.startswith(b"event: end"):
-                    return
+                t0 = time.process_time()  # the reader's own work on this line (the await above is not in it)
+                try:
+                    now = time.monotonic()
+                    flush = line.startswith(b"event: delta") or line.startswith(b": keep-alive")
+                    if flush:
+                        if flushed is not None:
+                            stream.flush_gaps.append(now - flushed)
+                        flushed = now
+                        first = first or now
+                        in_delta = line.startswith(b"event: delta")
+                        stream.empty += not in_delta
+                    elif in_delta and line.startswith(b"data: "):
+                        in_delta = False
+                        stream.bytes += len(line)
+                        if orjson.loads(line[6:]).get("agents"):
+                            stream.changed += 1
+                            if changed_at is not None:
+                                stream.changed_gaps.append(now - changed_at)
+                            changed_at = now
+                        else:
+                            stream.other += 1
+                    elif line.startswith(b"event: end"):
+                        return
+                finally:
+                    own.reader += time.process_time() - t0
         finally:
             if first is not None and flushed is not None:
                 stream.span += flushed - first
@@ -163,10 +211,10 @@ async def _lag_probe(lags: list[float], period: float = 0.05) -> None:
         lags.append(loop.time() - t - period)
 
 
-async def _run(opts: RunOptions, stream: Stream | None, lags: list[float]) -> FleetResult:
+async def _run(opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime) -> FleetResult:
     tasks = [asyncio.ensure_future(_lag_probe(lags))]
     if stream is not None:
-        tasks.append(asyncio.ensure_future(_read_stream(opts, stream)))
+        tasks.append(asyncio.ensure_future(_read_stream(opts, stream, own)))
     try:
         return await run_fleet(opts)
     finally:
@@ -272,20 +320,30 @@ def main() -> None:
         stream = Stream()
         lags: dict[bool, list[float]] = {False: [], True: []}
         shares: list[float] = []  # one paired figure per block: (with − without) ÷ without, client CPU
+        own_shares: list[float] = []  # per run with the dashboard: its own CPU ÷ that run's client CPU
+        own_total = OwnTime()
+        own_total.install()
         print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
               f"simulator step {args.step:g} s, {args.blocks} block(s) of four runs")  # fmt: skip
         for block in range(args.blocks):
             used_in = {False: 0.0, True: 0.0}
             for dashboard in (False, True, True, False):
                 opts = _opts(fleet, out, url, width, dashboard=dashboard)
+                s0, r0 = own_total.state, own_total.reader
                 c0, w0 = _cpu(), time.monotonic()
-                results[dashboard] = r = asyncio.run(_run(opts, stream if dashboard else None, lags[dashboard]))
+                results[dashboard] = r = asyncio.run(
+                    _run(opts, stream if dashboard else None, lags[dashboard], own_total)
+                )
                 used, took = _cpu() - c0, time.monotonic() - w0
+                own = (own_total.state - s0) + (own_total.reader - r0)
+                if dashboard:
+                    own_shares.append(own / used)
                 used_in[dashboard] += used
                 cpu[dashboard] += used
                 wall[dashboard] += took
+                mine = f" ({own:.3f} s of it the dashboard's own: {own / used:.2%})" if dashboard else ""
                 print(f"  block {block + 1}, run {'with' if dashboard else 'without'} the dashboard: "
-                      f"{r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client CPU")  # fmt: skip
+                      f"{r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client CPU{mine}")  # fmt: skip
             shares.append((used_in[True] - used_in[False]) / used_in[False])
         base, dash = results[False], results[True]
         runs = 2 * args.blocks
@@ -301,6 +359,9 @@ def main() -> None:
         print(f"  with dashboard + 1 stream reader (mean of {runs}): {dash.totals.turns} turns, {dash_wall:.1f} s "
               f"wall, {dash_cpu:.2f} s client CPU ({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
         print("  " + _share_line(shares))
+        print(f"  the dashboard's own CPU, timed in place: {own_total.state:.3f} s in the live state and its flushes + "
+              f"{own_total.reader:.3f} s in the stream reader over {runs} runs = {statistics.fmean(own_shares):.2%} "
+              f"of those runs' client CPU (per run: {min(own_shares):.2%} to {max(own_shares):.2%})")  # fmt: skip
         st = stream
         flushes = st.changed + st.other + st.empty
         per_s = (lambda n: n / st.span) if st.span > 0 else (lambda n: 0.0)
