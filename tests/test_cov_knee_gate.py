@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from agentload.bench.gate import QuiesceGate
 from agentload.capacity.knee import RULE_TEXT, LevelSignals, Verdict, judge, judge_all
+from agentload.endpoint.backend import QuiesceGate
 from agentload.vtime import LoopClock, run_virtual
 
 

@@ -12,10 +12,9 @@ import pytest
 
 from agentload.cli.common import default_book
 from agentload.clock import RealClock
-from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.endpoint.backend import RetryingBackend, SingleAttemptBackend
 from agentload.endpoint.client import ChatClient, FixedDeadlines
 from agentload.endpoint.records import RequestIds, RequestRecord
-from agentload.endpoint.retry import RetryingBackend
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
 from agentload.store.suiterun import save_suite_run as save_run
