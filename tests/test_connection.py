@@ -14,6 +14,7 @@ from agentload.bench.runner import run_level
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.capacity.profile import load_profile
+from agentload.clock import run_virtual
 from agentload.endpoint.backend import RetryingBackend, SingleAttemptBackend
 from agentload.endpoint.connection import ConnectionOptions, connect, open_connection
 from agentload.endpoint.scrape import ServerProbe
@@ -21,7 +22,6 @@ from agentload.endpoint.transport import MockRequest, MockResponse, MockTranspor
 from agentload.sim.behaviour import FillerBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.vtime import run_virtual
 from agentload.workload.agentic import AgenticWorkload
 
 

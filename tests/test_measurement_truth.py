@@ -16,11 +16,11 @@ from agentload.bench.results import LevelSummary, Percentiles
 from agentload.bench.runner import required_turns
 from agentload.bench.search import Search, find_knee, signals
 from agentload.capacity.knee import LevelSignals, judge, judge_all
+from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.backend import QuiesceGate, RecordingBackend
 from agentload.endpoint.output import EngineFields, can_force_length, exact_output
 from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
 from agentload.errors import EndpointError
-from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.sizing import TokenSizing, measure_sizing
 

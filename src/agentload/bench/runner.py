@@ -24,6 +24,7 @@ from agentload.agent.loop import ChatBackend
 from agentload.bench.analysis import LevelData
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
+from agentload.clock import LoopClock
 from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
 from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import EngineFields
@@ -31,7 +32,6 @@ from agentload.endpoint.records import RequestIds
 from agentload.endpoint.signals import SignalPoller
 from agentload.load.runner import LoadHandle, StopSignal, run_load
 from agentload.load.strategy import AllAtOnce
-from agentload.vtime import LoopClock
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 

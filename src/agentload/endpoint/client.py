@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from agentload.clock import LoopClock
 from agentload.endpoint import wire
 from agentload.endpoint.records import (
     ErrorKind,
@@ -48,7 +49,6 @@ from agentload.endpoint.transport import (
     Transport,
 )
 from agentload.endpoint.wire import MalformedField, SSEParser, SSETooLong, Usage
-from agentload.vtime import LoopClock
 
 # More parallel tool calls than any model emits; an index beyond it is a broken stream, not a call to keep.
 _MAX_TOOL_CALLS = 1024

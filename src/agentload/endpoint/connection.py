@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
-from agentload.clock import Clock
+from agentload.clock import Clock, LoopClock
 from agentload.endpoint.backend import RetryingBackend, SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.liveness import ServerLiveness
@@ -43,7 +43,6 @@ from agentload.endpoint.redact import ServerUrl
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import AiohttpTransport, Transport, signed_transport
 from agentload.endpoint.watchdog import Watchdog
-from agentload.vtime import LoopClock
 
 
 @dataclass(frozen=True)
