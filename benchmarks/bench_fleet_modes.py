@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.clock import run_virtual
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
-from agentload.vtime import run_virtual
 
 FLEET = """
 name = "bench-{agents}"

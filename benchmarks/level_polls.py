@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 from agentload.bench.runner import run_level
 from agentload.bench.target import Target
 from agentload.capacity.profile import load_profile
+from agentload.clock import run_virtual
 from agentload.endpoint.transport import Response, Transport
 from agentload.sim.behaviour import FillerBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.vtime import run_virtual
 from agentload.workload.agentic import AgenticWorkload
 
 

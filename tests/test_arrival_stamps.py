@@ -17,8 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from agentload.endpoint.client import ChatClient
-from agentload.endpoint.sse import SSEParser
 from agentload.endpoint.transport import AiohttpTransport
+from agentload.endpoint.wire import SSEParser
 
 
 def _event(text: str) -> bytes:

@@ -7,8 +7,8 @@ import pytest
 from agentload.bench.analysis import _hist_percentiles, explain_knee
 from agentload.bench.results import LevelSummary, Percentiles
 from agentload.bench.search import Search, find_knee, parse_slo, sweep
+from agentload.clock import run_virtual
 from agentload.errors import ConfigError
-from agentload.vtime import run_virtual
 
 
 def level(agents: int, tps: float, *, hit: float = 0.96, pre: float = 0.0, ttft: float = 1.0) -> LevelSummary:

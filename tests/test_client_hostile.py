@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import ErrorKind, Outcome, RequestRecord
-from agentload.endpoint.sse import SSEParser, SSETooLong
+from agentload.endpoint.wire import SSEParser, SSETooLong
 from tests.fuzzing import fuzz_examples
 from tests.hostile import payloads, raw_http, serving, split, sse, valid_chunks, valid_usage
 

@@ -14,15 +14,14 @@ from agentload.bench.runner import run_level
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.capacity.profile import load_profile
-from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.clock import run_virtual
+from agentload.endpoint.backend import RetryingBackend, SingleAttemptBackend
 from agentload.endpoint.connection import ConnectionOptions, connect, open_connection
-from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.scrape import ServerProbe
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport, Response, Transport
 from agentload.sim.behaviour import FillerBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.vtime import run_virtual
 from agentload.workload.agentic import AgenticWorkload
 
 

@@ -29,8 +29,8 @@ from agentload.agent.loop import (
     Wait,
     Whole,
 )
+from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
-from agentload.vtime import LoopClock, run_virtual
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "src" / "agentload" / "workload"
 RUNS_CONVERSATIONS = {"converse", "pause", "wait_until", "run_agent"}

@@ -11,12 +11,12 @@ import pytest
 from agentload.agent.loop import EXHAUSTED, STOPPED, End, Ending, Next, Request, TurnLog, converse
 from agentload.agent.shape import AgenticShape
 from agentload.capacity.planner import AgentShape
+from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.sim.curve import held_agent
 from agentload.sim.tokens import extend_block_hashes
 from agentload.sim.virtual import SessionShape, _Session
-from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.agentic import SizeStreams, grow_turn_sizes
 
 

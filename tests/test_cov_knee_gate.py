@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from agentload.bench.gate import QuiesceGate
 from agentload.capacity.knee import RULE_TEXT, LevelSignals, Verdict, judge, judge_all
-from agentload.vtime import LoopClock, run_virtual
+from agentload.clock import LoopClock, run_virtual
+from agentload.endpoint.backend import QuiesceGate
 
 
 def lv(

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from agentload.clock import run_virtual
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord, UsageSource
 from agentload.errors import EndpointError
 from agentload.sim.chat import ChatRequest, render_chat
 from agentload.sim.tokens import tokenize
-from agentload.vtime import run_virtual
 from agentload.workload.sizing import MEASURE_WORDS, SIMULATOR_SIZING, TokenSizing, measure_sizing
 
 HEADER, GENERATION_PROMPT = 5, 3

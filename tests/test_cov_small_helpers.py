@@ -15,7 +15,8 @@ import pytest
 from agentload.agent.text import strip_think
 from agentload.sim.faults import FaultInjector, FaultSpec
 from agentload.sim.tokens import split_tokens, tokenize
-from agentload.workload.words import WORDS, stable_int, words
+from agentload.workload.sizing import words
+from agentload.workload.words import WORDS, stable_int
 
 
 def test_every_word_is_one_simulator_token_and_a_text_of_n_words_is_n_tokens() -> None:

@@ -1,5 +1,5 @@
-"""Virtual time for asyncio (``vtime``): sleeps, timeouts and gathers run on simulated seconds, the clock jumps
-straight to the next timer, and ready work runs before the clock moves. Counted,
+"""Virtual time for asyncio (``clock.VirtualTimeLoop``): sleeps, timeouts and gathers run on simulated seconds, the
+clock jumps straight to the next timer, and ready work runs before the clock moves. Counted,
 never timed: a thirty-minute think costs no wall time, which the test checks by the clock the loop reports."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from agentload.vtime import LoopClock, VirtualTimeLoop, run_virtual
+from agentload.clock import LoopClock, VirtualTimeLoop, run_virtual
 
 
 def test_a_long_sleep_is_a_jump_of_the_virtual_clock() -> None:

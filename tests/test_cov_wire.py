@@ -1,5 +1,5 @@
 """What comes off the wire, one layer at a time: the SSE parser (event framing whatever the chunking), the field
-checks every body goes through (``endpoint/fields``), and a request record's derived figures and retry rule."""
+checks every body goes through (``endpoint/wire``), and a request record's derived figures and retry rule."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import random
 
 import pytest
 
-from agentload.endpoint.fields import MalformedField, Usage, index, loads, mapping, sequence, text
 from agentload.endpoint.records import ErrorKind, Outcome, RequestRecord
-from agentload.endpoint.sse import SSEParser, SSETooLong
+from agentload.endpoint.wire import MalformedField, SSEParser, SSETooLong, Usage, index, loads, mapping, sequence, text
 
 # A stream as vLLM sends it, with what an SSE parser must also take: a comment line, an ``event:`` field, a
 # ``data:`` without its space, a two-line data event, CRLF line ends, and a last event cut short.

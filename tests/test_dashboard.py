@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agentload.agent.loop import TurnLog
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.clock import LoopClock
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
 from agentload.dashboard.state import Cursor, LiveState, Tee
@@ -33,7 +34,6 @@ from agentload.fleet.config import expand, load_fleet
 from agentload.fleet.limiter import AdaptiveWidth, FixedWidth, Limiter, Mode, make_policy
 from agentload.fleet.results import FleetResult
 from agentload.fleet.turns import AgentState, FleetProgress
-from agentload.vtime import LoopClock
 
 FAST = "llama-8b-h100"
 TOKEN = "t0ken"

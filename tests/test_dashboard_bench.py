@@ -26,12 +26,12 @@ from playwright.sync_api import expect, sync_playwright
 
 from agentload.bench.results import LevelSummary
 from agentload.bench.search import SearchStep
+from agentload.clock import LoopClock
 from agentload.dashboard.bench import BenchBoard
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import Dashboard
 from agentload.dashboard.state import BenchView, LiveState
 from agentload.endpoint.records import RequestRecord
-from agentload.vtime import LoopClock
 from tests.simserver import sim_process
 from tests.test_report_browser import CHROMIUM, CHROMIUM_ARGS
 

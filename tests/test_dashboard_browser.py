@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 from agentload.cli.dashboard import serve_replay
 from agentload.cli.main import app
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.clock import run_virtual
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.results import FleetResult
 from agentload.store.rundir import RunDir
-from agentload.vtime import run_virtual
 from tests.test_report_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [

@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 from agentload.cli.dashboard import serve_replay
 from agentload.cli.main import app
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.clock import run_virtual
 from agentload.dashboard.benchreplay import BenchReplay
 from agentload.dashboard.replay import SEGMENT_GAP_S, FleetReplay, open_replay
 from agentload.dashboard.server import make_replay_app
 from agentload.errors import CheckpointError
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.store.rundir import RunDir
-from agentload.vtime import run_virtual
 
 FAST = "llama-8b-h100"
 TOKEN = "t0ken"

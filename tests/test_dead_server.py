@@ -30,11 +30,11 @@ from agentload.bench.orchestrate import measure_token_sizing
 from agentload.bench.runner import run_level
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
+from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.liveness import ServerLiveness, wait_until_up
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import AiohttpTransport, MockRequest, MockResponse, MockTransport
 from agentload.errors import EndpointTimeoutError, ServerLostError
-from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.registry import get_workload
 from tests.simserver import sim_process
 

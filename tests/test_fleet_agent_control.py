@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agentload.clock import LoopClock
 from agentload.endpoint.records import RequestIds, RequestRecord, ToolCallRecord
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import LOG, CheckpointLog, load_log
@@ -21,7 +22,6 @@ from agentload.fleet.config import expand, parse_fleet
 from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.runner import FleetRunner
 from agentload.fleet.turns import AgentState
-from agentload.vtime import LoopClock
 
 FLEET = """
 name = "ctl"

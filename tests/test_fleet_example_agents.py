@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.clock import run_virtual
 from agentload.fleet.checkpoint import LOG, WORKSPACES, load_log
 from agentload.fleet.limiter import Mode
-from agentload.vtime import run_virtual
 
 FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.toml"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.clock import run_virtual
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
-from agentload.vtime import run_virtual
 
 JOB = Path(__file__).resolve().parents[1] / "examples" / "laptop-knee.toml"
 TOLERANCE = 0.20

@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentload.cli.run import RunOptions, run_fleet
+from agentload.clock import run_virtual
 from agentload.fleet.checkpoint import LOG, RESULTS, LogState, load_log
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
-from agentload.vtime import run_virtual
 
 FAST = "llama-8b-h100"  # prefills in tens of milliseconds: many turns per simulated second
 

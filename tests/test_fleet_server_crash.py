@@ -23,13 +23,13 @@ import typer
 from typer.testing import CliRunner
 
 from agentload.cli.run import RunOptions, run, run_fleet
+from agentload.clock import LoopClock
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
 from agentload.fleet.checkpoint import LOG, RESULTS, CheckpointLog, LogState, load_log
 from agentload.fleet.config import expand, parse_fleet
 from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.results import FleetResult
 from agentload.fleet.runner import FleetRunner, SegmentOutcome
-from agentload.vtime import LoopClock
 
 AGENTS = 12
 ROUNDS = 4

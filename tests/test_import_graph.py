@@ -7,7 +7,7 @@ only postponed to whoever needs the type at run time. ``importlib.import_module(
 name counts as an import — the sim ↔ suite cycle was hidden exactly that way.
 
 A node is a sub-package of ``agentload`` (``sim``, ``store``, ...), a top-level module (``clock``, ``errors``,
-``vtime``) or ``agentload`` itself (``__version__``); imports inside one node are not edges.
+``inputs``) or ``agentload`` itself (``__version__``); imports inside one node are not edges.
 """
 
 from __future__ import annotations

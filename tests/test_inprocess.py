@@ -9,13 +9,13 @@ from typing import Any
 from agentload.agent.loop import AgentSpec, run_agent
 from agentload.agent.tools import Tool, ToolRegistry
 from agentload.capacity.profile import load_profile
+from agentload.clock import LoopClock, VirtualTimeLoop, run_virtual
 from agentload.endpoint.backend import SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome
 from agentload.sim.faults import parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.vtime import LoopClock, VirtualTimeLoop, run_virtual
 
 
 def test_virtual_loop_jumps_over_sleeps() -> None:

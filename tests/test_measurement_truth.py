@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 
 from agentload.bench.analysis import LevelData, summarise
-from agentload.bench.gate import QuiesceGate
 from agentload.bench.results import LevelSummary, Percentiles
-from agentload.bench.runner import RecordingBackend, required_turns
+from agentload.bench.runner import required_turns
 from agentload.bench.search import Search, find_knee, signals
 from agentload.capacity.knee import LevelSignals, judge, judge_all
-from agentload.endpoint.output import can_force_length, exact_output
+from agentload.clock import LoopClock, run_virtual
+from agentload.endpoint.backend import QuiesceGate, RecordingBackend
+from agentload.endpoint.output import EngineFields, can_force_length, exact_output
 from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
 from agentload.errors import EndpointError
-from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.sizing import TokenSizing, measure_sizing
 
@@ -140,7 +140,7 @@ def test_exact_output_fields_per_engine() -> None:
 def test_the_recording_backend_asks_for_exact_lengths_and_the_model_obeys() -> None:
     inner = ForeignTokenizerBackend(early_stop=5)
     records: list[RequestRecord] = []
-    exact = RecordingBackend(inner, records, engine="vllm")
+    exact = RecordingBackend(inner, records, fields=EngineFields("vllm").add)
     natural = RecordingBackend(inner, records)
     msgs = [{"role": "user", "content": "hello there"}]
     [a] = run_virtual(exact.complete({"model": "m", "messages": msgs, "max_tokens": 200}, RequestIds()))

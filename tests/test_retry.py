@@ -1,4 +1,5 @@
-"""endpoint.retry: every injected fault becomes a resend of the same turn, with the right wait, and nothing more."""
+"""endpoint.backend.RetryingBackend: every injected fault becomes a resend of the same turn, with the right wait,
+and nothing more."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pytest
 
 from agentload.agent.loop import AgentSpec, run_agent
 from agentload.agent.tools import Tool, ToolRegistry
+from agentload.endpoint.backend import RetryingBackend
 from agentload.endpoint.client import ChatClient, FixedDeadlines
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
-from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import ConnectFailed, MockRequest, MockResponse, MockTransport
 from agentload.endpoint.watchdog import Watchdog

@@ -14,8 +14,9 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from agentload.bench.runner import RecordingBackend
 from agentload.cli.main import app
+from agentload.endpoint.backend import RecordingBackend
+from agentload.endpoint.output import EngineFields
 from agentload.endpoint.pinning import SlotPins
 from agentload.endpoint.records import RequestIds, RequestRecord
 
@@ -31,7 +32,7 @@ class _Capture:
 
 async def test_each_agent_names_its_slot_in_first_send_order_and_its_sessions_share_it() -> None:
     inner = _Capture()
-    backend = RecordingBackend(inner, [], pin_slots=3)
+    backend = RecordingBackend(inner, [], fields=EngineFields(pin_slots=3).add)
     for agent in ("agent-2/s0", "agent-0/s0", "agent-1/s0", "agent-3/s0", "agent-2/s1", "agent-4/s0"):
         await backend.complete({"model": "m", "messages": []}, RequestIds(agent=agent))
     # agent-2 sent first (slot 0), agent-0 second (1), agent-1 third (2), agent-3 fourth (3 mod 3 = 0), agent-2's

@@ -21,6 +21,7 @@ import pytest
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import default_book
 from agentload.cli.suite import suite_over
+from agentload.clock import run_virtual
 from agentload.endpoint.connection import Connection, open_connection
 from agentload.endpoint.records import ErrorKind
 from agentload.sim.behaviour import OracleBehaviour
@@ -31,7 +32,6 @@ from agentload.suite.cases import all_tests, select
 from agentload.suite.results import SuiteRun
 from agentload.suite.runner import SuiteConfig
 from agentload.suite.scoring import Status
-from agentload.vtime import run_virtual
 from tests.simserver import sim_process
 
 AGENTS = 2

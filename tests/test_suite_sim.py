@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from agentload.cli.common import default_book
-from agentload.clock import RealClock
-from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.clock import LoopClock, RealClock, run_virtual
+from agentload.endpoint.backend import RetryingBackend, SingleAttemptBackend
 from agentload.endpoint.client import ChatClient, FixedDeadlines
 from agentload.endpoint.records import RequestIds, RequestRecord
-from agentload.endpoint.retry import RetryingBackend
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
 from agentload.store.suiterun import save_suite_run as save_run
@@ -25,7 +24,6 @@ from agentload.suite.oracle import STOP_EARLY_AFTER, WRONG_KEY_AT, scenarios
 from agentload.suite.results import AgentStatus, SuiteRun, load_run, rescore
 from agentload.suite.runner import SuiteConfig, run_suite
 from agentload.suite.scoring import Status
-from agentload.vtime import LoopClock, run_virtual
 from tests.simserver import running_sim
 
 KNOWN_BAD = [(s.id, name) for s in scenarios() for name in sorted(s.bad)]

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from agentload.endpoint.backend import RetryingBackend
 from agentload.endpoint.client import ChatClient, FixedDeadlines, Phase
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
-from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.watchdog import Watchdog, estimate_prompt_tokens
 from tests.fakeclock import ManualClock

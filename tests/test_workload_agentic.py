@@ -13,10 +13,10 @@ from collections import defaultdict
 
 import pytest
 
+from agentload.clock import run_virtual
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import ConfigError
 from agentload.sim.faults import parse_fault
-from agentload.vtime import run_virtual
 from agentload.workload.agentic import (
     PUBLISHED_IO_RATIO,
     PUBLISHED_OUTPUT_TOKENS,

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentload.capacity.profile import load_profile
+from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.backend import SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 

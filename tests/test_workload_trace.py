@@ -9,9 +9,9 @@ import pytest
 import typer
 
 from agentload.cli.common import clean_errors
+from agentload.clock import run_virtual
 from agentload.endpoint.records import RequestRecord
 from agentload.errors import ConfigError
-from agentload.vtime import run_virtual
 from agentload.workload import trace
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.record import read_records, record_session_trace, session_traces

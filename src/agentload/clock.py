@@ -1,6 +1,18 @@
 """Time behind an object, so the simulator and anything time-based run in real or virtual time.
 
-``RealClock`` is wall time for the HTTP server. ``VirtualClock`` is a discrete-event scheduler in the style of
+One clock protocol (``Clock``: ``now`` + ``sleep``) with one default, ``LoopClock``: the running event loop's
+time — monotonic wall time on asyncio's own loop, simulated time on a ``VirtualTimeLoop``. ``RealClock`` is wall
+time read directly, for code that runs outside a loop or must not follow a virtual one.
+
+**Virtual time for asyncio code** (the agents, the fleet and the client run in simulated seconds, not wall
+seconds): ``VirtualTimeLoop`` is an asyncio event loop whose ``time()`` is virtual and whose selector, when nothing
+is ready, jumps the clock to the next timer instead of sleeping (the idea of trio's autojump clock and of the
+``looptime`` pytest plugin). A thirty-minute think time then costs no wall time, and everything that reads the
+loop's clock — asyncio.sleep, timeouts, ``LoopClock`` — sees the simulated time. Only for runs with no real I/O:
+an in-process transport to the simulated server (``sim.inprocess``). A socket would be polled, never waited for,
+while virtual time runs ahead.
+
+**The engine-only driver's event scheduler**: ``VirtualClock`` is a discrete-event scheduler in the style of
 simpy's core: events sit in a heap keyed on ``(time, priority, counter)``, so two events at the same instant run
 in a fixed, documented order (lower priority first, then the order they were scheduled) — never in an order that
 depends on hashing or object identity (vidur's event base, whose tie key is always None, is the counter-example).
@@ -10,16 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import selectors
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Clock(Protocol):
     """Time as everything outside the engine-only driver sees it: the one clock protocol.
 
-    ``RealClock`` (wall time) and ``vtime.LoopClock`` (the running loop's time, virtual on a ``VirtualTimeLoop``)
-    implement it; ``VirtualClock`` below is the engine-only driver's event scheduler, not a clock to sleep on.
+    ``LoopClock`` (the default: the running loop's time, virtual on a ``VirtualTimeLoop``) and ``RealClock`` (wall
+    time) implement it; ``VirtualClock`` below is the engine-only driver's event scheduler, not a clock to sleep on.
     """
 
     def now(self) -> float:
@@ -41,6 +54,60 @@ class RealClock:
         await asyncio.sleep(max(0.0, seconds))
 
 
+class LoopClock:
+    """The running event loop's clock: monotonic wall time normally, virtual time on a VirtualTimeLoop.
+
+    asyncio's default loop reads time.monotonic(), so in real runs this agrees with RealClock and with
+    timestamps taken in other processes on the same machine.
+    """
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+# -- virtual time for asyncio code -------------------------------------------------------------------------------------
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    def __init__(self, loop: VirtualTimeLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        events = super().select(0)
+        if events or timeout == 0:
+            return events
+        if timeout is None:
+            # Nothing is scheduled at all: only another thread can wake us, so wait for real.
+            return super().select(None)
+        self._loop.advance(timeout)
+        return events
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time; run a coroutine on it with ``run_virtual(coro)``."""
+
+    def __init__(self) -> None:
+        self._virtual_now = 0.0
+        super().__init__(selector=_JumpingSelector(self))
+
+    def time(self) -> float:
+        return self._virtual_now
+
+    def advance(self, seconds: float) -> None:
+        self._virtual_now += seconds
+
+
+def run_virtual(coro: Any) -> Any:
+    """``asyncio.run`` on a fresh VirtualTimeLoop."""
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        return runner.run(coro)
+
+
+# -- the engine-only driver's event scheduler --------------------------------------------------------------------------
 # Priorities for events that fall on the same instant. An engine step finishing first lets its tokens reach the
 # agents before an agent that wakes at that instant submits its next turn, like a server's step completing before
 # a client's timer fires.

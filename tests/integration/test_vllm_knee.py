@@ -98,8 +98,9 @@ NOT_QUIET = "still in flight after"
 def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[str, RunResult]) -> None:
     """Usage's cached tokens and vLLM's prefix-cache counters give the same hit rate over a level's window.
 
-    The window's edges are quiet (bench/gate.py), so both figures cover the same requests (vLLM counts a prompt when
-    it is admitted, usage arrives when it ends). Within 1 % up to the knee. Past it they can part by a little more:
+    The window's edges are quiet (``endpoint.backend.QuiesceGate``), so both figures cover the same requests (vLLM
+    counts a prompt when it is admitted, usage arrives when it ends). Within 1 % up to the knee. Past it they can part
+    by a little more:
     measured gaps past the knee are 0.0000–0.0201 on the tiny model and 0.0128–0.0137 at 8 agents on the
     realistic one, with no preemption at those levels, and the cause is not yet understood (a re-admission after
     a preemption cannot explain it: vLLM 0.32 counts those in its separate ``preempted_*`` stats, and usage's

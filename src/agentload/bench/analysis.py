@@ -94,7 +94,8 @@ def _hist_percentiles(start: dict[float, float], end: dict[float, float]) -> Per
 def summarise(data: LevelData) -> LevelSummary:
     w0, w1 = data.window_start, data.end
     window = max(w1 - w0, 1e-9)
-    # The window's edges are quiet (bench/gate.py): a request belongs to it when it was sent and done inside it.
+    # The window's edges are quiet (endpoint.backend.QuiesceGate): a request belongs to it when it was sent and done
+    # inside it.
     in_window = [r for r in data.records if r.t_sent - data.t0 >= w0 - 1e-9 and r.t_done - data.t0 <= w1 + 1e-9]
     ok = [r for r in in_window if r.ok]
     samples = [s for s in data.samples if w0 - 1e-9 <= s.sample.t <= w1 + 1e-9]

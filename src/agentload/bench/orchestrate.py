@@ -15,14 +15,15 @@ import numpy as np
 from agentload import __version__
 from agentload.bench.analysis import LevelData, summarise
 from agentload.bench.results import CapacityEstimate, Knee, LevelSummary, RunResult
-from agentload.bench.runner import RecordSink, run_level
+from agentload.bench.runner import run_level
 from agentload.bench.search import Search, SearchStep, Slo, find_knee, sweep
 from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
+from agentload.clock import LoopClock
+from agentload.endpoint.backend import RecordSink
 from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
 from agentload.endpoint.output import can_force_length
 from agentload.errors import CheckpointError, EndpointError, ServerLostError
-from agentload.vtime import LoopClock
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, measure_sizing

@@ -1,37 +1,40 @@
 """Runs one load level: N agents of a workload against a target, sampled, recorded, then summarised.
 
-A level is warm-up + measurement window. Agents start staggered over the first second and run closed-loop. The
-window's edges are quiet (``gate.py``): new requests wait while the ones in flight finish, and the server's
-counters are sampled with nothing in flight, so the usage side and the server side of every figure cover the
-same requests. The window lasts at least ``min_window_s`` and until the level has measured enough completed turns
-(``required_turns``), at most ``window_s`` — a slow server gets enough samples, a fast one is not kept longer than
-needed. Then the agents finish the turn in flight (within a grace period, then are cancelled), and everything they
-did is in ``LevelData`` — records and server samples — for ``analysis.summarise``.
+A level is warm-up + measurement window, a profile over the one runner (``load.runner``). Agents start staggered
+over the first second and run closed-loop. The window's edges are quiet (``endpoint.backend.QuiesceGate``): new requests
+wait while the ones in flight finish, and the server's counters are sampled with nothing in flight, so the usage
+side and the server side of every figure cover the same requests. The window lasts at least ``min_window_s`` and
+until the level has measured enough completed turns (``required_turns``), at most ``window_s`` — a slow server gets
+enough samples, a fast one is not kept longer than needed. Then the agents finish the turn in flight (within a
+grace period, then are cancelled), and everything they did is in ``LevelData`` — records and server samples — for
+``analysis.summarise``.
+
+Nothing here is on a turn's path: the agents send through the connection's ``RecordingBackend`` (the level's
+engine fields, the gate, the record log) and read the level's stop signal itself; the level's own code runs at its
+edges, when a session ends (``session_done``) and when a turn asks for less than the workload drew
+(``reply_clamped``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from agentload.agent.loop import ChatBackend
 from agentload.bench.analysis import LevelData
-from agentload.bench.gate import QuiesceGate
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
+from agentload.clock import LoopClock
+from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
 from agentload.endpoint.connection import Connection, connect
-from agentload.endpoint.output import exact_output
-from agentload.endpoint.pinning import SlotPins
-from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.endpoint.output import EngineFields
+from agentload.endpoint.records import RequestIds
 from agentload.endpoint.signals import SignalPoller
 from agentload.load.runner import LoadHandle, StopSignal, run_load
 from agentload.load.strategy import AllAtOnce
-from agentload.vtime import LoopClock
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 
-RecordSink = Callable[[RequestRecord], None]
 # Called once a level's connection is open (the live dashboard subscribes to its monitor); returns the unsubscribe.
 ConnectHook = Callable[[Connection], Callable[[], None]]
 
@@ -44,45 +47,6 @@ QUIESCE_TIMEOUT_S = 120.0
 
 def required_turns(agents: int, per_agent: int = MIN_TURNS_PER_AGENT, total: int = MIN_TURNS_TOTAL) -> int:
     return max(per_agent * agents, total)
-
-
-class RecordingBackend:
-    """Passes turns to the inner backend through the level's gate and keeps every attempt's record."""
-
-    def __init__(
-        self,
-        inner: ChatBackend,
-        records: list[RequestRecord],
-        sink: RecordSink | None = None,
-        *,
-        gate: QuiesceGate | None = None,
-        engine: str | None = None,
-        pin_slots: int | None = None,
-    ) -> None:
-        self.inner = inner
-        self.pins = SlotPins(pin_slots) if pin_slots else None  # set: agent i → slot i mod N (``endpoint.pinning``)
-        self.records = records
-        self.sink = sink
-        self.gate = gate
-        self.engine = engine  # set: ask this engine for exact output lengths (``endpoint.output``)
-
-    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
-        if self.engine is not None:
-            body = exact_output(self.engine, body)
-        if self.pins is not None:
-            body = self.pins.pin(body, ids.agent)
-        if self.gate is not None:
-            await self.gate.enter()
-        try:
-            attempts = await self.inner.complete(body, ids)
-        finally:
-            if self.gate is not None:
-                self.gate.leave()
-        self.records.extend(attempts)
-        if self.sink is not None:
-            for r in attempts:
-                self.sink(r)
-        return attempts
 
 
 class _Context:
@@ -98,10 +62,9 @@ class _Context:
         self.level = level
         self.sizing = sizing
         self.stop = StopSignal()  # set by the runner (``load.runner``) when the level's time is up
+        # Read between turns: the signal's own ``is_set``, so a turn's pause reads the runner's signal, not the level.
+        self.should_stop = self.stop.is_set
         self._data = data
-
-    def should_stop(self) -> bool:
-        return self.stop.is_set()
 
     def reply_clamped(self, ids: RequestIds, drawn: int) -> None:
         self._data.drawn[(ids.agent, ids.turn)] = drawn
@@ -155,8 +118,9 @@ async def run_level(
     conn = await connect(target.base_url, target.transport, clock=clock)  # the target's transport stays open
     poller = conn.monitor
     gate = QuiesceGate(clock)
-    backend = RecordingBackend(conn.backend, data.records, sink, gate=gate, engine=exact_output_engine,
-                              pin_slots=pin_slots)  # fmt: skip
+    fields = EngineFields(exact_output_engine, pin_slots) if exact_output_engine or pin_slots else None
+    backend = RecordingBackend(conn.backend, data.records, sink, gate=gate,
+                               fields=fields.add if fields is not None else None)  # fmt: skip
     ctx = _Context(backend, target.model, run_id, level, data, sizing)
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()

@@ -32,6 +32,7 @@ from agentload.cli.common import (
     reports_errors,
     resolve_key_env,
 )
+from agentload.clock import LoopClock, run_virtual
 from agentload.dashboard.bench import open_bench_board
 from agentload.endpoint.liveness import wait_until_up
 from agentload.endpoint.probe import ENGINE_LABELS, probe
@@ -52,7 +53,6 @@ from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.store.manifest import read_info
 from agentload.store.rundir import RunDir, RunWriter
 from agentload.store.runstore import RunStore, run_root
-from agentload.vtime import LoopClock, run_virtual
 from agentload.workload.registry import get_workload
 
 DEFAULT_SIM = "qwen3-235b-gb300"

@@ -34,6 +34,7 @@ from agentload.cli.common import (
     resolve_key_env,
 )
 from agentload.cli.sim import make_behaviour
+from agentload.clock import LoopClock, run_virtual
 from agentload.dashboard import open_board
 from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
@@ -61,7 +62,6 @@ from agentload.sim.server import SimConfig, SimServer
 from agentload.store.atomic import write_atomic
 from agentload.store.manifest import RunInfo, now_iso, read_info, write_info
 from agentload.store.runstore import RunStore, run_root
-from agentload.vtime import LoopClock, run_virtual
 
 EXIT_AGENTS_FAILED = 1
 # The in-process simulator answers any URL; this one says so in the results (and resolves nowhere).
@@ -224,7 +224,7 @@ async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExit
 async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult:
     """Run (or resume) a fleet and return its compiled result; ``results.json`` is written in the run dir.
 
-    A run made with ``virtual`` must be awaited on a ``VirtualTimeLoop`` (``vtime.run_virtual``).
+    A run made with ``virtual`` must be awaited on a ``VirtualTimeLoop`` (``clock.run_virtual``).
     """
     manifest, existing = _manifest(opts)
     if opts.dashboard and (opts.virtual or manifest.virtual):

@@ -1,10 +1,10 @@
 """The streaming chat client: one OpenAI-compatible request in, one ``RequestRecord`` out, never an exception.
 
-SSE is parsed by us (``sse.py``) on top of a ``Transport``; every token-bearing chunk's arrival is timed (where the
+SSE is parsed by us (``wire.py``) on top of a ``Transport``; every token-bearing chunk's arrival is timed (where the
 bytes came off the socket, not when the parse reached them, so a burst of chunks is not stamped in parse order); tool
 calls are assembled from their streamed deltas; usage comes from the server's final chunk
 (``stream_options.include_usage``) or is counted and marked as counted. Every field read from a chunk or body is
-type- and range-checked as it is read (``fields``, issue 15): a hostile chunk, a body that is not HTTP or an event
+type- and range-checked as it is read (``wire``, issue 15): a hostile chunk, a body that is not HTTP or an event
 that never ends is a failed record of kind ``malformed``, never an exception out of ``chat``.
 
 Deadlines are phase-aware (domain.md §8) and owned by a ``StallPolicy``: CONNECT (until the status line),
@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from agentload.endpoint import fields
-from agentload.endpoint.fields import MalformedField, Usage
+from agentload.clock import LoopClock
+from agentload.endpoint import wire
 from agentload.endpoint.records import (
     ErrorKind,
     Outcome,
@@ -40,7 +40,6 @@ from agentload.endpoint.records import (
     UsageSource,
 )
 from agentload.endpoint.redact import SECRETS, redact_optional
-from agentload.endpoint.sse import SSEParser, SSETooLong
 from agentload.endpoint.transport import (
     AiohttpTransport,
     ConnectFailed,
@@ -49,7 +48,7 @@ from agentload.endpoint.transport import (
     StreamBroken,
     Transport,
 )
-from agentload.vtime import LoopClock
+from agentload.endpoint.wire import MalformedField, SSEParser, SSETooLong, Usage
 
 # More parallel tool calls than any model emits; an index beyond it is a broken stream, not a call to keep.
 _MAX_TOOL_CALLS = 1024
@@ -205,7 +204,7 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 def _error_message(body: bytes) -> str:
     try:
-        data = fields.loads(body)
+        data = wire.loads(body)
     except MalformedField:
         return body[:200].decode("utf-8", "replace")
     if isinstance(data, dict):
@@ -346,7 +345,7 @@ class ChatClient:
     def _apply_event(cls, event: bytes, acc: _Acc) -> bool:
         """Fold one ``data:`` payload into ``acc``; True when it carried a token. MalformedField for bad fields."""
         try:
-            obj = orjson.loads(event)  # fields.loads without its wrapper: this runs once per chunk
+            obj = orjson.loads(event)  # wire.loads without its wrapper: this runs once per chunk
         except orjson.JSONDecodeError as exc:
             raise MalformedField(f"{event[:80]!r} is not JSON ({exc})") from exc
         if not isinstance(obj, dict):
@@ -367,32 +366,32 @@ class ChatClient:
 
         Every field is type-checked as it is read, so a hostile chunk becomes MalformedField here and never a
         TypeError later, when the record is compiled. The per-chunk fields are checked inline (a helper call per
-        field cost ~1 µs a chunk, a pydantic model far more); the rarer tool-call deltas use ``fields``.
+        field cost ~1 µs a chunk, a pydantic model far more); the rarer tool-call deltas use ``wire``.
         """
         if choices is None:
             return False
         if not isinstance(choices, list):
-            raise fields.wrong("choices", choices, "an array")
+            raise wire.wrong("choices", choices, "an array")
         if not choices:
             return False
         token = False
         choice = choices[0]
         if not isinstance(choice, dict):
-            raise fields.wrong("choices[0]", choice, "an object")
+            raise wire.wrong("choices[0]", choice, "an object")
         delta = choice.get("delta")
         if delta is None:
             delta = {}
         elif not isinstance(delta, dict):
-            raise fields.wrong("delta", delta, "an object")
+            raise wire.wrong("delta", delta, "an object")
         text = delta.get("content")
         if text is not None:
             if not isinstance(text, str):
-                raise fields.wrong("delta.content", text, "a string")
+                raise wire.wrong("delta.content", text, "a string")
             if text:
                 acc.content.append(text)
                 token = True
         if "reasoning_content" in delta or "reasoning" in delta:
-            think = fields.text(delta.get("reasoning_content"), "delta.reasoning_content") or fields.text(
+            think = wire.text(delta.get("reasoning_content"), "delta.reasoning_content") or wire.text(
                 delta.get("reasoning"), "delta.reasoning"
             )
             if think:
@@ -403,7 +402,7 @@ class ChatClient:
         finish = choice.get("finish_reason")
         if finish is not None:
             if not isinstance(finish, str):
-                raise fields.wrong("finish_reason", finish, "a string")
+                raise wire.wrong("finish_reason", finish, "a string")
             if finish:
                 acc.finish_reason = finish
         return token
@@ -411,18 +410,18 @@ class ChatClient:
     @staticmethod
     def _apply_tool_calls(deltas: Any, acc: _Acc) -> bool:
         token = False
-        for tc in fields.sequence(deltas, "delta.tool_calls") or ():
-            tc = fields.mapping(tc, "a tool call") or {}
-            index = fields.index(tc.get("index", 0), "a tool call's index", _MAX_TOOL_CALLS)
+        for tc in wire.sequence(deltas, "delta.tool_calls") or ():
+            tc = wire.mapping(tc, "a tool call") or {}
+            index = wire.index(tc.get("index", 0), "a tool call's index", _MAX_TOOL_CALLS)
             call = acc.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-            call_id = fields.text(tc.get("id"), "a tool call's id")
+            call_id = wire.text(tc.get("id"), "a tool call's id")
             if call_id:
                 call["id"] = call_id
-            fn = fields.mapping(tc.get("function"), "a tool call's function") or {}
-            name = fields.text(fn.get("name"), "a tool call's name")
+            fn = wire.mapping(tc.get("function"), "a tool call's function") or {}
+            name = wire.text(fn.get("name"), "a tool call's name")
             if name:
                 call["name"] += name
-            arguments = fields.text(fn.get("arguments"), "a tool call's arguments")
+            arguments = wire.text(fn.get("arguments"), "a tool call's arguments")
             if arguments:
                 call["arguments"] += arguments
             token = True
@@ -432,29 +431,29 @@ class ChatClient:
         t = self.clock.now()
         acc.t_first_byte = t
         try:
-            obj = fields.mapping(fields.loads(body), "the body")
-            choices = fields.sequence((obj or {}).get("choices"), "choices")
+            obj = wire.mapping(wire.loads(body), "the body")
+            choices = wire.sequence((obj or {}).get("choices"), "choices")
             if not obj or not choices:
                 raise MalformedField("no choices")
-            choice = fields.mapping(choices[0], "choices[0]") or {}
-            message = fields.mapping(choice.get("message"), "message") or {}
-            content = fields.text(message.get("content"), "message.content") or ""
-            reasoning = fields.text(message.get("reasoning_content"), "message.reasoning_content") or fields.text(
+            choice = wire.mapping(choices[0], "choices[0]") or {}
+            message = wire.mapping(choice.get("message"), "message") or {}
+            content = wire.text(message.get("content"), "message.content") or ""
+            reasoning = wire.text(message.get("reasoning_content"), "message.reasoning_content") or wire.text(
                 message.get("reasoning"), "message.reasoning"
             )
             calls: dict[int, dict[str, str]] = {}
-            tool_calls = fields.sequence(message.get("tool_calls"), "message.tool_calls") or ()
+            tool_calls = wire.sequence(message.get("tool_calls"), "message.tool_calls") or ()
             if len(tool_calls) > _MAX_TOOL_CALLS:
                 raise MalformedField(f"{len(tool_calls)} tool calls")
             for i, tc in enumerate(tool_calls):
-                tc = fields.mapping(tc, "a tool call") or {}
-                fn = fields.mapping(tc.get("function"), "a tool call's function") or {}
+                tc = wire.mapping(tc, "a tool call") or {}
+                fn = wire.mapping(tc.get("function"), "a tool call's function") or {}
                 calls[i] = {
-                    "id": fields.text(tc.get("id"), "a tool call's id") or "",
-                    "name": fields.text(fn.get("name"), "a tool call's name") or "",
-                    "arguments": fields.text(fn.get("arguments"), "a tool call's arguments") or "",
+                    "id": wire.text(tc.get("id"), "a tool call's id") or "",
+                    "name": wire.text(fn.get("name"), "a tool call's name") or "",
+                    "arguments": wire.text(fn.get("arguments"), "a tool call's arguments") or "",
                 }
-            finish = fields.text(choice.get("finish_reason"), "finish_reason")
+            finish = wire.text(choice.get("finish_reason"), "finish_reason")
             usage = Usage.read(obj["usage"]) if obj.get("usage") else None
         except MalformedField as exc:
             acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed response body: {exc}")

@@ -35,16 +35,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
-from agentload.clock import Clock
-from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.clock import Clock, LoopClock
+from agentload.endpoint.backend import RetryingBackend, SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.liveness import ServerLiveness
 from agentload.endpoint.redact import ServerUrl
-from agentload.endpoint.retry import RetryingBackend
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import AiohttpTransport, Transport, signed_transport
 from agentload.endpoint.watchdog import Watchdog
-from agentload.vtime import LoopClock
 
 
 @dataclass(frozen=True)

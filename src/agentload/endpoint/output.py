@@ -10,12 +10,18 @@ token (domain.md §12) get the request's ``max_tokens`` as a floor too, so the r
 * llama.cpp's server: ``ignore_eos`` + ``n_predict``.
 
 Ollama and unknown OpenAI-compatible servers have no such switch: the reply is the model's, and the level says so.
+
+``EngineFields`` is what a bench level adds to each of its bodies for its engine: these fields, and a slot server's
+pins (``endpoint.pinning``); the load's recording backend (``endpoint.backend.RecordingBackend``) applies it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from agentload.endpoint.pinning import SlotPins
+from agentload.endpoint.records import RequestIds
 
 # Engine (as ``endpoint.probe`` names it) → fields for a reply of exactly N tokens.
 _EXACT: dict[str, Any] = {
@@ -48,3 +54,19 @@ def exact_output(engine: str | None, body: Mapping[str, Any]) -> Mapping[str, An
     if make is None or not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
         return body
     return {**body, **make(asked)}
+
+
+class EngineFields:
+    """The fields a level adds to every body: exact output lengths for ``engine`` (None: the model decides) and,
+    with ``pin_slots`` (a slot server's slot count), each agent's slot (None: the server chooses)."""
+
+    def __init__(self, engine: str | None = None, pin_slots: int | None = None) -> None:
+        self.engine = engine
+        self.pins = SlotPins(pin_slots) if pin_slots else None  # agent i → slot i mod N (``endpoint.pinning``)
+
+    def add(self, body: Mapping[str, Any], ids: RequestIds) -> Mapping[str, Any]:
+        if self.engine is not None:
+            body = exact_output(self.engine, body)
+        if self.pins is not None:
+            body = self.pins.pin(body, ids.agent)
+        return body

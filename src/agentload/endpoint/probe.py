@@ -31,7 +31,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentload.endpoint.client import ChatClient, FixedDeadlines
-from agentload.endpoint.fields import MalformedField, loads
 from agentload.endpoint.output import length_control
 from agentload.endpoint.records import RequestRecord, UsageSource
 from agentload.endpoint.scrape import (
@@ -57,6 +56,7 @@ from agentload.endpoint.transport import (
     refused,
     signed_transport,
 )
+from agentload.endpoint.wire import MalformedField, loads
 from agentload.errors import ConfigError, EndpointTimeoutError, EndpointUnreachableError
 
 Engine = Literal["vllm", "sglang", "llamacpp", "ollama", "agentload-sim", "openai-compatible"]

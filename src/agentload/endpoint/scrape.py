@@ -40,7 +40,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
-from agentload.endpoint.fields import MAX_TOKENS, MalformedField, loads
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.transport import (
     AiohttpTransport,
@@ -52,6 +51,7 @@ from agentload.endpoint.transport import (
     refused,
     signed_transport,
 )
+from agentload.endpoint.wire import MAX_TOKENS, MalformedField, loads
 from agentload.errors import (
     ConfigError,
     EndpointError,

@@ -38,10 +38,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from agentload.clock import Clock, RealClock
-from agentload.endpoint.fields import MalformedField, loads
 from agentload.endpoint.scrape import EndpointResponseError, MetricsSnapshot, parse_metrics
 from agentload.endpoint.scrape import base_url as server_root
 from agentload.endpoint.transport import AiohttpTransport, Transport, TransportError, get
+from agentload.endpoint.wire import MalformedField, loads
 from agentload.errors import EndpointTimeoutError
 
 ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "agentload-sim", "openai-compatible")

@@ -14,13 +14,13 @@ A turn is committed when its line is on disk: the agent loop's ``on_turn`` hook 
 agent goes on, so after a SIGKILL every turn is either in the log (and is not sent again on resume) or was never
 acknowledged (and is sent again) — no turn lost, none repeated. A kill can tear only the line being written; it
 has no newline, and ``load_log`` drops it and truncates the file there so later appends start on a clean line.
-The appending, the reading and the cut are ``store.jsonl``'s, shared with the bench's records and samples.
+The appending (``JsonlWriter.append``: the line, then its fsync), the reading and the cut are ``store.jsonl``'s,
+shared with the bench's records and samples.
 A complete line that does not parse is damage, not a kill, and stops the resume.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -162,33 +162,9 @@ def load_log(path: Path, *, repair: bool = True) -> LogState:
     return state
 
 
-class CheckpointLog:
-    """Appends lines durably through ``store.jsonl.JsonlWriter`` (one ``write`` per line on O_APPEND), then
-    ``fsync`` off the event loop."""
-
-    def __init__(self, path: Path, *, sync: bool = True) -> None:
-        self.path = path
-        self.sync = sync
-        self._writer: JsonlWriter[AnyLine] = JsonlWriter(path)
-
-    @property
-    def lines_written(self) -> int:
-        return self._writer.written
-
-    async def append(self, line: AnyLine) -> None:
-        # One synchronous write per line: no other coroutine can interleave bytes into it, and the kernel
-        # completes a regular-file write even when the process is killed during it.
-        self._writer.write(line)
-        if self.sync:
-            # The caller (an agent) waits for the disk; the other agents keep running meanwhile.
-            await asyncio.to_thread(self._writer.flush)
-
-    def close(self) -> None:
-        if self.sync:
-            self._writer.close()
-        else:
-            # Simulated time: no fsync on the way out either (it would stall the loop for nothing measured).
-            self._writer.release()
+# The run's log: the store's append-only writer of these lines (``JsonlWriter.append`` writes a line and fsyncs it
+# off the event loop before the agent goes on; ``sync=False`` in simulated time).
+CheckpointLog = JsonlWriter[AnyLine]
 
 
 def write_manifest(run_dir: Path, manifest: RunManifest) -> None:

@@ -212,14 +212,14 @@ class CheckpointHook:
             raise ServerLost(detail)  # before the turn is committed: the round is sent again on resume
         elapsed = self.prior_s + r.clock.now() - self.started
         line = TurnLine(agent=aid, round=turn.round, segment=r.segment, elapsed_s=elapsed, turn=turn)
-        before = r.log.lines_written
+        before = r.log.written
         try:
             await r.log.append(line)
         finally:
             # The line is written synchronously, before append's first await (its fsync), so a cancel can only
             # land after it is in the file: then it is committed. A write that failed raised before any await, so
             # no other agent's line can have moved the count in between.
-            if r.log.lines_written > before:
+            if r.log.written > before:
                 self.committed.append(turn)
                 r.progress.turn(aid, turn)
         goes_on = self.max_rounds is None or turn.round + 1 < self.max_rounds

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from agentload.clock import Clock
+from agentload.clock import Clock, LoopClock
 from agentload.load.strategy import AllAtOnce, Strategy
-from agentload.vtime import LoopClock
 
 C = TypeVar("C", contravariant=True)
 

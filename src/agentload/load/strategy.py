@@ -23,9 +23,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from agentload.clock import Clock
+from agentload.clock import Clock, LoopClock
 from agentload.errors import ConfigError
-from agentload.vtime import LoopClock
 
 
 class Strategy(Protocol):

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from agentload.clock import LoopClock
 from agentload.sim.engine import Engine, SimRequest, StepResult
-from agentload.vtime import LoopClock
 
 
 class Delivery:

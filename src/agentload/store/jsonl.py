@@ -4,7 +4,10 @@ Every ``write`` hands its whole line to the kernel in one ``os.write`` on an ``O
 buffer in this process: when the run dies (an exception, Ctrl-C, SIGKILL), every line already written is in
 the file. ``flush`` adds ``fsync``, which only matters if the *machine* dies; the benchmark calls it at the end
 of each level rather than per request, because an fsync costs milliseconds on some disks and a level can
-finish thousands of requests a second in virtual time.
+finish thousands of requests a second in virtual time. ``append`` is the durable write, for a log whose every line
+is a commitment (the fleet's checkpoint, ``fleet.checkpoint``): the line, then its ``fsync`` off the event loop,
+before the caller goes on. A writer made with ``sync=False`` never fsyncs (a run in simulated time, where an fsync
+would stall the loop for nothing measured).
 
 A line can still be torn (the disk filled, or the machine died between write and fsync): it has no newline.
 Readers drop such a last line and say so; a writer reopening the file cuts it off first, so its own lines
@@ -13,6 +16,7 @@ start clean. A complete line that does not parse is damage, not a torn write, an
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,8 +67,9 @@ def cut_torn_tail(path: Path) -> int:
 class JsonlWriter(Generic[M]):
     """Appends one model per line to ``path`` (created if missing; an existing file is continued)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, sync: bool = True) -> None:
         self.path = path
+        self.sync = sync  # False: never fsync (see the module docstring)
         self.written = 0  # lines written by this writer
         cut_torn_tail(path)
         try:
@@ -90,9 +95,20 @@ class JsonlWriter(Generic[M]):
             raise CheckpointError(f"cannot append to {self.path}: {exc.strerror or exc}") from exc
         self.written += 1
 
+    async def append(self, item: M) -> None:
+        """``write``, then ``flush`` off the event loop: the caller waits for the disk, the other tasks keep running.
+
+        One synchronous write per line: no other coroutine can interleave bytes into it, and the kernel completes a
+        regular-file write even when the process is killed during it. So the line is in the file before the first
+        await, and a cancel can land only after it.
+        """
+        self.write(item)
+        if self.sync:
+            await asyncio.to_thread(self.flush)
+
     def flush(self) -> None:
         """Make every line written so far durable (survives a machine crash, not only a process death)."""
-        if self._fd is None:
+        if self._fd is None or not self.sync:
             return
         try:
             os.fsync(self._fd)
@@ -100,7 +116,7 @@ class JsonlWriter(Generic[M]):
             raise CheckpointError(f"cannot sync {self.path}: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
-        """Sync and close."""
+        """Sync (unless ``sync=False``) and close."""
         if self._fd is None:
             return
         try:

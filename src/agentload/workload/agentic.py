@@ -62,8 +62,8 @@ from agentload.agent.shape import (  # the shape, re-exported: it is this worklo
 from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
 from agentload.errors import ConfigError
 from agentload.workload.base import AgentDriver, LoadContext
-from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
-from agentload.workload.words import VOCAB, WORDS, stable_int, words
+from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, words
+from agentload.workload.words import VOCAB, WORDS, stable_int
 
 __all__ = [  # the text every workload writes and the agent shape, re-exported
     "CAP_SIGMAS",

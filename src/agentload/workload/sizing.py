@@ -1,9 +1,11 @@
-"""What agentload's text costs in the server's tokens, measured on the server (issue 9: context in server tokens).
+"""agentload's text and what it costs in the server's tokens, measured on the server (issue 9: context in server
+tokens).
 
-Workloads write prompts from random common words (``agentic.WORDS``). On the simulator each word is one token,
-on a real model it is whatever the model's tokenizer makes of it (seen: 1.4 tokens a word), and the chat template
-adds its own tokens around every message. A workload that aims at a context must therefore size its text in the
-tokens the *server* counts, or pool ÷ context and every context figure is off by the tokenizer's ratio.
+Workloads write prompts with ``words``: random common words from the vocabulary (``words.WORDS``). On the
+simulator each word is one token, on a real model it is whatever the model's tokenizer makes of it (seen: 1.4
+tokens a word), and the chat template adds its own tokens around every message. A workload that aims at a context
+must therefore size its text in the tokens the *server* counts (``TokenSizing.words``: words for a number of
+server tokens), or pool ÷ context and every context figure is off by the tokenizer's ratio.
 
 ``measure_sizing`` asks the server to count three prompts of our own text with ``max_tokens=1`` (the only
 counter every OpenAI-compatible engine offers is ``usage.prompt_tokens``; vLLM's and SGLang's ``/tokenize`` count
@@ -22,7 +24,7 @@ import numpy as np
 from agentload.agent.loop import ChatBackend
 from agentload.endpoint.records import RequestIds, RequestRecord, UsageSource
 from agentload.errors import EndpointError
-from agentload.workload.words import words
+from agentload.workload.words import VOCAB
 
 # Words in the measuring prompts: enough that the random mix of words averages out (the spread of tokens per word
 # over 600 random words is well under 1 % on BPE vocabularies), few enough to cost nothing to prefill.
@@ -30,6 +32,13 @@ MEASURE_WORDS = 600
 # A tokenizer that makes more than this many tokens of one common English word is not a text tokenizer we can
 # size for (or the server counts something else); clamp rather than build absurd prompts.
 MAX_TOKENS_PER_WORD = 4.0
+
+
+def words(rng: np.random.Generator, n: int) -> str:
+    """``n`` random words: ``n`` tokens on the simulator (no trailing space, so the last word ends the message)."""
+    if n <= 0:
+        return ""
+    return " ".join(VOCAB[rng.integers(0, len(VOCAB), n)])
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""The text workloads write: random common English words, one token each on the simulator.
+"""The vocabulary workloads write from: common English words, one token each on the simulator.
 
-Shared by the agentic workload, the synthetic arm and the server-side sizing measurement (``sizing.py``), so the
-text that is measured is the text that is sent.
+Text is drawn from it by ``sizing.words``, which every workload and the server-side sizing measurement use, so the
+text that is measured is the text that is sent. The llama.cpp tier builds its test model's tokenizer from this
+file's word list (``scripts/llamacpp-tier/build_model.py``), so the list stays here, apart from the code.
 """
 
 from __future__ import annotations
@@ -32,13 +33,6 @@ _WORD_LIST = """
 """
 WORDS: tuple[str, ...] = tuple(dict.fromkeys(_WORD_LIST.split()))  # the list repeats a few; each counts once
 VOCAB = np.asarray(WORDS, dtype=object)
-
-
-def words(rng: np.random.Generator, n: int) -> str:
-    """``n`` random words: ``n`` tokens on the simulator (no trailing space, so the last word ends the message)."""
-    if n <= 0:
-        return ""
-    return " ".join(VOCAB[rng.integers(0, len(VOCAB), n)])
 
 
 def stable_int(text: str) -> int:

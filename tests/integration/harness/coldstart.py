@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from agentload.endpoint.backend import RetryingBackend, RetryStatistics
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
-from agentload.endpoint.retry import RetryingBackend, RetryStatistics
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.watchdog import Watchdog, WatchdogStatistics
 from agentload.errors import EndpointTimeoutError

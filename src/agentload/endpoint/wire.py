@@ -1,7 +1,17 @@
-"""Fields read from a server's bodies, checked at the boundary (issue 15, item 3).
+"""What a server sent, read at the boundary: SSE events out of the bytes, JSON out of the events and bodies, and
+every field checked before anything uses it. One job — reading an untrusted server — so the client, the probe,
+the monitor and the pool readers all read through here.
 
-A server is untrusted input: one chunk with ``"choices": "oops"`` or ``"usage": [1, 2]`` used to escape the client
-as a TypeError and crash bench, run and probe. Everything read from a body goes through here first:
+**Server-sent events, parsed by us** (``SSEParser``): bytes in, ``data:`` payloads out. Only what
+OpenAI-compatible servers send is handled: events separated by a blank line, ``data:`` fields (several in one event
+are joined with newlines, per the SSE spec), comments (``:``) and other fields ignored, ``\\r\\n`` accepted. The
+parser is incremental: feed it whatever the socket delivered and it returns the complete events. An event that never
+ends (a server streaming bytes without a blank line) is refused past ``max_event_bytes`` rather than buffered until
+memory runs out.
+
+**Fields read from a server's bodies, checked** (issue 15, item 3). A server is untrusted input: one chunk with
+``"choices": "oops"`` or ``"usage": [1, 2]`` used to escape the client as a TypeError and crash bench, run and probe.
+Everything read from a body goes through here first:
 
 * ``loads`` parses JSON with orjson, which refuses what Python's ``json`` lets through and later breaks a record
   or a result file: ``NaN`` / ``Infinity`` / numbers that overflow a double, lone surrogates (orjson could not
@@ -19,6 +29,47 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+# -- server-sent events ------------------------------------------------------------------------------------------------
+# An OpenAI chunk is a few hundred bytes; even a whole tool call's arguments in one event stay far below this.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+class SSETooLong(ValueError):
+    """An event grew past the parser's limit without ending."""
+
+
+class SSEParser:
+    __slots__ = ("_buf", "_max")
+
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._buf = b""
+        self._max = max_event_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Append ``data``; return the ``data:`` payload of each event completed by it."""
+        buf = self._buf + data if self._buf else data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        *events, self._buf = buf.split(b"\n\n")
+        if len(self._buf) > self._max:
+            raise SSETooLong(f"an event longer than {self._max} bytes without an end")
+        out: list[bytes] = []
+        for event in events:
+            if event.startswith(b"data: ") and b"\n" not in event:
+                out.append(event[6:])  # the common case: one data line
+                continue
+            lines = [ln for ln in event.split(b"\n") if ln.startswith(b"data:")]
+            if lines:
+                out.append(b"\n".join(ln[6:] if ln.startswith(b"data: ") else ln[5:] for ln in lines))
+        return out
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes of an event not yet terminated (a stream that ends here was cut short)."""
+        return self._buf
+
+
+# -- fields ------------------------------------------------------------------------------------------------------------
 # No request, pool or context is anywhere near a billion tokens; a larger figure is a broken server, and taking it
 # would size arrays and pools from it (the issue's 74.5 GiB allocation came from such a number).
 MAX_TOKENS = 1_000_000_000
