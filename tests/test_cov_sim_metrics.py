@@ -102,9 +102,10 @@ def test_gauges_are_read_live_at_each_scrape() -> None:
     s = _samples(metrics)
     assert s[("vllm:num_requests_running", LABELS)] == 2
     assert s[("vllm:num_requests_waiting", LABELS)] == 0
-    # Two 32-token prompts hold 2 blocks of 16 each: 4 of 64 (the first output token's KV is written by the next
-    # step, which allocates its slot, as vLLM's scheduler does).
-    assert s[("vllm:kv_cache_usage_perc", LABELS)] == pytest.approx(4 / 64)
+    # Two 32-token prompts hold 2 blocks of 16 each: 4 of the 63 a 64-block pool caches (its first is vLLM's null
+    # block, and vLLM's usage divides by the other 63); the first output token's KV is written by the next step,
+    # which allocates its slot, as vLLM's scheduler does.
+    assert s[("vllm:kv_cache_usage_perc", LABELS)] == pytest.approx(4 / 63)
     _drain(engine, metrics, res.end)
     after = _samples(metrics)
     assert after[("vllm:num_requests_running", LABELS)] == 0

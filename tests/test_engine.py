@@ -9,7 +9,7 @@ import pytest
 
 from agentload.capacity.profile import ServingProfile, parse_profile
 from agentload.errors import SimulationError
-from agentload.sim.engine import Engine, EngineStats, ReadUnits, SimRequest, StepResult
+from agentload.sim.engine import NULL_BLOCKS, Engine, EngineStats, ReadUnits, SimRequest, StepResult
 
 BS = 16
 
@@ -24,7 +24,8 @@ def profile(
     prefix_caching: bool = True,
     model: str = 'model = "qwen2.5-0.5b"',
 ) -> ServingProfile:
-    """A small dense model on a pool of ``num_blocks`` blocks, so that pool effects show with a few requests."""
+    """A small dense model on a pool of ``num_blocks`` usable blocks, so that pool effects show with a few requests
+    (the profile states one more: vLLM's null block, which the engine keeps empty)."""
     text = f"""
 name = "tiny"
 gpu = "h100"
@@ -34,7 +35,7 @@ max_num_seqs = {max_seqs}
 enable_prefix_caching = {"true" if prefix_caching else "false"}
 {model if model.startswith("model =") else ""}
 [kv_pool]
-num_blocks = {num_blocks}
+num_blocks = {num_blocks + NULL_BLOCKS}
 [offload]
 gib = {offload_gib}
 {model if model.startswith("[model]") else ""}
@@ -508,3 +509,23 @@ def test_pinned_emission_order() -> None:
         (3, "r1", 1),
         (3, "r2", 1),
     ]
+
+
+def test_the_first_block_of_the_pool_is_vllms_null_block() -> None:
+    # A 9-block pool as vLLM reports it holds 8: two requests of 4 full blocks each fit, a third block-sized one
+    # waits — and usage reads 100 % as vLLM's does (held ÷ the 8 usable blocks).
+    prof = profile(num_blocks=8, budget=512, max_seqs=4, max_model_len=128)
+    assert prof.num_blocks == 9
+    engine = Engine(prof)
+    assert engine.kv.num_blocks == 8
+    for i in range(2):
+        engine.add(request(f"r{i}", tokens(i, 63), 2))  # 63 + 1 computed = 64 tokens = 4 blocks of 16
+    engine.step(0.0)
+    assert engine.kv.num_free == 0
+    assert engine.kv.usage == 1.0
+
+
+def test_a_pool_of_only_the_null_block_is_refused() -> None:
+    text = 'name = "x"\ngpu = "h100"\nmodel = "qwen2.5-0.5b"\nmax_model_len = 16\n[kv_pool]\nnum_blocks = 1\n'
+    with pytest.raises(SimulationError, match="holds nothing"):
+        Engine(parse_profile(text, "test"))

@@ -158,6 +158,7 @@ class ReadUnits:
 
 # Cohort event kinds, in the order they act within a step.
 _ALLOC, _REGISTER, _FINISH = 0, 1, 2
+NULL_BLOCKS = 1  # of a vLLM-style pool, reserved (``Engine``)
 _by_seq = attrgetter("seq")
 
 
@@ -169,9 +170,15 @@ class Engine:
         self.slots = (
             SlotCache(profile.slots, profile.block_size, reuse=profile.enable_prefix_caching) if profile.slots else None
         )
+        # vLLM's block pool takes its first block as the null block (a placeholder for skipped positions, never
+        # holding KV): a pool of N blocks caches N − 1, and its kv_cache_usage_perc divides by N − 1 too. At a pool
+        # sized to the agents (the real-vLLM tier's: 6 agents × 32 blocks = 192) that one block is the difference
+        # between every session fitting and one losing its tail each turn. A slot server (llama.cpp) has none.
+        if self.slots is None and profile.num_blocks <= NULL_BLOCKS:
+            raise SimulationError(f"a {profile.num_blocks}-block pool holds nothing: vLLM keeps its first block empty")
         self.kv = KVCacheManager(
             profile.layout,
-            profile.num_blocks,
+            profile.num_blocks - NULL_BLOCKS if self.slots is None else profile.num_blocks,
             prefix_caching=profile.enable_prefix_caching and self.slots is None,
             offload_blocks=profile.offload_blocks,
             remember_walks=fast,
