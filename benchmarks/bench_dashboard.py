@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import math
 import resource
 import statistics
@@ -54,6 +56,7 @@ from agentload.dashboard.server import Flusher
 from agentload.dashboard.state import LiveState
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
+from agentload.load import runner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simproc import fast_profile, sim_process
@@ -137,6 +140,24 @@ class OwnTime:
                 self._depth -= 1
 
         return timed
+
+
+@dataclass
+class GcTime:
+    """The cyclic collector's passes and their CPU (``gc.callbacks``), summed over the runs of one arm."""
+
+    passes: int = 0
+    full: int = 0  # passes over the oldest generation
+    cpu: float = 0.0
+    _t0: float = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.process_time()
+            return
+        self.passes += 1
+        self.full += info["generation"] == 2
+        self.cpu += time.process_time() - self._t0
 
 
 def _cpu() -> float:
@@ -303,9 +324,16 @@ def main() -> None:
     ap.add_argument("--step", type=float, default=0.02, help="the simulator's step time, s")
     ap.add_argument("--blocks", type=int, default=1, help="blocks of four runs (without, with, with, without)")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="leave the cyclic collector as Python sets it (not load.collector's settings): the before",
+    )
     args = ap.parse_args()
     if args.blocks < 1:
         ap.error("--blocks must be at least 1")
+    if args.default_gc:
+        setattr(runner, "collector_for_load", contextlib.nullcontext)  # noqa: B010  (patched for the run: the "before")
     width = args.width or args.agents
     with tempfile.TemporaryDirectory() as tmp, sim_process(fast_profile(args.step)) as (_, host, port):
         fleet = Path(tmp) / "fleet.toml"
@@ -323,6 +351,7 @@ def main() -> None:
         own_shares: list[float] = []  # per run with the dashboard: its own CPU ÷ that run's client CPU
         own_total = OwnTime()
         own_total.install()
+        collector = {False: GcTime(), True: GcTime()}
         print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
               f"simulator step {args.step:g} s, {args.blocks} block(s) of four runs")  # fmt: skip
         for block in range(args.blocks):
@@ -331,9 +360,13 @@ def main() -> None:
                 opts = _opts(fleet, out, url, width, dashboard=dashboard)
                 s0, r0 = own_total.state, own_total.reader
                 c0, w0 = _cpu(), time.monotonic()
-                results[dashboard] = r = asyncio.run(
-                    _run(opts, stream if dashboard else None, lags[dashboard], own_total)
-                )
+                gc.callbacks.append(collector[dashboard])
+                try:
+                    results[dashboard] = r = asyncio.run(
+                        _run(opts, stream if dashboard else None, lags[dashboard], own_total)
+                    )
+                finally:
+                    gc.callbacks.remove(collector[dashboard])
                 used, took = _cpu() - c0, time.monotonic() - w0
                 own = (own_total.state - s0) + (own_total.reader - r0)
                 if dashboard:
@@ -362,6 +395,12 @@ def main() -> None:
         print(f"  the dashboard's own CPU, timed in place: {own_total.state:.3f} s in the live state and its flushes + "
               f"{own_total.reader:.3f} s in the stream reader over {runs} runs = {statistics.fmean(own_shares):.2%} "
               f"of those runs' client CPU (per run: {min(own_shares):.2%} to {max(own_shares):.2%})")  # fmt: skip
+        for dashboard in (False, True):
+            g = collector[dashboard]
+            print(f"  cyclic collector {'with' if dashboard else 'without'} the dashboard "
+                  f"({'as Python sets it' if args.default_gc else 'load.collector'}): {g.cpu / runs:.3f} s a run = "
+                  f"{g.cpu / cpu[dashboard]:.1%} of its client CPU, {g.passes / runs:.0f} passes a run "
+                  f"({g.full / runs:.1f} over the oldest generation)")  # fmt: skip
         st = stream
         flushes = st.changed + st.other + st.empty
         per_s = (lambda n: n / st.span) if st.span > 0 else (lambda n: 0.0)

@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from agentload.clock import Clock, LoopClock
+from agentload.load.collector import collector_for_load
 from agentload.load.strategy import AllAtOnce, Strategy
 
 C = TypeVar("C", contravariant=True)
@@ -108,6 +109,21 @@ async def run_load(
     clock: Clock | None = None,
 ) -> LoadOutcome:
     """Run ``drivers`` on ``ctx`` through ``strategy`` (all at once by default) until the load ends; see the module."""
+    with collector_for_load():  # the cyclic collector set for a load's allocations (``load.collector``)
+        return await _run_load(drivers, ctx, strategy, stop, body, liveness, stop_after_s, grace_s, clock)
+
+
+async def _run_load(
+    drivers: Sequence[Driver[C]],
+    ctx: C,
+    strategy: Strategy | None,
+    stop: StopSignal | None,
+    body: Body | None,
+    liveness: Liveness | None,
+    stop_after_s: float | None,
+    grace_s: float,
+    clock: Clock | None,
+) -> LoadOutcome:
     clock = clock or LoopClock()
     strategy = strategy or AllAtOnce(clock=clock)
     signal = stop or StopSignal()
