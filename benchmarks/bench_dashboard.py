@@ -13,7 +13,8 @@ separate process (``simproc``: only the client is in this process), three times:
    with a 95 % interval (bootstrap over the blocks, seeded): "≤ 5 %" is shown when the interval's top is ≤ 5 %.
    The dashboard's own CPU is also timed in place in every run with it (``OwnTime``: its hooks, flushes and
    encoding, and the reader's parsing) as a share of that same run's client CPU, which the machine's drift
-   moves far less;
+   moves far less. The cyclic garbage collector's passes and CPU are counted per arm (``gc.callbacks``): a load
+   runs with ``load.collector``'s settings, and ``--default-gc`` runs both arms with Python's own, for the before;
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
@@ -28,6 +29,7 @@ event loop: a loop starved by the run itself shows there).
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300   # a 2-core machine's simulator
     .venv/bin/python benchmarks/bench_dashboard.py --agents 200 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # the CPU share
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --default-gc
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ Per step (vLLM V1, FCFS):
 2. then, only if nothing was preempted this step, waiting requests in order while the token budget, the
    ``max_num_seqs`` cap and the free blocks allow: prefix lookup (capped at total tokens − 1), allocate, admit.
 
+The pool is vLLM's: of the profile's ``num_blocks`` (what vLLM reports as ``num_gpu_blocks``) the first is the
+null block and never holds KV, so ``num_blocks − 1`` are allocated and cached, and usage is counted over those.
+
 Fast mode (``Engine(profile, fast=True)``, used by virtual-time runs). Most of a long run is steps in which
 dozens of requests each decode one token and nothing happens to them except, every ``block_size`` tokens, one
 new block and one newly full block to cache. Fast mode keeps such steady decoders in a *cohort*: the leading
