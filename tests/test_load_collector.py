@@ -12,19 +12,10 @@ import gc
 import weakref
 from dataclasses import dataclass, field
 
-from agentload.clock import LoopClock, run_virtual
+from agentload.clock import run_virtual
 from agentload.load.collector import YOUNG_THRESHOLD, collector_for_load
-from agentload.load.runner import StopSignal, run_load
-
-CLOCK = LoopClock()
-
-
-@dataclass
-class Ctx:
-    stop: StopSignal = field(default_factory=StopSignal)
-
-    def should_stop(self) -> bool:
-        return self.stop.is_set()
+from agentload.load.runner import run_load
+from tests.test_load_runner import CLOCK, Ctx
 
 
 @dataclass
