@@ -172,12 +172,14 @@ def test_a_dashboard_port_in_use_leaves_no_run_directory(tmp_path: Path) -> None
 @pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
 def test_the_page_fills_the_level_table_and_the_search_steps(tmp_path: Path) -> None:
     console_errors: list[str] = []
-    with sim_process(FAST) as (_, sim_url), _bench(tmp_path, sim_url) as (proc, page_url):
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+    # The browser is up before the bench starts: the bench does not wait for a viewer, and on a busy machine
+    # Chromium took longer to launch than the whole two-level run (the page then met a closed port).
+    with sync_playwright() as pw, sim_process(FAST) as (_, sim_url):
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        with _bench(tmp_path, sim_url) as (proc, page_url):
             try:
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
                 page.goto(page_url)
                 expect(page.locator("#bench")).to_be_visible(timeout=15_000)
                 expect(page.locator("#bench-meta")).to_contain_text("find-knee")
@@ -194,7 +196,7 @@ def test_the_page_fills_the_level_table_and_the_search_steps(tmp_path: Path) -> 
                 rows = [r.inner_text().split("\t") for r in page.locator("#levels tbody tr").all()]
             finally:
                 browser.close()
-        assert proc.wait(120) == 0
+            assert proc.wait(120) == 0
     result = _result(tmp_path)
     assert [int(r[1]) for r in rows] == [x["agents"] for x in result["levels"]]
     assert [r[3] for r in rows] == [f"{x['output_tps']:.1f}" for x in result["levels"]]
