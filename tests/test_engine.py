@@ -512,8 +512,8 @@ def test_pinned_emission_order() -> None:
 
 
 def test_the_first_block_of_the_pool_is_vllms_null_block() -> None:
-    # A 9-block pool as vLLM reports it holds 8: two requests of 4 full blocks each fit, a third block-sized one
-    # waits — and usage reads 100 % as vLLM's does (held ÷ the 8 usable blocks).
+    # A 9-block pool as vLLM reports it holds 8: two 63-token prompts take 4 blocks of 16 each and leave none
+    # free — and usage reads 100 % as vLLM's does (held ÷ the 8 usable blocks, not ÷ 9).
     prof = profile(num_blocks=8, budget=512, max_seqs=4, max_model_len=128)
     assert prof.num_blocks == 9
     engine = Engine(prof)
