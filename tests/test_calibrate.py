@@ -37,11 +37,13 @@ from agentload.capacity.calibrate import (
     fit_step_coefficients,
     steady_itl,
 )
-from agentload.capacity.profile import ServingProfile, load_profile
+from agentload.capacity.profile import ServingProfile, load_profile, parse_profile
 from agentload.cli.calibrate import summary
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServedModel, ServerPool, ServerProbe, StopRule, StreamTiming
 from agentload.errors import ConfigError
+from agentload.sim.tokens import Tokenizer
+from agentload.workload.words import WORDS
 from tests.simserver import running_sim, sim_process
 
 AGENTLOAD = [sys.executable, "-m", "agentload"]
@@ -142,8 +144,11 @@ class ModelledServer:
     its word count, as in the simulator's tokenizer.
     """
 
-    def __init__(self, profile: ServingProfile, served: str, round_trip_s: float = 0.0004) -> None:
+    def __init__(
+        self, profile: ServingProfile, served: str, round_trip_s: float = 0.0004, tokenizer: Tokenizer | None = None
+    ) -> None:
         self.profile = profile
+        self.tokenizer = tokenizer  # its /tokenize; None: it has none
         self.served = served
         self.rtt = round_trip_s
         self._group: list[int] = []
@@ -159,6 +164,9 @@ class ModelledServer:
 
     async def round_trip(self) -> float:
         return self.rtt
+
+    async def count_tokens(self, model: str, text: str) -> int | None:
+        return None if self.tokenizer is None else len(self.tokenizer.tokenize(text))
 
     async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming:
         group = self._group
@@ -206,6 +214,27 @@ async def test_calibration_of_a_modelled_server_recovers_it_and_writes_a_generic
     assert CalibrationResult.model_validate_json(result.model_dump_json()) == result
 
 
+async def test_calibration_measures_how_the_servers_tokenizer_splits_agentloads_words() -> None:
+    server_split = Tokenizer((0.6, 0.25, 0.15))
+    target = ModelledServer(load_profile("laptop"), served="m", tokenizer=server_split)
+    result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048)))
+    written = parse_profile(result.profile_toml, "calibrated")
+    # What the server's /tokenize makes of each word, word by word: the profile's shares are those counts.
+    counts = [len(server_split.tokenize(w)) for w in WORDS]
+    assert dict(written.word_tokens) == dict(zip(WORDS, counts, strict=True))
+    assert written.word_pieces == pytest.approx([counts.count(k) / len(WORDS) for k in (1, 2, 3)], abs=1e-4)
+    assert 1.3 < statistics.mean(counts) < 1.8
+    assert result.tokens_per_word == pytest.approx(statistics.mean(counts), abs=1e-3)
+
+
+async def test_without_tokenize_the_split_comes_from_the_measured_tokens_per_word() -> None:
+    result = await calibrate(ModelledServer(load_profile("laptop"), served="m"), url="http://model")
+    written = parse_profile(result.profile_toml, "calibrated")
+    assert written.word_pieces == (1.0, 0.0)  # the modelled server counts a token a word
+    assert written.word_tokens == ()
+    assert any("no /tokenize" in note for note in result.notes)
+
+
 async def test_the_summary_shows_pool_coefficients_and_fit() -> None:
     result = await calibrate(ModelledServer(load_profile("laptop"), served="m"), url="http://model")
     buffer = io.StringIO()
@@ -216,6 +245,7 @@ async def test_the_summary_shows_pool_coefficients_and_fit() -> None:
         assert name in out
     assert "Fit error (relative RMS): TTFT 0.0%" in out
     assert "note: step_s is not identifiable" in out
+    assert "Tokenizer: 1.000 tokens a word of agentload's text (words made of 1, 2, … tokens: 100% 1;" in out
 
 
 async def test_calibration_names_a_model_the_server_does_not_serve() -> None:
@@ -350,6 +380,9 @@ max_model_len = 4096
 [kv_pool]
 num_blocks = 777
 
+[tokenizer]
+word_pieces = [0.5, 0.3, 0.2]
+
 [step.pinned]
 prefill_s_per_token = 1e-6
 attention_s_per_pair = 1e-10
@@ -375,3 +408,8 @@ def test_cli_calibrates_a_running_simulator_and_writes_a_profile_sim_can_serve(t
     written = load_profile(str(out))
     assert (written.num_blocks, written.max_model_len) == (777, 4096)
     assert written.coefficients.weights_s == pytest.approx(0.006, rel=0.5)  # only: is it this server at all?
+    # The simulator's /tokenize splits words as its profile says; calibration read that split back word by word.
+    split = Tokenizer((0.5, 0.3, 0.2))
+    counts = [split.pieces(w) for w in WORDS]
+    assert dict(written.word_tokens) == dict(zip(WORDS, counts, strict=True))
+    assert written.word_pieces == pytest.approx([counts.count(k) / len(WORDS) for k in (1, 2, 3)], abs=1e-4)

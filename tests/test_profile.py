@@ -109,3 +109,32 @@ def test_a_profile_fits_big_agent_payloads_and_the_laptop_states_its_limit() -> 
     laptop = load_profile("laptop")
     assert laptop.max_model_len < 65_536
     assert f"{laptop.max_model_len:,}" in laptop.description
+
+
+def test_a_profile_states_its_tokenizers_split_of_words_as_shares() -> None:
+    base = 'name = "x"\nmodel = "llama-3.1-8b"\ngpu = "h100"\nmax_model_len = 4096\n'
+    assert parse_profile(base, "x.toml").word_pieces == (1.0,)
+    split = parse_profile(base + "[tokenizer]\nword_pieces = [184, 39, 30, 3, 2]\n", "x.toml")
+    assert sum(split.word_pieces) == pytest.approx(1.0)
+    assert split.word_pieces[0] == pytest.approx(184 / 258)
+    named = parse_profile(base + "[tokenizer.word_tokens]\nthe = 1\nprefix = 2\n", "x.toml")
+    assert named.word_tokens == (("prefix", 2), ("the", 1))
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ("word_pieces = [0.5, -0.1]", "none negative"),
+        ("word_pieces = [0, 0]", "not all zero"),
+        ("word_pieces = []", "word_pieces"),
+        (f"word_pieces = [{', '.join(['0.1'] * 17)}]", "word_pieces"),
+        ("word_pieces = [nan]", "word_pieces"),
+        ("pieces = [1]", "pieces"),
+        ("[tokenizer.word_tokens]\nthe = 0", "word_tokens counts from 1"),
+        ("[tokenizer.word_tokens]\nthe = 99", "word_tokens counts from 1"),
+    ],
+)
+def test_a_bad_tokenizer_table_is_one_clear_error(table: str, says: str) -> None:
+    text = f'name = "x"\nmodel = "llama-3.1-8b"\ngpu = "h100"\nmax_model_len = 4096\n[tokenizer]\n{table}\n'
+    with pytest.raises(ConfigError, match=says):
+        parse_profile(text, "x.toml")

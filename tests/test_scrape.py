@@ -304,3 +304,22 @@ async def test_a_stop_rule_ends_the_stream_and_the_server_aborts_the_request() -
             await asyncio.sleep(0.02)
         assert server.engine.stats.finished == {"abort": 1}
         assert server.engine.num_running == 0
+
+
+async def test_count_tokens_asks_vllm_and_llamacpp_in_their_own_forms() -> None:
+    async def llamacpp_tokenize(request: web.Request) -> web.Response:
+        body = await request.json()  # llama.cpp tokenizes "content" and answers no tokens without it
+        return web.json_response({"tokens": list(range(len(body.get("content", "").split())))})
+
+    async with running_sim("laptop") as (_, url), ServerProbe(url) as probe:
+        assert await probe.count_tokens("m", "one two three") == 3
+    async with fake_server({"POST /tokenize": llamacpp_tokenize}) as url, ServerProbe(url) as probe:
+        assert await probe.count_tokens("m", "one two three four") == 4
+    async with fake_server({}) as url, ServerProbe(url) as probe:
+        assert await probe.count_tokens("m", "one") is None  # no /tokenize at all
+    async with fake_server({"POST /tokenize": json_route({"what": 1})}) as url, ServerProbe(url) as probe:
+        with pytest.raises(EndpointResponseError, match="neither a token count nor tokens"):
+            await probe.count_tokens("m", "one")
+    async with fake_server({"POST /tokenize": json_route({"error": "boom"}, 500)}) as url, ServerProbe(url) as probe:
+        with pytest.raises(EndpointResponseError, match="HTTP 500"):
+            await probe.count_tokens("m", "one")

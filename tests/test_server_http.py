@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ from agentload.cli.common import default_book
 from agentload.errors import ConfigError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultSpec, parse_fault
+from agentload.workload.words import WORDS
 from tests.simserver import running_sim
 
 MODEL = "Qwen/Qwen3-235B-A22B"
@@ -93,6 +95,40 @@ async def test_models_and_tokenize_agree_with_usage() -> None:
         status, err = await post(http, f"{url}/tokenize", {"model": MODEL})
         assert status == 400
         assert "prompt" in err["error"]["message"]
+
+
+SPLIT_PROFILE = """
+name = "split"
+model = "qwen2.5-0.5b"
+gpu = "laptop"
+max_model_len = 8192
+
+[kv_pool]
+num_blocks = 2000
+
+[tokenizer]
+word_pieces = [0.5, 0.3, 0.2]
+"""
+
+
+async def test_a_calibrated_tokenizer_counts_prompts_and_resent_replies_in_its_own_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "split.toml"
+    path.write_text(SPLIT_PROFILE)
+    text = " ".join(WORDS)
+    async with running_sim(str(path)) as (_, url), aiohttp.ClientSession() as http:
+        first = [{"role": "user", "content": text}]
+        _, tok = await post(http, f"{url}/tokenize", {"model": "qwen2.5-0.5b", "messages": first})
+        body = {"model": "qwen2.5-0.5b", "messages": first, "max_tokens": 200, "ignore_eos": True}
+        _, resp = await post(http, f"{url}/v1/chat/completions", body)
+        assert tok["count"] == resp["usage"]["prompt_tokens"]
+        # Most of agentload's words are one token, the rest two or three: well over one token a word.
+        assert resp["usage"]["prompt_tokens"] > 1.4 * len(WORDS)
+        reply = resp["choices"][0]["message"]["content"]
+        assert resp["usage"]["completion_tokens"] == 200
+        again = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "next"}]
+        _, more = await post(http, f"{url}/tokenize", {"model": "qwen2.5-0.5b", "messages": again})
+    # Generated a token a word, the reply is counted in the split's tokens when the next prompt carries it.
+    assert more["count"] - tok["count"] > 1.2 * 200
 
 
 async def test_metrics_expose_vllm_names() -> None:

@@ -9,7 +9,15 @@ import sys
 import pytest
 
 from agentload.sim.hashchain import HashChain, hash_array
-from agentload.sim.tokens import VOCAB_SIZE, block_hashes, extend_block_hashes, split_tokens, token_id, tokenize
+from agentload.sim.tokens import (
+    VOCAB_SIZE,
+    Tokenizer,
+    block_hashes,
+    extend_block_hashes,
+    split_tokens,
+    token_id,
+    tokenize,
+)
 
 BS = 16
 
@@ -31,6 +39,66 @@ def test_tokenize_is_deterministic_and_in_vocabulary() -> None:
     # "the " is one token and always the same id, wherever it occurs.
     assert ids[0] == ids[4] == token_id("the ")
     assert len(set(ids)) == 5
+
+
+def test_the_default_tokenizer_is_one_token_a_word() -> None:
+    text = "  Hello,  world!\n\tnew line  über café 東京 " * 3
+    assert Tokenizer().tokenize(text) == Tokenizer((1.0,)).tokenize(text) == tokenize(text)
+    assert Tokenizer().tokens_per_word == 1.0
+
+
+def test_a_calibrated_split_makes_each_word_its_own_number_of_tokens() -> None:
+    split = Tokenizer((3, 1, 1))  # shares, normalised: 60 % of words one token, 20 % two, 20 % three
+    assert split.word_pieces == pytest.approx((0.6, 0.2, 0.2))
+    words = [f"w{i}x" for i in range(6000)]
+    counts = [len(split.tokenize(w)) for w in words]
+    # Over many distinct words the shares come back (the count is the word's hash's place in the distribution).
+    for k, share in ((1, 0.6), (2, 0.2), (3, 0.2)):
+        assert counts.count(k) / len(words) == pytest.approx(share, abs=0.03)
+    # A word's count is its own wherever it stands, with its white space or without, and a text's is the sum.
+    text = " ".join(words[:300])
+    assert len(split.tokenize(text)) == sum(counts[:300])
+    assert [len(split.tokenize(f"{w}\n\n")) for w in words[:50]] == counts[:50]
+    # The first of a word's ids is its one-token id; the others are further ids of the vocabulary.
+    for w in words[:50]:
+        ids = split.tokenize(w + " ")
+        assert ids[0] == token_id(w + " ")
+        assert all(0 <= i < VOCAB_SIZE for i in ids)
+    assert split.tokenize(text) == split.tokenize(text)
+
+
+def test_words_the_server_counted_cost_what_it_counted_and_others_follow_the_shares() -> None:
+    split = Tokenizer((0.0, 1.0), {"the": 1, "prefix": 3})  # other words: two tokens each
+    assert len(split.tokenize("the prefix cache ")) == 1 + 3 + 2
+    assert len(split.tokenize("the\nprefix")) == 4
+    with pytest.raises(ValueError, match="word_tokens"):
+        Tokenizer((1.0,), {"the": 0})
+    # Counts of one token for every named word and one token for the rest: the plain tokenizer.
+    assert Tokenizer((1.0,), {"the": 1}).plain
+
+
+def test_a_split_tokenizer_counts_a_generated_reply_longer_when_it_is_sent_back() -> None:
+    """The simulator generates a token a word; a server whose tokenizer splits words counts the reply longer when
+    the next prompt carries it, as real replies re-tokenise."""
+    split = Tokenizer((0.5, 0.5))
+    reply = [f"r{i} " for i in range(400)]
+    resent = split.tokenize("".join(reply))
+    assert len(resent) > 1.3 * len(reply)
+    assert resent[0] == token_id(reply[0])
+
+
+def test_the_pieces_of_a_split_word_rebuild_its_text() -> None:
+    split = Tokenizer((0.2, 0.3, 0.5))
+    text = "alpha beta  gamma\ndelta " * 4
+    pairs = split.tokenize_pieces(text)
+    assert "".join(piece for _, piece in pairs) == text
+    assert [t for t, _ in pairs] == split.tokenize(text)
+
+
+@pytest.mark.parametrize("shares", [(), (0.0, 0.0), (-0.1, 1.1), (float("nan"),)])
+def test_a_split_must_be_shares(shares: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="word_pieces"):
+        Tokenizer(shares)
 
 
 def test_retokenising_generated_text_gives_back_the_generated_ids() -> None:

@@ -51,10 +51,11 @@ from scipy.optimize import nnls
 from agentload.capacity import catalog
 from agentload.capacity.kv import parse_kv_dtype
 from agentload.capacity.models import ModelSpec
-from agentload.capacity.profile import StepSpec, parse_profile
+from agentload.capacity.profile import MAX_WORD_PIECES, StepSpec, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.endpoint.scrape import ServedModel, ServerPool, StopRule, StreamTiming
 from agentload.errors import CalibrationError, ConfigError, ServerCapabilityError
+from agentload.workload.words import WORDS
 
 # The coefficients the fit estimates, and which part of a step each belongs to.
 FITTED = ("prefill_s_per_token", "attention_s_per_pair", "weights_s", "kv_s_per_token", "request_s")
@@ -75,6 +76,7 @@ _WORD_TEXT = (
     "kind head house service friend father power hour game line end member law car city community name"
 )
 _WORDS = _WORD_TEXT.split()
+_TOKENIZE_AT_ONCE = 8  # /tokenize requests in flight while measuring the tokenizer's split of words
 
 
 class CalibrationTarget(Protocol):
@@ -87,6 +89,8 @@ class CalibrationTarget(Protocol):
     async def round_trip(self) -> float: ...
 
     async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming: ...
+
+    async def count_tokens(self, model: str, text: str) -> int | None: ...
 
 
 class ProgressSink(Protocol):
@@ -180,6 +184,12 @@ class CalibrationResult(BaseModel):
     notes: tuple[str, ...]
     profile_name: str
     profile_toml: str
+    word_pieces: tuple[float, ...] = Field(default=(1.0,), description="shares of words made 1, 2, 3… tokens")
+    word_pieces_source: str = ""
+
+    @property
+    def tokens_per_word(self) -> float:
+        return sum((k + 1) * share for k, share in enumerate(self.word_pieces))
 
     @property
     def fastest_ttft(self) -> tuple[TtftPoint, ...]:
@@ -209,8 +219,9 @@ class _Measurements:
     itl: list[ItlPoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     sizes: list[tuple[int, int]] = field(default_factory=list)  # (words sent, prompt tokens the server counted)
+    word_tokens: dict[str, int] = field(default_factory=dict)  # each of agentload's words, as the server counts it
 
-    def _line(self) -> tuple[float, float]:
+    def line(self) -> tuple[float, float]:
         """(tokens at zero words, tokens per word), from the counts the server reported; one per word before any."""
         if len({w for w, _ in self.sizes}) >= 2:
             slope, intercept = np.polyfit([w for w, _ in self.sizes], [t for _, t in self.sizes], 1)
@@ -223,11 +234,11 @@ class _Measurements:
 
     def tokens_for(self, words: int) -> float:
         """The server's token count for a prompt of ``words`` words."""
-        intercept, slope = self._line()
+        intercept, slope = self.line()
         return intercept + slope * words
 
     def words_for(self, tokens: float) -> int:
-        intercept, slope = self._line()
+        intercept, slope = self.line()
         return max(1, round((tokens - intercept) / slope))
 
 
@@ -366,6 +377,58 @@ class _Session:
         else:
             self.m.sizes.append((words, timing.prompt_tokens))
 
+    async def words(self) -> None:
+        """How many tokens the server's tokenizer makes of each word agentload's workloads write (``/tokenize``).
+
+        Each word is counted after an anchor word and the anchor's own count taken off, so the word is counted as
+        it stands in running text (with its leading space on BPE vocabularies).
+        """
+        self.progress.phase("the tokenizer's split of agentload's words", len(WORDS) + 1)
+        anchor = await self.target.count_tokens(self.model, WORDS[0])
+        self.progress.advance()
+        if anchor is None:
+            self.m.notes.append(
+                "the server has no /tokenize: the profile's tokenizer splits words by the measured tokens per word "
+                "only, not by how the server's vocabulary splits each word"
+            )
+            return
+        counts: dict[str, int] = {}
+        for start in range(0, len(WORDS), _TOKENIZE_AT_ONCE):
+            batch = WORDS[start : start + _TOKENIZE_AT_ONCE]
+            found = await asyncio.gather(*(self.target.count_tokens(self.model, f"{WORDS[0]} {w}") for w in batch))
+            for word, n in zip(batch, found, strict=True):
+                if n is not None and anchor < n <= anchor + MAX_WORD_PIECES:
+                    counts[word] = n - anchor
+                self.progress.advance()
+        if len(counts) < len(WORDS) // 2:
+            self.m.notes.append(f"/tokenize counted only {len(counts)} of {len(WORDS)} words; their split is not used")
+            return
+        self.m.word_tokens = counts
+
+    def tokenizer_table(self) -> dict[str, Any]:
+        """The profile's ``[tokenizer]``: each of agentload's words as the server counts it, the shares of words made
+        1, 2, 3… tokens (for any other word), and where they came from."""
+        counts = list(self.m.word_tokens.values())
+        if counts:
+            mean = float(np.mean(counts))
+            return {
+                "word_pieces": [round(float(x), 4) for x in np.bincount(counts, minlength=2)[1:] / len(counts)],
+                "word_tokens": dict(self.m.word_tokens),
+                "source": f"/tokenize on {len(counts)} of agentload's words: {mean:.3f} tokens a word",
+            }
+        # No /tokenize: the mean from the prompts' usage, as a mix of its two neighbouring whole counts.
+        _, per_word = self.m.line()
+        per_word = min(max(per_word, 1.0), float(MAX_WORD_PIECES))
+        low = math.floor(per_word)
+        shares = [0.0] * min(low + 1, MAX_WORD_PIECES)
+        shares[low - 1] = 1.0 - (per_word - low)
+        if low < MAX_WORD_PIECES:
+            shares[low] = per_word - low
+        return {
+            "word_pieces": [round(x, 4) for x in shares],
+            "source": f"usage.prompt_tokens of calibration prompts: {per_word:.3f} tokens a word",
+        }
+
     async def ttft(self, lengths: Sequence[int]) -> None:
         """Each length ``ttft_repeats`` times, lengths interleaved so drift touches them all alike."""
         m = self.m
@@ -465,6 +528,7 @@ async def calibrate(
     session = _Session(target, served.id, plan, progress, m, random.Random(plan.seed))
     await session.warm_up()
     progress.advance()
+    await session.words()
 
     await session.ttft(_ttft_lengths(plan, max_model_len, pool.tokens))
     fastest = fastest_per_length(m.ttft)
@@ -491,6 +555,7 @@ async def calibrate(
     )
     m.notes.append(f"api_overhead_s is the TTFT intercept less a {rtt * 1e3:.2f} ms round trip")
     doc = _profile_doc(draft["name"], url, served, catalogue_name, pool, max_model_len, kv_dtype, coefficients, report)
+    doc["tokenizer"] = session.tokenizer_table()
     text = tomli_w.dumps(doc)
     parse_profile(text, "the calibrated profile")  # it must load as written
     return CalibrationResult(
@@ -507,6 +572,8 @@ async def calibrate(
         notes=tuple(m.notes),
         profile_name=doc["name"],
         profile_toml=text,
+        word_pieces=tuple(doc["tokenizer"]["word_pieces"]),
+        word_pieces_source=doc["tokenizer"]["source"],
     )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "ProfileFile",
     "ServingProfile",
     "StepSpec",
+    "TokenizerSpec",
     "builtin_profiles",
     "load_profile",
     "parse_profile",
@@ -110,6 +111,37 @@ class StepSpec(BaseModel):
     pinned: dict[str, float] = Field(default_factory=dict, description="coefficients fitted by calibration")
 
 
+MAX_WORD_PIECES = 16  # a word of plain English split into more tokens than this is not text
+
+
+class TokenizerSpec(BaseModel):
+    """How the server's tokenizer splits agentload's words, as ``agentload calibrate`` measured it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    word_pieces: list[float] = Field(
+        default_factory=lambda: [1.0],
+        min_length=1,
+        max_length=MAX_WORD_PIECES,
+        description="shares of words made 1, 2, 3… tokens (the simulator's own tokenizer: [1.0], one per word)",
+    )
+    word_tokens: dict[str, int] = Field(
+        default_factory=dict,
+        description="tokens the server makes of each of agentload's words, counted by /tokenize (other words: "
+        "word_pieces)",
+    )
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _shares(self) -> TokenizerSpec:
+        if any(w < 0 for w in self.word_pieces) or sum(self.word_pieces) <= 0:
+            raise ValueError("word_pieces are shares: none negative, and not all zero")
+        bad = sorted(w for w, n in self.word_tokens.items() if not 1 <= n <= MAX_WORD_PIECES)
+        if bad:
+            raise ValueError(f"word_tokens counts from 1 to {MAX_WORD_PIECES} tokens a word; not {', '.join(bad[:5])}")
+        return self
+
+
 class ProfileFile(BaseModel):
     """The TOML schema of a profile."""
 
@@ -138,6 +170,7 @@ class ProfileFile(BaseModel):
     kv_pool: KVPoolSpec = Field(default_factory=KVPoolSpec)
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
     step: StepSpec = Field(default_factory=StepSpec)
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
 
     @model_validator(mode="after")
     def _check(self) -> ProfileFile:
@@ -170,6 +203,8 @@ class ServingProfile:
     gpu_memory_utilization: float
     pool_source: str  # how the pool was obtained, for honest reporting
     slots: int | None = None  # slot-based serving (llama.cpp): this many slots, each its own prompt cache
+    word_pieces: tuple[float, ...] = (1.0,)  # shares of words the tokenizer makes 1, 2, 3… tokens (sim.tokens)
+    word_tokens: tuple[tuple[str, int], ...] = ()  # tokens of each of agentload's words, as the server counted
 
     @property
     def block_size(self) -> int:
@@ -334,6 +369,8 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         gpu_memory_utilization=pool.gpu_memory_utilization,
         pool_source=pool_source,
         slots=spec.slots,
+        word_pieces=tuple(w / sum(spec.tokenizer.word_pieces) for w in spec.tokenizer.word_pieces),
+        word_tokens=tuple(sorted(spec.tokenizer.word_tokens.items())),
     )
 
 

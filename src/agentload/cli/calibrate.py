@@ -90,6 +90,12 @@ def summary(result: CalibrationResult, out: Console = console) -> None:
         f"ITL {fit.itl_rel_rms:.1%} over {len(result.itl)} points (batch × context × pass); "
         f"round trip {result.round_trip_s * 1e3:.2f} ms"
     )
+    shares = ", ".join(f"{share:.0%} {k + 1}" for k, share in enumerate(result.word_pieces) if share > 0)
+    out.print(
+        f"Tokenizer: {result.tokens_per_word:.3f} tokens a word of agentload's text (words made of 1, 2, … tokens: "
+        f"{shares}; {result.word_pieces_source or 'not measured'})",
+        markup=False,
+    )
     for note in result.notes:
         out.print(f"[dim]note: {note}[/]")
 

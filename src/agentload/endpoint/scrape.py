@@ -526,6 +526,39 @@ class ServerProbe:
         _raise_for_status(f"GET /v1/models on {self.url}", status, body)
         return elapsed
 
+    async def count_tokens(self, model: str, text: str) -> int | None:
+        """The tokens the server's tokenizer makes of ``text`` (no special tokens), from its ``POST /tokenize``
+        (vLLM and SGLang take ``prompt``, llama.cpp ``content``); None when it has no such endpoint."""
+        where = f"POST /tokenize on {self.url}"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        for body in ({"model": model, "prompt": text, "add_special_tokens": False}, {"content": text}):
+            with self._translate("POST /tokenize"):
+                async with asyncio.timeout(self._read_timeout):
+                    resp = await self._transport.send(
+                        "POST", self._url("/tokenize"), json.dumps(body).encode(), headers
+                    )
+                    try:
+                        status, raw = resp.status, await resp.read()
+                    finally:
+                        resp.close()
+            if status in (404, 405):
+                return None
+            if status in (400, 422) and "content" not in body:
+                continue  # llama.cpp's server wants "content"
+            _raise_for_status(where, status, raw)
+            try:
+                answer = loads(raw)
+            except MalformedField as exc:
+                raise EndpointResponseError(f"{where}: the body is {exc}") from exc
+            count = answer.get("count") if isinstance(answer, Mapping) else None
+            tokens = answer.get("tokens") if isinstance(answer, Mapping) else None
+            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+                return count
+            if isinstance(tokens, list) and (tokens or not text):
+                return len(tokens)
+            # llama.cpp answers a body without "content" with no tokens: ask it in its own form.
+        raise EndpointResponseError(f"{where}: the answer holds neither a token count nor tokens")
+
     async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming:
         """POST a streamed ``/v1/completions`` request and time every chunk that carries text.
 

@@ -48,7 +48,7 @@ from agentload.sim.engine import Engine, SimRequest, StepResult
 from agentload.sim.faults import FaultInjector, FaultSpec
 from agentload.sim.metrics import SimMetrics
 from agentload.sim.runner import Delivery, EngineRunner
-from agentload.sim.tokens import token_id, tokenize
+from agentload.sim.tokens import Tokenizer, token_id
 
 log = logging.getLogger("agentload.sim")
 
@@ -149,6 +149,8 @@ class SimServer:
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self.behaviour = guarded(config.behaviour)  # no reply may become an HTTP 500 (issue 13)
         self._ids = itertools.count(1)
+        # The profile's word granularity (calibrated from a real server's tokenizer; one token a word by default).
+        self.tokenizer = Tokenizer(config.profile.word_pieces, dict(config.profile.word_tokens))
         self._token_cache: OrderedDict[str, list[int]] = OrderedDict()
         self._created = int(time.time())
 
@@ -271,13 +273,10 @@ class SimServer:
             # llama.cpp's /tokenize: {"content": text, "with_pieces": bool} → {"tokens": [...]}.
             if not isinstance(data["content"], str):
                 raise BadRequestError("'content' must be a string", param="content")
-            ids = tokenize(data["content"])
             if data.get("with_pieces") is True:
-                words = data["content"].split()
-                pieces = [{"id": t, "piece": (" " + w) if i or data["content"][:1].isspace() else w}
-                          for i, (t, w) in enumerate(zip(ids, words, strict=False))]  # fmt: skip
-                return {"tokens": pieces}
-            return {"tokens": ids}
+                return {"tokens": [{"id": t, "piece": piece} for t, piece in self.tokenizer.tokenize_pieces(
+                    data["content"])]}  # fmt: skip
+            return {"tokens": self.tokenizer.tokenize(data["content"])}
         if "messages" in data:
             chat = parse_body(ChatRequest, raw)
             text = render_chat(chat)
@@ -285,7 +284,7 @@ class SimServer:
             text = data["prompt"]
         else:
             raise BadRequestError("send 'prompt' (a string) or 'messages'", param="prompt")
-        ids = tokenize(text)
+        ids = self.tokenizer.tokenize(text)
         return {"count": len(ids), "max_model_len": self.profile.max_model_len, "tokens": ids}
 
     # -- generation -----------------------------------------------------------------------------------------
@@ -301,7 +300,7 @@ class SimServer:
         for part in parts:
             ids = cache.get(part)
             if ids is None:
-                ids = tokenize(part)
+                ids = self.tokenizer.tokenize(part)
                 if len(part) > 256:  # short parts are cheaper to tokenize than to keep
                     cache[part] = ids
                     if len(cache) > 8192:

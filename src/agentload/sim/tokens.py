@@ -5,15 +5,26 @@ to the same blocks every turn. A token is a run of non-space characters with the
 (``\\S+\\s*``), or leading white space; its id is the CRC-32 of its text folded into the vocabulary. Generated
 text is made of such tokens, so re-tokenising a reply gives back the very ids the engine generated and hashed.
 
+A calibrated profile can give the simulator a real tokenizer's granularity instead (``Tokenizer``), as
+``agentload calibrate`` measured it with the server's ``/tokenize``: how many tokens it makes of each word
+agentload's workloads write, and the shares of words it makes 1, 2, 3… tokens of (any other word takes a count
+from those shares by its hash). A text then costs what it costs on the real server, and its count scatters as it
+does there: a prompt sized in words lands a few dozen tokens either side of a KV block edge, which decides
+whether its last partial block is recomputed every turn. A reply, generated as one token a word, is counted longer
+when it is sent back, as real replies re-tokenise.
+
 Block hashes chain like vLLM's: ``hash(parent_hash, block_token_ids)`` over full blocks only. Hashing a tuple of
 ints is deterministic across processes (PYTHONHASHSEED only salts str and bytes).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 VOCAB_SIZE = 151_936  # Qwen2's vocabulary size; any fixed size works
 ROOT_HASH = 0x5EED_0F_A6E17  # parent of a sequence's first block
@@ -31,6 +42,81 @@ def token_id(piece: str) -> int:
 
 def tokenize(text: str) -> list[int]:
     return [zlib.crc32(p.encode("utf-8")) % VOCAB_SIZE for p in _TOKEN_RE.findall(text)]
+
+
+# Salt of the hash that picks a word's token count: the count and the word's first id must not be correlated.
+_PIECES_SALT = 0x9E37_79B9
+# Words whose split is remembered (the workloads' vocabulary is a few hundred words; foreign text is bounded).
+_SPLIT_CACHE = 65_536
+
+
+class Tokenizer:
+    """The simulator's tokenizer, one token per word, or several per word as a calibrated server's.
+
+    ``word_tokens`` counts named words (white space after a word is part of its first token); any other word takes
+    ``word_pieces``: its share ``k`` is that of words made ``k + 1`` tokens (normalised), and a word's count is its
+    hash's place in that distribution. Either way a word costs the same wherever it appears. Its first id is the
+    one-token id, so ``Tokenizer()`` tokenises exactly as ``tokenize``.
+    """
+
+    def __init__(self, word_pieces: Sequence[float] = (1.0,), word_tokens: Mapping[str, int] | None = None) -> None:
+        weights = [float(w) for w in word_pieces]
+        if not weights or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"word_pieces must be non-negative shares with a positive sum, got {list(word_pieces)}")
+        total = sum(weights)
+        self.word_pieces = tuple(w / total for w in weights)
+        self._cumulative = list(itertools.accumulate(self.word_pieces))
+        self.word_tokens = dict(word_tokens or {})
+        if any(n < 1 for n in self.word_tokens.values()):
+            raise ValueError("word_tokens must count at least one token a word")
+        self.plain = self.word_pieces[0] == 1.0 and all(n == 1 for n in self.word_tokens.values())
+        self._split: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def tokens_per_word(self) -> float:
+        return sum((k + 1) * w for k, w in enumerate(self.word_pieces))
+
+    def pieces(self, piece: str) -> int:
+        """How many tokens the text piece ``piece`` (a word and the white space after it) is made of."""
+        word = piece.rstrip()
+        if self.plain or not word:
+            return 1
+        known = self.word_tokens.get(word)
+        if known is not None:
+            return known
+        u = zlib.crc32(word.encode("utf-8"), _PIECES_SALT) / 2**32
+        return min(bisect.bisect_right(self._cumulative, u), len(self._cumulative) - 1) + 1
+
+    def piece_ids(self, piece: str) -> tuple[int, ...]:
+        ids = self._split.get(piece)
+        if ids is None:
+            first = token_id(piece)
+            raw = piece.encode("utf-8")
+            ids = (first, *(zlib.crc32(raw + bytes((j,))) % VOCAB_SIZE for j in range(1, self.pieces(piece))))
+            if len(self._split) >= _SPLIT_CACHE:
+                self._split.clear()
+            self._split[piece] = ids
+        return ids
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.plain:
+            return tokenize(text)
+        out: list[int] = []
+        for piece in _TOKEN_RE.findall(text):
+            out.extend(self.piece_ids(piece))
+        return out
+
+    def tokenize_pieces(self, text: str) -> list[tuple[int, str]]:
+        """Each token's id and text: a word made of several tokens is cut into that many runs of its characters."""
+        out: list[tuple[int, str]] = []
+        for piece in _TOKEN_RE.findall(text):
+            ids = self.piece_ids(piece)
+            cuts = [round(i * len(piece) / len(ids)) for i in range(len(ids) + 1)]
+            out.extend((t, piece[a:b]) for t, a, b in zip(ids, cuts, cuts[1:], strict=False))
+        return out
+
+
+PLAIN = Tokenizer()
 
 
 def chain_hash(parent: int, block: Sequence[int]) -> int:

@@ -132,9 +132,11 @@ def drawn_output(run: RunResult) -> dict[int, float]:
 
 def coefficients_text(profile_path: Path) -> str:
     """A calibrated profile's coefficients in the units they are read in."""
-    c = load_profile(str(profile_path)).coefficients
+    profile = load_profile(str(profile_path))
+    c = profile.coefficients
+    split = " / ".join(f"{share:.3f}" for share in profile.word_pieces)
     return (
         f"prefill {c.prefill_s_per_token * 1e6:.1f} µs/token, weights {c.weights_s * 1e3:.2f} ms/step, "
         f"kv {c.kv_s_per_token * 1e9:.1f} ns/token, attention {c.attention_s_per_pair * 1e12:.2f} ps/pair, "
-        f"api overhead {c.api_overhead_s * 1e3:.1f} ms"
+        f"api overhead {c.api_overhead_s * 1e3:.1f} ms; words made of 1, 2, … tokens: {split}"
     )
