@@ -217,7 +217,7 @@ async def test_calibration_of_a_modelled_server_recovers_it_and_writes_a_generic
 async def test_calibration_measures_how_the_servers_tokenizer_splits_agentloads_words() -> None:
     server_split = Tokenizer((0.6, 0.25, 0.15))
     target = ModelledServer(load_profile("laptop"), served="m", tokenizer=server_split)
-    result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048)))
+    result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048), words=WORDS))
     written = parse_profile(result.profile_toml, "calibrated")
     # What the server's /tokenize makes of each word, word by word: the profile's shares are those counts.
     counts = [len(server_split.tokenize(w)) for w in WORDS]
@@ -228,7 +228,8 @@ async def test_calibration_measures_how_the_servers_tokenizer_splits_agentloads_
 
 
 async def test_without_tokenize_the_split_comes_from_the_measured_tokens_per_word() -> None:
-    result = await calibrate(ModelledServer(load_profile("laptop"), served="m"), url="http://model")
+    plan = CalibrationPlan(words=WORDS)
+    result = await calibrate(ModelledServer(load_profile("laptop"), served="m"), url="http://model", plan=plan)
     written = parse_profile(result.profile_toml, "calibrated")
     assert written.word_pieces == (1.0, 0.0)  # the modelled server counts a token a word
     assert written.word_tokens == ()

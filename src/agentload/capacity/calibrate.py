@@ -55,7 +55,6 @@ from agentload.capacity.profile import MAX_WORD_PIECES, StepSpec, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.endpoint.scrape import ServedModel, ServerPool, StopRule, StreamTiming
 from agentload.errors import CalibrationError, ConfigError, ServerCapabilityError
-from agentload.workload.words import WORDS
 
 # The coefficients the fit estimates, and which part of a step each belongs to.
 FITTED = ("prefill_s_per_token", "attention_s_per_pair", "weights_s", "kv_s_per_token", "request_s")
@@ -130,6 +129,8 @@ class CalibrationPlan(BaseModel):
     pool_share: float = Field(default=0.8, gt=0, le=1, description="most of the pool the ITL streams may hold")
     step_s: float = Field(default=StepSpec().step_s, ge=0, description="assumed: not identifiable")
     seed: int = 0
+    # The CLI passes agentload's vocabulary (workload.words), the text its workloads write.
+    words: tuple[str, ...] = Field(default=(), description="words whose tokens /tokenize counts; none: not counted")
 
 
 class TtftPoint(BaseModel):
@@ -383,8 +384,11 @@ class _Session:
         Each word is counted after an anchor word and the anchor's own count taken off, so the word is counted as
         it stands in running text (with its leading space on BPE vocabularies).
         """
-        self.progress.phase("the tokenizer's split of agentload's words", len(WORDS) + 1)
-        anchor = await self.target.count_tokens(self.model, WORDS[0])
+        words = self.plan.words
+        if not words:
+            return
+        self.progress.phase("the tokenizer's split of agentload's words", len(words) + 1)
+        anchor = await self.target.count_tokens(self.model, words[0])
         self.progress.advance()
         if anchor is None:
             self.m.notes.append(
@@ -393,15 +397,15 @@ class _Session:
             )
             return
         counts: dict[str, int] = {}
-        for start in range(0, len(WORDS), _TOKENIZE_AT_ONCE):
-            batch = WORDS[start : start + _TOKENIZE_AT_ONCE]
-            found = await asyncio.gather(*(self.target.count_tokens(self.model, f"{WORDS[0]} {w}") for w in batch))
+        for start in range(0, len(words), _TOKENIZE_AT_ONCE):
+            batch = words[start : start + _TOKENIZE_AT_ONCE]
+            found = await asyncio.gather(*(self.target.count_tokens(self.model, f"{words[0]} {w}") for w in batch))
             for word, n in zip(batch, found, strict=True):
                 if n is not None and anchor < n <= anchor + MAX_WORD_PIECES:
                     counts[word] = n - anchor
                 self.progress.advance()
-        if len(counts) < len(WORDS) // 2:
-            self.m.notes.append(f"/tokenize counted only {len(counts)} of {len(WORDS)} words; their split is not used")
+        if len(counts) < len(words) // 2:
+            self.m.notes.append(f"/tokenize counted only {len(counts)} of {len(words)} words; their split is not used")
             return
         self.m.word_tokens = counts
 

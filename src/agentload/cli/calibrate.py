@@ -16,6 +16,7 @@ from agentload.capacity.calibrate import FITTED, CalibrationPlan, CalibrationRes
 from agentload.cli.common import ApiKeyEnvOption, JsonOption, console, err_console, read_api_key, reports_errors
 from agentload.endpoint.scrape import ServerProbe
 from agentload.errors import ConfigError
+from agentload.workload.words import WORDS
 
 
 class _RichProgress:
@@ -119,7 +120,9 @@ def calibrate(
     `agentload sim --profile PROFILE.toml` then serves a simulated copy of that server.
     """
     batches = {b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= max_batch} | {max_batch}
-    plan = CalibrationPlan(ttft_repeats=repeats, batch_sizes=tuple(sorted(batches)), itl_repeats=itl_repeats)
+    plan = CalibrationPlan(
+        ttft_repeats=repeats, batch_sizes=tuple(sorted(batches)), itl_repeats=itl_repeats, words=WORDS
+    )
     # Refuse an unwritable destination before minutes of measurement, not after.
     if output is not None and output.is_dir():
         raise ConfigError(f"-o {output} is a directory; give a file name such as {output / 'profile.toml'}")
