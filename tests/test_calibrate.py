@@ -41,7 +41,7 @@ from agentload.capacity.profile import ServingProfile, load_profile, parse_profi
 from agentload.cli.calibrate import summary
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServedModel, ServerPool, ServerProbe, StopRule, StreamTiming
-from agentload.errors import ConfigError
+from agentload.errors import ConfigError, EndpointResponseError
 from agentload.sim.tokens import Tokenizer
 from agentload.workload.words import WORDS
 from tests.simserver import running_sim, sim_process
@@ -234,6 +234,17 @@ async def test_without_tokenize_the_split_comes_from_the_measured_tokens_per_wor
     assert written.word_pieces == (1.0, 0.0)  # the modelled server counts a token a word
     assert written.word_tokens == ()
     assert any("no /tokenize" in note for note in result.notes)
+
+
+async def test_a_failing_tokenize_leaves_the_split_to_usage_and_the_calibration_goes_on() -> None:
+    class BrokenTokenize(ModelledServer):
+        async def count_tokens(self, model: str, text: str) -> int | None:
+            raise EndpointResponseError("POST /tokenize on http://model: HTTP 500: boom", status=500)
+
+    plan = CalibrationPlan(words=WORDS)
+    result = await calibrate(BrokenTokenize(load_profile("laptop"), served="m"), url="http://model", plan=plan)
+    assert parse_profile(result.profile_toml, "calibrated").word_tokens == ()
+    assert any("/tokenize failed" in note and "HTTP 500" in note for note in result.notes)
 
 
 async def test_the_summary_shows_pool_coefficients_and_fit() -> None:

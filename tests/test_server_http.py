@@ -17,6 +17,7 @@ from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultSpec, parse_fault
 from agentload.workload.words import WORDS
 from tests.simserver import running_sim
+from tests.test_calibrate import QUICK_PROFILE
 
 MODEL = "Qwen/Qwen3-235B-A22B"
 
@@ -97,28 +98,14 @@ async def test_models_and_tokenize_agree_with_usage() -> None:
         assert "prompt" in err["error"]["message"]
 
 
-SPLIT_PROFILE = """
-name = "split"
-model = "qwen2.5-0.5b"
-gpu = "laptop"
-max_model_len = 8192
-
-[kv_pool]
-num_blocks = 2000
-
-[tokenizer]
-word_pieces = [0.5, 0.3, 0.2]
-"""
-
-
 async def test_a_calibrated_tokenizer_counts_prompts_and_resent_replies_in_its_own_tokens(tmp_path: Path) -> None:
     path = tmp_path / "split.toml"
-    path.write_text(SPLIT_PROFILE)
+    path.write_text(QUICK_PROFILE)  # its [tokenizer] makes half of all words two or three tokens
     text = " ".join(WORDS)
     async with running_sim(str(path)) as (_, url), aiohttp.ClientSession() as http:
         first = [{"role": "user", "content": text}]
-        _, tok = await post(http, f"{url}/tokenize", {"model": "qwen2.5-0.5b", "messages": first})
-        body = {"model": "qwen2.5-0.5b", "messages": first, "max_tokens": 200, "ignore_eos": True}
+        _, tok = await post(http, f"{url}/tokenize", {"model": "quick", "messages": first})
+        body = {"model": "quick", "messages": first, "max_tokens": 200, "ignore_eos": True}
         _, resp = await post(http, f"{url}/v1/chat/completions", body)
         assert tok["count"] == resp["usage"]["prompt_tokens"]
         # Most of agentload's words are one token, the rest two or three: well over one token a word.
@@ -126,7 +113,7 @@ async def test_a_calibrated_tokenizer_counts_prompts_and_resent_replies_in_its_o
         reply = resp["choices"][0]["message"]["content"]
         assert resp["usage"]["completion_tokens"] == 200
         again = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "next"}]
-        _, more = await post(http, f"{url}/tokenize", {"model": "qwen2.5-0.5b", "messages": again})
+        _, more = await post(http, f"{url}/tokenize", {"model": "quick", "messages": again})
     # Generated a token a word, the reply is counted in the split's tokens when the next prompt carries it.
     assert more["count"] - tok["count"] > 1.2 * 200
 

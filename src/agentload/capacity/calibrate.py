@@ -27,6 +27,11 @@ What these measurements identify:
 * ``api_overhead_s + step_s + request_s`` plus the network round trip — the TTFT intercept. The round trip of a
   trivial request (``GET /v1/models``) is measured and subtracted, so the profile holds the server's own overhead.
 
+The server's tokenizer is read too, where it offers ``/tokenize`` (vLLM, SGLang, llama.cpp): how many tokens it
+makes of each word agentload's workloads write (``CalibrationPlan.words``), so the simulator serving the profile
+counts that text as the server does (``sim.tokens.Tokenizer``); without ``/tokenize``, only the tokens per word
+the calibration prompts' usage showed.
+
 Structure that is not timing — MoE expert counts, sliding windows, layer counts — comes from the catalogue model
 when the served model is in the catalogue; otherwise the profile embeds a generic dense model whose only role is
 to carry the pinned coefficients.
@@ -54,7 +59,7 @@ from agentload.capacity.models import ModelSpec
 from agentload.capacity.profile import MAX_WORD_PIECES, StepSpec, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.endpoint.scrape import ServedModel, ServerPool, StopRule, StreamTiming
-from agentload.errors import CalibrationError, ConfigError, ServerCapabilityError
+from agentload.errors import CalibrationError, ConfigError, EndpointResponseError, ServerCapabilityError
 
 # The coefficients the fit estimates, and which part of a step each belongs to.
 FITTED = ("prefill_s_per_token", "attention_s_per_pair", "weights_s", "kv_s_per_token", "request_s")
@@ -388,6 +393,13 @@ class _Session:
         if not words:
             return
         self.progress.phase("the tokenizer's split of agentload's words", len(words) + 1)
+        try:
+            await self._count_words(words)
+        except EndpointResponseError as exc:  # the split is worth having, not worth the whole calibration
+            self.m.word_tokens = {}
+            self.m.notes.append(f"the server's /tokenize failed ({exc}); the profile's tokenizer is from usage only")
+
+    async def _count_words(self, words: Sequence[str]) -> None:
         anchor = await self.target.count_tokens(self.model, words[0])
         self.progress.advance()
         if anchor is None:
