@@ -12,11 +12,10 @@ the real run was asked for 14 tokens a turn where the simulated one was asked fo
 slower CPUs) the knee and ratios are printed and only a factor of two is gated: the step-time fit has not been
 checked there. Where other processes took more than a third of a core during the knee search or the calibration
 (``harness/machine.py``), the fit and the run saw different machines: a factor of 1.5 is gated and the figures say
-how busy it was. The realistic model is gated at 1.25 before the knee and 1.5 at it (the comment in the test says
-why: issue 9's ±15 % is not met there). The profile carries the server's count of each of agentload's words
-(calibrate's ``/tokenize``), so the simulated held sessions' openings land either side of a KV block edge as the
-real ones do: on the realistic model a session caches 30 or 31 of its 32 blocks by that luck, and recomputes
-~110 or ~240 tokens a turn.
+how busy it was. The realistic model is gated at 1.25 (the comment in the test says why). The profile carries the
+server's count of each of agentload's words (calibrate's ``/tokenize``), so the simulated held sessions' openings
+land either side of a KV block edge as the real ones do: on the realistic model a session caches 30 or 31 of its
+32 blocks by that luck, and recomputes ~100 or ~220 tokens a turn.
 """
 
 from __future__ import annotations
@@ -135,21 +134,18 @@ def test_the_calibrated_simulator_reproduces_the_knee_search(
     # core: up to 1.22 at levels to the knee, where quiet runs gave ≤ 1.11), so a factor of 1.5 is gated there and the
     # figures printed; issue 9's ±15 % is gated where both had the machine to themselves.
     busy = [step for step in (f"knee ({label})", f"calibrate ({label})") if NEIGHBOURS.get(step, Neighbours()).busy]
-    # Issue 9's ±15 % holds on the tiny model. The realistic model's quiet runs gave 1.010–1.064 (stop 22), then
-    # 1.105–1.155 at every level to the knee (session 9's CI, knee equal): its fit misses ±15 % in some quiet runs,
-    # an open item of issue 9, so it is gated at 1.25 with its figures printed, not failed at random. At the knee
-    # level itself two quiet runs of 2026-12-03 gave 1.278 and 1.334 (levels before it 0.909–1.154, the knee
-    # equal): there the sessions fill the pool to the block, and the real server missed more of its prefix than
-    # the tiny model's at every level (hit rate 0.947–0.961 against 0.978; its replies re-tokenise when sent back,
-    # a likely cause not yet shown), so that level is gated at 1.5 with the hit rates printed (issue 9, open).
+    # Issue 9's ±15 % is gated on the tiny model. The realistic model's held sessions cache 30 or 31 of their 32
+    # blocks by the luck of where their opening's server-token count lands (3,937-4,026 tokens seen, a block edge at
+    # 3,968), so a level's hit rate reads 0.945-0.977 and its throughput moves ~10 % run to run on the real server
+    # alone. Since the profile counts agentload's words as the server does (calibrate's /tokenize), the simulator's
+    # sessions scatter the same way: quiet runs gave 0.94-1.10 at every level to the knee (before it, 1.28-1.33 at
+    # the knee level, its openings all on the lucky side). It is gated at 1.25, the figures printed, so one unlucky
+    # draw of the real server's sessions does not fail the tier while a miss of the old size still does.
     quiet = (1 / 1.25, 1.25) if label == "realistic" else (0.85, 1.15)
-    at_knee = (1 / 1.5, 1.5) if label == "realistic" else quiet
     low, high = (0.5, 2.0) if reason else (1 / 1.5, 1.5) if busy else quiet
     for n, (_, ratio) in gated.items():
-        if n < min(real_knee, sim_knee):  # levels both runs put before their knee
+        if n <= min(real_knee, sim_knee):  # levels both runs put at or before their knee
             assert low <= ratio <= high, why
-        elif n == min(real_knee, sim_knee):
-            assert min(low, at_knee[0]) <= ratio <= max(high, at_knee[1]), why
     # Past the knee the simulated server collapses too: its prefix cache is evicted between turns — unless the real
     # server's knee was compute, before the pool: then neither run evicts anything.
     if reason:
