@@ -5,8 +5,9 @@ The same fleet (``--agents`` one-task agents, ``--rounds`` tool-calling turns, `
 separate process (``simproc``: only the client is in this process), three times:
 
 1. without ``--dashboard`` — the baseline client CPU (user + system seconds of this process);
-2. with ``--dashboard`` and one event-stream reader in this process (so its parsing counts against the
-   dashboard) — the client CPU again, the share it adds, and what the stream carried. 1 and 2 run in blocks of
+2. with ``--dashboard`` and one event-stream reader — the page's stand-in, in a process of its own as a browser is
+   (``--reader-in-process``: in this one, so its socket and parsing count against the dashboard too) — the client
+   CPU again, the share it adds, and what the stream carried. 1 and 2 run in blocks of
    four, in the order 1 2 2 1, so a shared machine's drift falls on both sides; each block gives one paired
    figure, (2 − 1) ÷ 1. Two identical runs differ by up to 14 % in client CPU on a 2-core machine, more than
    the effect sought, so ``--blocks K`` repeats the block and the share is given as the mean of the K figures
@@ -52,6 +53,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
+from aiohttp import web
 
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.dashboard.server import Flusher
@@ -107,38 +109,61 @@ new PerformanceObserver((l) => { for (const e of l.getEntries()) window.__longta
 
 @dataclass
 class OwnTime:
-    """The dashboard's own CPU in a run, timed in place (``time.process_time`` around its code): steadier than the
-    difference of two whole runs, whose client CPU moves by up to 14 % between identical runs on a shared machine.
+    """The dashboard's own CPU in a run, timed in place around its code: steadier than the difference of two whole
+    runs, whose client CPU moves by up to 14 % between identical runs on a shared machine.
+
+    Timed with ``time.perf_counter`` (a vDSO read, ~50 ns), not ``time.process_time`` (a system call, ~600 ns here):
+    the hooks are called ~20,000 times a run, and the CPU clock's own cost, twice a call, was itself a measurable
+    part of the "with" arm. The timed code never blocks or awaits, so its wall time is its CPU time but for the
+    moments the OS gives its core to another process (which only overstates the share).
 
     ``state``: the live state's hooks the run calls (turns, requests, agent states, scrapes) and the flusher's
-    refresh, delta and encoding, outermost call only. ``reader``: this benchmark's event-stream reader parsing what
-    it received. Not in either: aiohttp writing and reading the stream's bytes, and the event loop waking the
-    flusher four times a second.
+    refresh, delta and encoding, outermost call only. ``reader``: the event-stream reader's parsing when it runs in
+    this process (``--reader-in-process``); ``reader_process``: the CPU of the reader's own process otherwise (a
+    browser's, not the client's). ``writes``: aiohttp writing the stream's events to the socket. Not in any: the event
+    loop waking the flusher and the stream's task four times a second, and the one extra coroutine frame
+    (``WatchedBackend``) each agent's request passes through as it resumes.
     """
 
     state: float = 0.0
     reader: float = 0.0
+    reader_process: float = 0.0
+    writes: float = 0.0  # the event stream's writes (aiohttp's web server, to the socket)
     _depth: int = 0
 
     def install(self) -> None:
         """Time every hook of the live state and the flusher's encoding (class-wide, once per process)."""
-        hooks = ("agent", "turn", "limiter_changed", "request_started", "stream_started", "request_done",
+        hooks = ("agent", "turn", "limiter_changed", "stream_started", "request_done",
                  "request_abandoned", "agent_control", "touch", "record", "control_changed", "on_scrape", "refresh",
                  "snapshot", "delta")  # fmt: skip
         for owner, names in ((LiveState, hooks), (Flusher, ("encoded_delta",))):
             for name in names:
                 setattr(owner, name, self._timed(getattr(owner, name)))
+        # The event stream's writes (the client's own requests use aiohttp's client, never a StreamResponse, and the
+        # simulator is another process: every StreamResponse write here is the dashboard's). Timed to the end of the
+        # await: a write that waited for the socket to drain would count other tasks' work too, which can only
+        # overstate the share.
+        write = web.StreamResponse.write
+
+        async def timed_write(response: web.StreamResponse, data: Any) -> None:
+            t0 = time.perf_counter()
+            try:
+                await write(response, data)
+            finally:
+                self.writes += time.perf_counter() - t0
+
+        setattr(web.StreamResponse, "write", timed_write)  # noqa: B010  (patched for the benchmark's process)
 
     def _timed(self, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self._depth:  # called from another timed method: already counted
                 return fn(*args, **kwargs)
             self._depth += 1
-            t0 = time.process_time()
+            t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.state += time.process_time() - t0
+                self.state += time.perf_counter() - t0
                 self._depth -= 1
 
         return timed
@@ -186,16 +211,15 @@ class Stream:
     loop_lag: list[float] = field(default_factory=list)  # how late a 50 ms sleep in the run's loop woke, s
 
 
-async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime) -> None:
-    while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
-        await asyncio.sleep(0.01)
-    base, token = opts.dashboard_url.split("/?token=")
+async def _read_events(url: str, stream: Stream, own: OwnTime) -> None:
+    """Read one page's event stream at ``url`` (the dashboard's URL, token in it) until ``end``, into ``stream``."""
+    base, token = url.split("/?token=")
     async with aiohttp.ClientSession() as session, session.get(f"{base}/events", params={"token": token}) as resp:
         first = flushed = changed_at = None  # the first flush, the last one, the last that carried changes
         in_delta = False
         try:
             async for line in resp.content:
-                t0 = time.process_time()  # the reader's own work on this line (the await above is not in it)
+                t0 = time.perf_counter()  # the reader's own work on this line (the await above is not in it)
                 try:
                     now = time.monotonic()
                     flush = line.startswith(b"event: delta") or line.startswith(b": keep-alive")
@@ -219,10 +243,37 @@ async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime) -> None:
                     elif line.startswith(b"event: end"):
                         return
                 finally:
-                    own.reader += time.process_time() - t0
+                    own.reader += time.perf_counter() - t0
         finally:
             if first is not None and flushed is not None:
                 stream.span += flushed - first
+
+
+async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime, in_process: bool) -> None:
+    """The page's stand-in: reads the run's event stream in this process (``in_process``: its parsing counts as the
+    client's CPU) or, as a browser would, in a process of its own whose figures are added to ``stream`` at the end
+    and whose CPU is counted apart (``own.reader_process``)."""
+    while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
+        await asyncio.sleep(0.01)
+    if in_process:
+        await _read_events(opts.dashboard_url, stream, own)
+        return
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--read-events", opts.dashboard_url, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    got = orjson.loads(out)
+    own.reader_process += got.pop("cpu")
+    for name, value in got.items():
+        setattr(stream, name, getattr(stream, name) + value)
+
+
+def _reader_main(url: str) -> None:
+    """``--read-events URL``: read the stream in this process and print what it carried (and this process's CPU)."""
+    stream = Stream()
+    cpu0 = _cpu()  # after the imports: their start-up is not the reading's
+    asyncio.run(_read_events(url, stream, OwnTime()))
+    sys.stdout.buffer.write(orjson.dumps({**stream.__dict__, "cpu": _cpu() - cpu0}))
 
 
 async def _lag_probe(lags: list[float], period: float = 0.05) -> None:
@@ -234,10 +285,12 @@ async def _lag_probe(lags: list[float], period: float = 0.05) -> None:
         lags.append(loop.time() - t - period)
 
 
-async def _run(opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime) -> FleetResult:
+async def _run(
+    opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime, in_process: bool
+) -> FleetResult:
     tasks = [asyncio.ensure_future(_lag_probe(lags))]
     if stream is not None:
-        tasks.append(asyncio.ensure_future(_read_stream(opts, stream, own)))
+        tasks.append(asyncio.ensure_future(_read_stream(opts, stream, own, in_process)))
     try:
         return await run_fleet(opts)
     finally:
@@ -327,11 +380,21 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=1, help="blocks of four runs (without, with, with, without)")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument(
+        "--reader-in-process",
+        action="store_true",
+        help="read the event stream in the client's process (its parsing and socket count as the client's CPU), "
+        "not in a process of its own as a browser would",
+    )
+    ap.add_argument("--read-events", metavar="URL", help=argparse.SUPPRESS)  # the reader's own process
+    ap.add_argument(
         "--default-gc",
         action="store_true",
         help="leave the cyclic collector as Python sets it (not load.collector's settings): the before",
     )
     args = ap.parse_args()
+    if args.read_events:
+        _reader_main(args.read_events)
+        return
     if args.blocks < 1:
         ap.error("--blocks must be at least 1")
     if args.default_gc:
@@ -360,17 +423,17 @@ def main() -> None:
             used_in = {False: 0.0, True: 0.0}
             for dashboard in (False, True, True, False):
                 opts = _opts(fleet, out, url, width, dashboard=dashboard)
-                s0, r0 = own_total.state, own_total.reader
+                s0, r0, x0 = own_total.state, own_total.reader, own_total.writes
                 c0, w0 = _cpu(), time.monotonic()
                 gc.callbacks.append(collector[dashboard])
                 try:
                     results[dashboard] = r = asyncio.run(
-                        _run(opts, stream if dashboard else None, lags[dashboard], own_total)
+                        _run(opts, stream if dashboard else None, lags[dashboard], own_total, args.reader_in_process)
                     )
                 finally:
                     gc.callbacks.remove(collector[dashboard])
                 used, took = _cpu() - c0, time.monotonic() - w0
-                own = (own_total.state - s0) + (own_total.reader - r0)
+                own = (own_total.state - s0) + (own_total.reader - r0) + (own_total.writes - x0)
                 if dashboard:
                     own_shares.append(own / used)
                 used_in[dashboard] += used
@@ -391,12 +454,18 @@ def main() -> None:
                       f"server failure: {r.server_failure}")  # fmt: skip
         print(f"  without dashboard (mean of {runs}): {base.totals.turns} turns, {base_wall:.1f} s wall, "
               f"{base_cpu:.2f} s client CPU")  # fmt: skip
-        print(f"  with dashboard + 1 stream reader (mean of {runs}): {dash.totals.turns} turns, {dash_wall:.1f} s "
-              f"wall, {dash_cpu:.2f} s client CPU ({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
+        where = "in this process" if args.reader_in_process else "in its own process"
+        print(f"  with dashboard + 1 stream reader {where} (mean of {runs}): {dash.totals.turns} turns, "
+              f"{dash_wall:.1f} s wall, {dash_cpu:.2f} s client CPU "
+              f"({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
         print("  " + _share_line(shares))
         print(f"  the dashboard's own CPU, timed in place: {own_total.state:.3f} s in the live state and its flushes + "
-              f"{own_total.reader:.3f} s in the stream reader over {runs} runs = {statistics.fmean(own_shares):.2%} "
+              f"{own_total.writes:.3f} s writing the stream + {own_total.reader:.3f} s in the stream reader over "
+              f"{runs} runs = {statistics.fmean(own_shares):.2%} "
               f"of those runs' client CPU (per run: {min(own_shares):.2%} to {max(own_shares):.2%})")  # fmt: skip
+        if not args.reader_in_process:
+            print(f"  the stream reader's own process (a browser's share, not the client's): "
+                  f"{own_total.reader_process / runs:.3f} s CPU a run")  # fmt: skip
         for dashboard in (False, True):
             g = collector[dashboard]
             print(f"  cyclic collector {'with' if dashboard else 'without'} the dashboard "

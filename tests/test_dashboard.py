@@ -427,10 +427,9 @@ class _Stream:
 async def test_a_card_follows_its_turns(board: Board) -> None:
     _, state, *_ = board
     state.agent("w.0", AgentState.RUNNING, rounds=0)
-    state.request_started("w.0")
-    assert state.cards["w.0"].phase == "prefilling"
     stream = _Stream()
     state.stream_started("w.0", stream)
+    assert state.cards["w.0"].phase == "prefilling"
     state.refresh()
     assert state.cards["w.0"].phase == "prefilling"  # no token yet
     stream.t_first_token = 1.0
@@ -441,7 +440,14 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
     state.request_done("w.0", _turn(0, 0.05, 7, "the answer").records)
     state.turn("w.0", _turn(0, 0.05, 7, "the answer"))
     card = state.cards["w.0"]
-    assert (card.phase, card.turn, card.out, card.context, card.preview) == ("think", 1, 7, 500, "the answer")
+    shown = card.public()  # what the page is sent: a finished reply's preview is made then
+    assert (shown["phase"], shown["turn"], shown["out"], shown["context"], shown["preview"]) == (
+        "think",
+        1,
+        7,
+        500,
+        "the answer",
+    )
     assert card.ttft == pytest.approx(0.05)
     state.agent("w.0", AgentState.DONE, rounds=1)
     assert (state.cards["w.0"].state, state.cards["w.0"].phase) == ("done", "")
@@ -450,7 +456,6 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
 async def test_a_reply_of_tool_calls_streams_its_calls_as_they_grow(board: Board) -> None:
     _, state, *_ = board
     state.turn("w.0", _turn(0, 0.05, 7, "the last answer"))
-    state.request_started("w.0")
     stream = _Stream()
     state.stream_started("w.0", stream)
     stream.t_first_token = 1.0  # a reasoning token: no text, no call yet
@@ -475,7 +480,7 @@ async def test_a_reply_of_tool_calls_streams_its_calls_as_they_grow(board: Board
     call = ToolCallRecord(id="c0", name="search", arguments=stream.calls[0]["arguments"])
     done = RequestRecord(t_sent=1.0, t_first_token=1.5, t_done=2.0, completion_tokens=9, tool_calls=[call])
     state.request_done("w.0", [done])
-    assert (card.phase, card.preview) == ("tool", '→ search({"query": "lo' + "n" * 47 + ")")
+    assert (card.public()["phase"], card.public()["preview"]) == ("tool", '→ search({"query": "lo' + "n" * 47 + ")")
 
 
 async def test_a_delta_carries_the_agents_changed_since_its_own_cursor(board: Board) -> None:
@@ -485,7 +490,7 @@ async def test_a_delta_carries_the_agents_changed_since_its_own_cursor(board: Bo
     state.agent("w.1", AgentState.RUNNING, rounds=0)
     _, late = state.snapshot()  # a second page, opened now
     state.agent("w.0", AgentState.RUNNING, rounds=0)
-    state.request_started("w.3")
+    state.stream_started("w.3", _Stream())
     state.agent("ghost", AgentState.RUNNING, rounds=0)  # an agent the plans did not name: shown, and counted
     late_delta, early_delta = state.delta(late), state.delta(early)
     assert late_delta is not None

@@ -152,12 +152,12 @@ class WatchedBackend:
             await self.control.running.wait()
         if self.control.agent_stopping(agent):  # stopped while it waited at the pause: the turn is not sent
             raise AgentStopped(agent)
-        self.state.request_started(agent)
 
         def watch(view: Any) -> None:
             self.state.stream_started(agent, view)
 
-        # Set in this agent's task only (a context variable): every attempt of this turn hands its stream over.
+        # Set in this agent's task only (a context variable): every attempt of this turn hands its stream over as it
+        # is sent, which makes the card ``prefilling`` (one call per attempt, nothing per chunk).
         token = stream_watch.set(watch)
         try:
             records = await self.inner.complete(body, ids)

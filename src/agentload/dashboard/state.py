@@ -73,8 +73,18 @@ class Card:
     stopping: bool = False  # asked to stop from the dashboard, not stopped yet
     restarts: int = 0  # restarted from the dashboard
     v: int = 0  # the state's version when the card last changed
+    # The last reply, its preview not made yet: made once when the card is next read (an agent's reply is seen by
+    # request_done and again by turn, and several can pass between two flushes; a page shows only the last).
+    reply: RequestRecord | None = None
+
+    def settle(self) -> None:
+        """Make the preview of the reply kept in ``reply`` (none: nothing to do)."""
+        if self.reply is not None:
+            self.preview = reply_preview(self.reply) or self.preview
+            self.reply = None
 
     def public(self) -> dict[str, Any]:
+        self.settle()
         return {
             "id": self.id,
             "group": self.group,
@@ -153,7 +163,8 @@ class _Watch:
         self.seen = 0
 
 
-_ENDED = {AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED}
+_ENDED = frozenset({AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED})
+_QUEUED = frozenset({AgentState.WAITING, AgentState.PARKED})
 
 
 class LiveState:
@@ -206,19 +217,20 @@ class LiveState:
         return card
 
     def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
-        card = self._card(agent)
-        if card.state != state.value:
+        card = self.cards.get(agent) or self._card(agent)
+        old = card.state
+        if old != state:  # an AgentState is its own value (a StrEnum): kept as is, no .value lookups per event
             counts = self._counts
-            left = counts[card.state] - 1
+            left = counts[old] - 1
             if left:
-                counts[card.state] = left
+                counts[old] = left
             else:
-                del counts[card.state]
-            counts[state.value] = counts.get(state.value, 0) + 1
-            card.state = state.value
+                del counts[old]
+            counts[state] = counts.get(state, 0) + 1
+            card.state = state
         if rounds is not None:
             card.turn = rounds
-        if state in (AgentState.WAITING, AgentState.PARKED):
+        if state in _QUEUED:
             card.phase = "queued"
         elif state in _ENDED:
             card.phase = ""
@@ -231,9 +243,11 @@ class LiveState:
         self._bump(card)
 
     def turn(self, agent: str, turn: TurnLog) -> None:
-        card = self._card(agent)
+        card = self.cards.get(agent) or self._card(agent)
         final = turn.final
-        out = sum(r.completion_tokens for r in turn.records)
+        out = 0
+        for r in turn.records:
+            out += r.completion_tokens
         card.turn = turn.round + 1
         card.context = final.prompt_tokens
         card.out += out
@@ -241,7 +255,7 @@ class LiveState:
         if final.ttft is not None:
             self._ttfts.append(final.ttft)
         self.out_tokens += out
-        card.preview = reply_preview(final) or card.preview
+        card.reply = final  # its preview is made when the card is next sent (request_done has usually set it)
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
         self._bump(card)
@@ -252,22 +266,22 @@ class LiveState:
             self.decisions.append(change.model_dump(mode="json"))
         self._bump()
 
-    def request_started(self, agent: str) -> None:
-        card = self._card(agent)
+    def stream_started(self, agent: str, view: StreamView) -> None:
+        """A request is sent (each attempt of a turn): the card is ``prefilling`` until ``refresh`` sees its first
+        token in ``view``."""
+        card = self.cards.get(agent) or self._card(agent)
+        self._streams[agent] = _Watch(view, card)
         card.phase = "prefilling"
         self._bump(card)
 
-    def stream_started(self, agent: str, view: StreamView) -> None:
-        self._streams[agent] = _Watch(view, self._card(agent))
-
     def request_done(self, agent: str, records: Sequence[RequestRecord]) -> None:
         self._streams.pop(agent, None)
-        card = self._card(agent)
+        card = self.cards.get(agent) or self._card(agent)
         final = records[-1]
-        card.phase = "tool" if final.ok and final.tool_calls else "think"
+        card.phase = "tool" if final.tool_calls and final.ok else "think"
         if final.ttft is not None:
             card.ttft = final.ttft
-        card.preview = reply_preview(final) or card.preview
+        card.reply = final
         self._bump(card)
 
     def request_abandoned(self, agent: str) -> None:
@@ -279,7 +293,7 @@ class LiveState:
 
     def agent_control(self, agent: str, *, stopping: bool = False, restarted: bool = False) -> None:
         card = self._card(agent)
-        if stopping and card.state not in {s.value for s in _ENDED}:
+        if stopping and card.state not in _ENDED:
             card.stopping = True
         if restarted:
             card.restarts += 1
@@ -356,6 +370,7 @@ class LiveState:
             if view.t_first_token is None:
                 continue
             card = watch.card
+            card.settle()  # the previous reply's preview, which a reply still thinking keeps showing
             calls = view.calls
             # How far the reply got: text pieces, or tool calls and their arguments' length (both only grow).
             size = len(view.content) + (len(calls) + sum(len(c["arguments"]) for c in calls.values()) if calls else 0)
