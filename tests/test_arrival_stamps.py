@@ -10,6 +10,7 @@ write however loaded the machine is: the bounds below do not depend on timing.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -112,3 +113,53 @@ async def test_a_long_stream_keeps_only_the_marks_not_yet_read() -> None:
     # The drop keeps every stamp right: each event between its write and the next write.
     for i in range(n):
         assert sent[i] <= stamped[i][0] < sent[i + 1], (i, sent[i], stamped[i][0], sent[i + 1])
+
+
+async def test_a_burst_over_many_streams_is_stamped_when_the_loop_saw_it_not_in_the_order_it_read_them() -> None:
+    # Twenty streams get one event each in the same loop iteration (as one vLLM engine step writes to every running
+    # stream), then the loop is held 50 ms. The next select finds all twenty sockets readable: each read is stamped
+    # with that select's return, so the twenty stamps are one, however long each recv and parse took in between.
+    streams = 20
+    arrived = asyncio.Event()
+    release = asyncio.Event()
+    waiting = 0
+    written: list[float] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal waiting
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        waiting += 1
+        if waiting == streams:
+            arrived.set()
+        await release.wait()
+        await resp.write(_event("burst"))
+        if len(written) == streams - 1:
+            time.sleep(0.05)  # noqa: ASYNC251  (the loop held busy on purpose: the reads wait for the next select)
+        written.append(asyncio.get_running_loop().time())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    transport = AiohttpTransport()
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+        resps = await asyncio.gather(*(transport.send("POST", url, b"{}", {}) for _ in range(streams)))
+        await arrived.wait()
+        release.set()
+        stamps: list[float] = []
+        for resp in resps:
+            parser = SSEParser()
+            async for t, data in resp.timed_chunks():  # type: ignore[attr-defined]
+                if any(b"burst" in ev for ev in parser.feed(data)):
+                    stamps.append(t)
+            resp.close()
+    finally:
+        await transport.aclose()
+        await server.close()
+    assert len(stamps) == streams
+    assert len(set(stamps)) == 1, sorted(stamps)
+    assert stamps[0] >= max(written)  # seen after the loop was free again, not before the bytes were sent

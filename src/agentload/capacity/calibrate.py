@@ -56,7 +56,7 @@ from scipy.optimize import nnls
 from agentload.capacity import catalog
 from agentload.capacity.kv import parse_kv_dtype
 from agentload.capacity.models import ModelSpec
-from agentload.capacity.profile import MAX_WORD_PIECES, StepSpec, parse_profile
+from agentload.capacity.profile import MAX_WORD_PIECES, StepSpec, mean_word_tokens, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.endpoint.scrape import ServedModel, ServerPool, StopRule, StreamTiming
 from agentload.errors import CalibrationError, ConfigError, EndpointResponseError, ServerCapabilityError
@@ -195,7 +195,7 @@ class CalibrationResult(BaseModel):
 
     @property
     def tokens_per_word(self) -> float:
-        return sum((k + 1) * share for k, share in enumerate(self.word_pieces))
+        return mean_word_tokens(self.word_pieces)
 
     @property
     def fastest_ttft(self) -> tuple[TtftPoint, ...]:

@@ -10,6 +10,7 @@ pair; any of them can be pinned in ``[step]`` (calibration pins all of them).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -112,6 +113,12 @@ class StepSpec(BaseModel):
 
 
 MAX_WORD_PIECES = 16  # a word of plain English split into more tokens than this is not text
+
+
+def mean_word_tokens(word_pieces: Sequence[float]) -> float:
+    """Tokens a word on average, from the shares of words made 1, 2, 3… tokens (normalised here)."""
+    total = sum(word_pieces)
+    return sum((k + 1) * share for k, share in enumerate(word_pieces)) / total
 
 
 class TokenizerSpec(BaseModel):

@@ -444,6 +444,17 @@ class ServerProbe:
             status, _, body = await get(self._transport, self._url(path), self._read_timeout)
         return status, body
 
+    async def post_json(self, path: str, body: Mapping[str, Any]) -> tuple[int, bytes]:
+        """Status and body of ``POST path`` with ``body`` as JSON; every status is returned, failures raise."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        with self._translate(f"POST {path}"):
+            async with asyncio.timeout(self._read_timeout):
+                resp = await self._transport.send("POST", self._url(path), json.dumps(body).encode(), headers)
+                try:
+                    return resp.status, await resp.read()
+                finally:
+                    resp.close()
+
     async def _get_json(self, path: str) -> Any | None:
         """The JSON body of ``GET path``, or None when the server has no such endpoint (404/405)."""
         status, body = await self.get(path)
@@ -530,17 +541,8 @@ class ServerProbe:
         """The tokens the server's tokenizer makes of ``text`` (no special tokens), from its ``POST /tokenize``
         (vLLM and SGLang take ``prompt``, llama.cpp ``content``); None when it has no such endpoint."""
         where = f"POST /tokenize on {self.url}"
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         for body in ({"model": model, "prompt": text, "add_special_tokens": False}, {"content": text}):
-            with self._translate("POST /tokenize"):
-                async with asyncio.timeout(self._read_timeout):
-                    resp = await self._transport.send(
-                        "POST", self._url("/tokenize"), json.dumps(body).encode(), headers
-                    )
-                    try:
-                        status, raw = resp.status, await resp.read()
-                    finally:
-                        resp.close()
+            status, raw = await self.post_json("/tokenize", body)
             if status in (404, 405):
                 return None
             if status in (400, 422) and "content" not in body:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import selectors
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -83,13 +84,51 @@ class Transport(Protocol):
 MARKS_KEPT = 512
 
 
+class _SelectStamp:
+    """An asyncio selector event loop's selector that notes the loop time each ``select`` returned.
+
+    Every socket read of one loop iteration follows one ``select``: its return is when the loop learned those bytes
+    were there. Stamping each read with it, rather than with the clock at its own ``data_received``, keeps a burst's
+    stamps free of the order the loop happens to read the sockets in (a recv and aiohttp's C parser, a few µs each:
+    1,024 streams' reads spread over milliseconds). Anything else is the selector's (``__getattr__``).
+    """
+
+    def __init__(self, inner: selectors.BaseSelector, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner = inner
+        self._time = loop.time
+        self.t = loop.time()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        events = self._inner.select(timeout)
+        self.t = self._time()
+        return events
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def _select_stamp(loop: asyncio.AbstractEventLoop) -> _SelectStamp | None:
+    """The loop's stamping selector, installed on first use; None for a loop without one (uvloop, a proactor)."""
+    # asyncio has no public hook on its selector; _selector is what BaseSelectorEventLoop reads on every iteration.
+    selector = getattr(loop, "_selector", None)
+    if isinstance(selector, _SelectStamp):
+        return selector
+    if not isinstance(selector, selectors.BaseSelector) or not isinstance(loop, asyncio.BaseEventLoop):
+        return None
+    stamp = _SelectStamp(selector, loop)
+    loop._selector = stamp  # type: ignore[attr-defined]
+    return stamp
+
+
 class _StampingHandler(ResponseHandler):
     """aiohttp's connection protocol, also noting when each read of a response body came off the socket.
 
     A vLLM engine step writes one chunk to every running stream at once; the event loop then runs every
     socket's ``data_received`` (a recv and aiohttp's C parser, a few µs each) before it wakes any of the tasks
     that parse the chunks (tens of µs each, JSON included). A stamp taken by the task would include every parse
-    queued ahead of it — 10 ms at 256 streams — so the stamp is taken here, where the bytes arrive.
+    queued ahead of it — 10 ms at 256 streams — so the stamp is taken here, where the bytes arrive: the time the
+    loop's select found them (``_SelectStamp``), shared by every read of that iteration, so the reads' own order
+    and cost are not in it either (on a loop without a selector to wrap, the clock at this read).
     ``marks`` holds, per read, the body bytes received so far and the loop time, flat (no tuple per read: a
     thousand streams' worth of small tuples is work for the garbage collector), a fresh list per response, so a
     pooled connection that moves on to the next request never rewrites a list a slow reader still holds.
@@ -99,9 +138,11 @@ class _StampingHandler(ResponseHandler):
         super().__init__(loop)
         self.marks: list[float] = []
         self.marked: aiohttp.StreamReader | None = None
+        self._stamp = _select_stamp(loop)
 
     def data_received(self, data: bytes) -> None:
-        t = self._loop.time()
+        # When the loop's select returned (every read of this iteration shares it), else the clock now.
+        t = self._loop.time() if self._stamp is None else self._stamp.t
         super().data_received(data)
         payload = self._payload
         if payload is not None:

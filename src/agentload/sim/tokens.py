@@ -26,6 +26,8 @@ import re
 import zlib
 from collections.abc import Mapping, Sequence
 
+from agentload.capacity.profile import mean_word_tokens
+
 VOCAB_SIZE = 151_936  # Qwen2's vocabulary size; any fixed size works
 ROOT_HASH = 0x5EED_0F_A6E17  # parent of a sequence's first block
 
@@ -74,7 +76,8 @@ class Tokenizer:
 
     @property
     def tokens_per_word(self) -> float:
-        return sum((k + 1) * w for k, w in enumerate(self.word_pieces))
+        """Tokens a word of text this tokenizer has not been told of (``word_tokens`` counts the named ones)."""
+        return mean_word_tokens(self.word_pieces)
 
     def pieces(self, piece: str) -> int:
         """How many tokens the text piece ``piece`` (a word and the white space after it) is made of."""
@@ -114,9 +117,6 @@ class Tokenizer:
             cuts = [round(i * len(piece) / len(ids)) for i in range(len(ids) + 1)]
             out.extend((t, piece[a:b]) for t, a, b in zip(ids, cuts, cuts[1:], strict=False))
         return out
-
-
-PLAIN = Tokenizer()
 
 
 def chain_hash(parent: int, block: Sequence[int]) -> int:
