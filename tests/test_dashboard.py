@@ -640,3 +640,30 @@ async def test_restart_one_agent_on_a_real_run_completes_every_turn_once(tmp_pat
     assert opts.run_dir is not None
     state = load_log(opts.run_dir / LOG, repair=False)
     assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": rounds for i in range(4)}}
+
+
+async def test_a_card_that_only_streamed_since_the_cursor_is_sent_as_its_phase_and_preview(board: Board) -> None:
+    _, state, *_ = board
+    stream = _Stream()
+    state.stream_started("w.0", stream)
+    _, old = state.snapshot()  # a page that saw the request start, not its stream
+    stream.t_first_token = 1.0
+    stream.content.append("hello")
+    state.refresh()
+    _, cursor = state.snapshot()
+    first = state.delta(old)
+    assert first is not None
+    assert first["agents"] == [{"id": "w.0", "phase": "streaming", "preview": "hello"}]
+    stream.content.append(" world")
+    state.refresh()
+    delta = state.delta(cursor)
+    assert delta is not None
+    assert delta["agents"] == [{"id": "w.0", "phase": "streaming", "preview": "hello world"}]
+    # Anything else changed since a page's cursor: that page gets the whole card.
+    _, before_done = state.snapshot()
+    state.request_done("w.0", _turn(0, 0.05, 7, "hello world!").records)
+    done = state.delta(before_done)
+    assert done is not None
+    (card,) = done["agents"]
+    assert (card["phase"], card["preview"], card["state"]) == ("think", "hello world!", "waiting")
+    assert card["ttft"] == pytest.approx(0.05)

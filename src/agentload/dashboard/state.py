@@ -4,7 +4,8 @@ Nothing here feeds back into the run. The fleet reports through its ``FleetProgr
 width changes), the dashboard's backend wrapper (``dashboard.control.WatchedBackend``: a turn sent, its stream,
 its reply) and the connection's one server monitor (``SignalPoller.subscribe``: no second poller). Each change
 bumps a version; a page's stream asks for what changed since the version it last saw (``delta``), so an agent
-that changed ten times between two flushes is sent once (coalesced per agent).
+that changed ten times between two flushes is sent once (coalesced per agent), and a card whose reply only streamed
+on since that version is sent as its phase and preview alone (the page merges it into the card it has).
 
 What a flush costs is O(agents changed since the cursor) plus O(requests in flight), never O(agents): a change
 moves its card to the end of a recency list (``OrderedDict.move_to_end``), so a delta walks that list back from
@@ -73,6 +74,7 @@ class Card:
     stopping: bool = False  # asked to stop from the dashboard, not stopped yet
     restarts: int = 0  # restarted from the dashboard
     v: int = 0  # the state's version when the card last changed
+    vf: int = 0  # ... when anything but its streaming phase and preview last changed (a delta sends it whole)
     # The last reply, its preview not made yet: made once when the card is next read (an agent's reply is seen by
     # request_done and again by turn, and several can pass between two flushes; a page shows only the last).
     reply: RequestRecord | None = None
@@ -82,6 +84,11 @@ class Card:
         if self.reply is not None:
             self.preview = reply_preview(self.reply) or self.preview
             self.reply = None
+
+    def streaming(self) -> dict[str, Any]:
+        """What a reply's streaming changes of the card: its phase and preview (a page merges it into the card)."""
+        self.settle()
+        return {"id": self.id, "phase": self.phase, "preview": self.preview}
 
     def public(self) -> dict[str, Any]:
         self.settle()
@@ -201,12 +208,15 @@ class LiveState:
         self.bench: BenchView | None = None  # set for a bench run (it has levels, not a fleet's cards)
 
     # -- events ---------------------------------------------------------------------------------------------
-    def _bump(self, card: Card | None = None) -> None:
+    def _bump(self, card: Card | None = None, *, whole: bool = True) -> None:
+        """A change: of ``card`` (of its streaming phase and preview only, unless ``whole``), else of the summary."""
         self.version += 1
         if card is None:
             self._summary_v = self.version
         else:
             card.v = self.version
+            if whole:
+                card.vf = self.version
             self._recent.move_to_end(card.id)
 
     def _card(self, agent: str) -> Card:
@@ -385,7 +395,7 @@ class LiveState:
                 continue  # nothing the page would show differently: not sent again
             card.preview = preview
             card.phase = "streaming"
-            self._bump(card)
+            self._bump(card, whole=False)
 
     def _summary(self) -> dict[str, Any]:
         counts = {s.value: n for s in AgentState if (n := self._counts.get(s.value))}
@@ -436,10 +446,13 @@ class LiveState:
         if self.version == cursor.version:
             return None
         agents = []
+        since = cursor.version
         for card in reversed(self._recent.values()):  # the most recently changed first, back to the cursor
-            if card.v <= cursor.version:
+            if card.v <= since:
                 break
-            agents.append(card.public())
+            # A card whose reply only streamed on since the cursor is sent as its phase and preview: most of a
+            # busy fleet's changes, at a third of the bytes of the whole card.
+            agents.append(card.public() if card.vf > since else card.streaming())
         agents.reverse()  # in the order they last changed
         start = max(0, cursor.points - self.dropped_points)
         body = {
