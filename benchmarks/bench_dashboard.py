@@ -258,18 +258,21 @@ async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime, in_proces
     if in_process:
         await _read_events(opts.dashboard_url, stream, own)
         return
+    # The URL (its token) goes on the reader's stdin, not its command line, which any local user can list.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--read-events", opts.dashboard_url, stdout=asyncio.subprocess.PIPE
+        sys.executable, __file__, "--read-events", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
     )
-    out, _ = await proc.communicate()
+    out, _ = await proc.communicate(opts.dashboard_url.encode() + b"\n")
     got = orjson.loads(out)
     own.reader_process += got.pop("cpu")
     for name, value in got.items():
         setattr(stream, name, getattr(stream, name) + value)
 
 
-def _reader_main(url: str) -> None:
-    """``--read-events URL``: read the stream in this process and print what it carried (and this process's CPU)."""
+def _reader_main() -> None:
+    """``--read-events``: read the stream at the URL on stdin in this process and print what it carried (and this
+    process's CPU)."""
+    url = sys.stdin.readline().strip()
     stream = Stream()
     cpu0 = _cpu()  # after the imports: their start-up is not the reading's
     asyncio.run(_read_events(url, stream, OwnTime()))
@@ -385,7 +388,7 @@ def main() -> None:
         help="read the event stream in the client's process (its parsing and socket count as the client's CPU), "
         "not in a process of its own as a browser would",
     )
-    ap.add_argument("--read-events", metavar="URL", help=argparse.SUPPRESS)  # the reader's own process
+    ap.add_argument("--read-events", action="store_true", help=argparse.SUPPRESS)  # the reader's own process
     ap.add_argument(
         "--default-gc",
         action="store_true",
@@ -393,7 +396,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.read_events:
-        _reader_main(args.read_events)
+        _reader_main()
         return
     if args.blocks < 1:
         ap.error("--blocks must be at least 1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from aiohttp import web
@@ -24,6 +24,19 @@ from agentload.endpoint.wire import SSEParser
 
 def _event(text: str) -> bytes:
     return b'data: {"choices":[{"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
+
+
+@asynccontextmanager
+async def serving(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """A loopback server answering chat completions with ``handler``; yields its ``/v1`` URL."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}/v1"
+    finally:
+        await server.close()
 
 
 @asynccontextmanager
@@ -40,14 +53,8 @@ async def paced_server(events: list[bytes], gap_s: float, sent: list[float]) -> 
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield f"http://127.0.0.1:{server.port}/v1"
-    finally:
-        await server.close()
+    async with serving(handler) as url:
+        yield url
 
 
 async def test_a_reader_that_falls_behind_still_gets_each_event_its_arrival_time() -> None:
@@ -140,26 +147,66 @@ async def test_a_burst_over_many_streams_is_stamped_when_the_loop_saw_it_not_in_
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    transport = AiohttpTransport()
-    try:
-        url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
-        resps = await asyncio.gather(*(transport.send("POST", url, b"{}", {}) for _ in range(streams)))
-        await arrived.wait()
-        release.set()
-        stamps: list[float] = []
-        for resp in resps:
-            parser = SSEParser()
-            async for t, data in resp.timed_chunks():  # type: ignore[attr-defined]
-                if any(b"burst" in ev for ev in parser.feed(data)):
-                    stamps.append(t)
-            resp.close()
-    finally:
-        await transport.aclose()
-        await server.close()
+    stamps: list[float] = []
+    async with serving(handler) as base:
+        transport = AiohttpTransport()
+        try:
+            url = f"{base}/chat/completions"
+            resps = await asyncio.gather(*(transport.send("POST", url, b"{}", {}) for _ in range(streams)))
+            await arrived.wait()
+            release.set()
+            for resp in resps:
+                parser = SSEParser()
+                async for t, data in resp.timed_chunks():  # type: ignore[attr-defined]
+                    if any(b"burst" in ev for ev in parser.feed(data)):
+                        stamps.append(t)
+                resp.close()
+        finally:
+            await transport.aclose()
     assert len(stamps) == streams
     assert len(set(stamps)) == 1, sorted(stamps)
     assert stamps[0] >= max(written)  # seen after the loop was free again, not before the bytes were sent
+
+
+async def test_bytes_that_came_after_the_select_are_stamped_at_their_read_never_before_they_were_sent() -> None:
+    # Event A is written; a task queued behind it writes event B in the next loop iteration — after that
+    # iteration's select found A, before the client's read, which gets A and B at once. The read must not take
+    # the select's time: B was not there yet. (The loop is held a moment after each write, so each has reached
+    # the client's socket by the next step: the order does not depend on the machine's speed.)
+    opening, first, second = _event("o"), _event("a"), _event("b")
+    b_sent: list[float] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(opening)  # the headers and a first event, read on their own
+        await asyncio.sleep(0.2)
+        loop = asyncio.get_running_loop()
+
+        async def write_b() -> None:
+            b_sent.append(loop.time())
+            await resp.write(second)
+            time.sleep(0.02)  # noqa: ASYNC251  (B is in the client's socket before its read runs)
+
+        await resp.write(first)
+        writing = asyncio.ensure_future(write_b())  # its first step runs in the next iteration, ahead of the reads
+        time.sleep(0.02)  # noqa: ASYNC251  (A is in the client's socket before that select: it finds A alone)
+        await writing
+        await asyncio.sleep(0.2)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    stamped: dict[bytes, float] = {}
+    async with serving(handler) as base:
+        transport = AiohttpTransport()
+        try:
+            resp = await transport.send("POST", f"{base}/chat/completions", b"{}", {})
+            parser = SSEParser()
+            async for t, data in resp.timed_chunks():  # type: ignore[attr-defined]
+                for ev in parser.feed(data):
+                    stamped[ev] = t
+            resp.close()
+        finally:
+            await transport.aclose()
+    assert {first[6:-2], second[6:-2]} <= set(stamped)
+    assert stamped[second[6:-2]] >= b_sent[0], (stamped, b_sent)

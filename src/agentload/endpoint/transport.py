@@ -15,6 +15,7 @@ import asyncio
 import base64
 import functools
 import selectors
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -22,6 +23,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
+
+try:  # POSIX only: elsewhere a read is stamped when it happens
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+    termios = None  # type: ignore[assignment]
 
 from agentload.endpoint.redact import SECRETS, ServerUrl, UrlCredentials, split_url
 
@@ -85,21 +93,34 @@ MARKS_KEPT = 512
 
 
 class _SelectStamp:
-    """An asyncio selector event loop's selector that notes the loop time each ``select`` returned.
+    """An asyncio selector event loop's selector that notes when each ``select`` found the client's bytes.
 
-    Every socket read of one loop iteration follows one ``select``: its return is when the loop learned those bytes
-    were there. Stamping each read with it, rather than with the clock at its own ``data_received``, keeps a burst's
-    stamps free of the order the loop happens to read the sockets in (a recv and aiohttp's C parser, a few µs each:
-    1,024 streams' reads spread over milliseconds). Anything else is the selector's (``__getattr__``).
+    Every socket read of one loop iteration follows one ``select``. Right after it returns, the bytes readable on
+    each watched client socket are counted (``FIONREAD``) and the loop time is taken (``t``): every byte counted
+    had arrived by ``t``. A read of no more than those bytes is stamped ``t`` — free of the order the loop reads the
+    sockets in and of the callbacks queued ahead of the reads (a burst over 256 streams, read and parsed one socket
+    after another, spreads over milliseconds). A read that got more (bytes that came after the count) is stamped
+    at the read, as before: a stamp is never earlier than its bytes. Anything else is the selector's.
     """
 
     def __init__(self, inner: selectors.BaseSelector, loop: asyncio.AbstractEventLoop) -> None:
         self._inner = inner
         self._time = loop.time
         self.t = loop.time()
+        self.watched: set[int] = set()  # the stamping handlers' sockets
+        self.ready: dict[int, int] = {}  # watched socket → bytes readable at the last select, less those read since
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         events = self._inner.select(timeout)
+        ready = self.ready
+        ready.clear()
+        if self.watched:
+            for key, mask in events:
+                if mask & selectors.EVENT_READ and key.fd in self.watched:
+                    try:  # noqa: SIM105  (per ready socket per loop iteration: no context manager)
+                        ready[key.fd] = _FIONREAD_INT.unpack(fcntl.ioctl(key.fd, termios.FIONREAD, _FIONREAD_BUF))[0]
+                    except OSError:  # not countable: its reads are stamped when they happen
+                        pass
         self.t = self._time()
         return events
 
@@ -107,8 +128,15 @@ class _SelectStamp:
         return getattr(self._inner, name)
 
 
+_FIONREAD_INT = struct.Struct("i")
+_FIONREAD_BUF = bytes(_FIONREAD_INT.size)
+
+
 def _select_stamp(loop: asyncio.AbstractEventLoop) -> _SelectStamp | None:
-    """The loop's stamping selector, installed on first use; None for a loop without one (uvloop, a proactor)."""
+    """The loop's stamping selector, installed on first use; None for a loop without one (uvloop, a proactor) or
+    a platform without ``FIONREAD``."""
+    if fcntl is None or termios is None:
+        return None
     # asyncio has no public hook on its selector; _selector is what BaseSelectorEventLoop reads on every iteration.
     selector = getattr(loop, "_selector", None)
     if isinstance(selector, _SelectStamp):
@@ -126,9 +154,10 @@ class _StampingHandler(ResponseHandler):
     A vLLM engine step writes one chunk to every running stream at once; the event loop then runs every
     socket's ``data_received`` (a recv and aiohttp's C parser, a few µs each) before it wakes any of the tasks
     that parse the chunks (tens of µs each, JSON included). A stamp taken by the task would include every parse
-    queued ahead of it — 10 ms at 256 streams — so the stamp is taken here, where the bytes arrive: the time the
-    loop's select found them (``_SelectStamp``), shared by every read of that iteration, so the reads' own order
-    and cost are not in it either (on a loop without a selector to wrap, the clock at this read).
+    queued ahead of it — 10 ms at 256 streams — so the stamp is taken here, where the bytes arrive: when the loop's
+    select found them (``_SelectStamp``), shared by every read of that iteration, so the reads' own order and cost
+    are not in it either; a read with bytes that came after that select, or on a loop without a selector to wrap,
+    is stamped with the clock at the read.
     ``marks`` holds, per read, the body bytes received so far and the loop time, flat (no tuple per read: a
     thousand streams' worth of small tuples is work for the garbage collector), a fresh list per response, so a
     pooled connection that moves on to the next request never rewrites a list a slow reader still holds.
@@ -139,10 +168,32 @@ class _StampingHandler(ResponseHandler):
         self.marks: list[float] = []
         self.marked: aiohttp.StreamReader | None = None
         self._stamp = _select_stamp(loop)
+        self._fd = -1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if self._stamp is not None and sock is not None:
+            self._fd = sock.fileno()
+            self._stamp.watched.add(self._fd)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._stamp is not None and self._fd >= 0:  # before asyncio closes the socket (its number is reused)
+            self._stamp.watched.discard(self._fd)
+            self._fd = -1
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        # When the loop's select returned (every read of this iteration shares it), else the clock now.
-        t = self._loop.time() if self._stamp is None else self._stamp.t
+        # When the loop's select found these bytes (every read of this iteration shares it), else the clock now.
+        t = None
+        stamp = self._stamp
+        if stamp is not None:
+            left = stamp.ready.get(self._fd)
+            if left is not None and len(data) <= left:
+                stamp.ready[self._fd] = left - len(data)
+                t = stamp.t
+        if t is None:
+            t = self._loop.time()
         super().data_received(data)
         payload = self._payload
         if payload is not None:
