@@ -227,7 +227,7 @@ class LiveState:
         return card
 
     def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
-        card = self.cards.get(agent) or self._card(agent)
+        card = self._card(agent)
         old = card.state
         if old != state:  # an AgentState is its own value (a StrEnum): kept as is, no .value lookups per event
             counts = self._counts
@@ -253,11 +253,9 @@ class LiveState:
         self._bump(card)
 
     def turn(self, agent: str, turn: TurnLog) -> None:
-        card = self.cards.get(agent) or self._card(agent)
+        card = self._card(agent)
         final = turn.final
-        out = 0
-        for r in turn.records:
-            out += r.completion_tokens
+        out = sum(r.completion_tokens for r in turn.records)
         card.turn = turn.round + 1
         card.context = final.prompt_tokens
         card.out += out
@@ -279,14 +277,14 @@ class LiveState:
     def stream_started(self, agent: str, view: StreamView) -> None:
         """A request is sent (each attempt of a turn): the card is ``prefilling`` until ``refresh`` sees its first
         token in ``view``."""
-        card = self.cards.get(agent) or self._card(agent)
+        card = self._card(agent)
         self._streams[agent] = _Watch(view, card)
         card.phase = "prefilling"
         self._bump(card)
 
     def request_done(self, agent: str, records: Sequence[RequestRecord]) -> None:
         self._streams.pop(agent, None)
-        card = self.cards.get(agent) or self._card(agent)
+        card = self._card(agent)
         final = records[-1]
         card.phase = "tool" if final.tool_calls and final.ok else "think"
         if final.ttft is not None:

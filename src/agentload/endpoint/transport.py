@@ -92,6 +92,11 @@ class Transport(Protocol):
 MARKS_KEPT = 512
 
 
+# FIONREAD's answer: a C int, the bytes a socket holds unread.
+_FIONREAD_INT = struct.Struct("i")
+_FIONREAD_BUF = bytes(_FIONREAD_INT.size)
+
+
 class _SelectStamp:
     """An asyncio selector event loop's selector that notes when each ``select`` found the client's bytes.
 
@@ -126,10 +131,6 @@ class _SelectStamp:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
-
-
-_FIONREAD_INT = struct.Struct("i")
-_FIONREAD_BUF = bytes(_FIONREAD_INT.size)
 
 
 def _select_stamp(loop: asyncio.AbstractEventLoop) -> _SelectStamp | None:
