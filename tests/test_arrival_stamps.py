@@ -14,7 +14,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import pytest
 from aiohttp import web
+from aiohttp.client_proto import ResponseHandler
 from aiohttp.test_utils import TestServer
 
 from agentload.endpoint.client import ChatClient
@@ -210,3 +212,63 @@ async def test_bytes_that_came_after_the_select_are_stamped_at_their_read_never_
             await transport.aclose()
     assert {first[6:-2], second[6:-2]} <= set(stamped)
     assert stamped[second[6:-2]] >= b_sent[0], (stamped, b_sent)
+
+
+async def test_reads_that_never_paused_the_connection_feed_the_parser_no_empty_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # aiohttp resumes the connection after every read of the body, paused or not, and its resume feeds the parser an
+    # empty read; the transport passes it on only when the connection was paused (one data_received a chunk less).
+    empty = 0
+    feed = ResponseHandler.data_received
+
+    def counting(self: ResponseHandler, data: bytes) -> None:
+        nonlocal empty
+        empty += not data
+        feed(self, data)
+
+    monkeypatch.setattr(ResponseHandler, "data_received", counting)
+    events = [_event(str(i)) for i in range(20)]
+    async with paced_server(events, 0.005, []) as url:
+        client = ChatClient(url, api_key_env=None)
+        try:
+            record = await client.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20})
+        finally:
+            await client.aclose()
+    assert record.ok, record.error_message
+    assert record.content == "".join(str(i) for i in range(20))
+    assert empty == 0
+
+
+async def test_a_body_that_paused_the_connection_comes_through_whole_once_read() -> None:
+    # 8 MiB in one go to a reader that waits first: aiohttp's buffer passes its high-water mark and pauses the
+    # connection; reading must resume it (the skipped resume above is only for a connection that was not paused).
+    events = [_event(f"{i:07d}" + "x" * 1000) for i in range(8_000)]
+    paused = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"".join(events) + b"data: [DONE]\n\n")
+        return resp
+
+    async with serving(handler) as url:
+        transport = AiohttpTransport()
+        try:
+            resp = await transport.send("POST", f"{url}/chat/completions", b"{}", {})
+            await asyncio.sleep(0.5)  # the body fills aiohttp's buffer before the first read
+            proto = resp._resp.connection.protocol  # type: ignore[attr-defined]
+            paused = proto._reading_paused
+            parser = SSEParser()
+            got: list[bytes] = []
+
+            async def read() -> None:
+                async for data in resp.chunks():
+                    got.extend(parser.feed(data))
+
+            await asyncio.wait_for(read(), 60)  # a connection never resumed would wait for ever
+            resp.close()
+        finally:
+            await transport.aclose()
+    assert paused, "the reader never paused the connection: the test does not test the resume"
+    assert got == [e[6:-2] for e in events] + [b"[DONE]"]
