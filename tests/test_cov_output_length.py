@@ -54,13 +54,15 @@ def test_length_control_in_words() -> None:
 
 
 def test_the_prompt_size_guess_is_characters_over_four() -> None:
-    # json.dumps([[{"role": "user", "content": "x" * 400}], ""]) is 436 characters: 109 tokens.
+    # [[{"role":"user","content":"xxx…"}],""] (compact JSON) is 432 characters: 108 tokens.
     body = {"messages": [{"role": "user", "content": "x" * 400}]}
-    assert estimate_prompt_tokens(body) == 109
+    assert estimate_prompt_tokens(body) == 108
+    # Characters, not UTF-8 bytes: 400 "é" are 800 bytes and still 400 characters.
+    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": "é" * 400}]}) == 108
     with_tools = {**body, "tools": [{"type": "function", "function": {"name": "f" * 40}}]}
     assert estimate_prompt_tokens(with_tools) > estimate_prompt_tokens(body)  # tool schemas are prompt too
-    assert estimate_prompt_tokens({"prompt": "y" * 80}) == 22  # ["yyy…", ""]: 88 characters
-    assert estimate_prompt_tokens({}) == 2  # ["", ""]: 8 characters
+    assert estimate_prompt_tokens({"prompt": "y" * 80}) == 21  # ["yyy…",""]: 87 characters
+    assert estimate_prompt_tokens({}) == 1  # ["",""]: 7 characters
 
 
 def test_the_guess_counts_characters_not_bytes() -> None:

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from agentload.endpoint import wire
 from agentload.endpoint.records import ErrorKind, Outcome, RequestRecord
 from agentload.endpoint.wire import MalformedField, SSEParser, SSETooLong, Usage, index, loads, mapping, sequence, text
 
@@ -187,3 +188,13 @@ def test_a_record_round_trips_through_json() -> None:
     back = RequestRecord.model_validate_json(rec.model_dump_json())
     assert back == rec
     assert back.cached_tokens is None  # "not reported" survives; it is not turned into 0
+
+
+def test_request_bodies_are_compact_json_and_what_orjson_refuses_goes_through_json() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "héllo"}], "max_tokens": 8}
+    assert wire.dumps(body) == '{"model":"m","messages":[{"role":"user","content":"héllo"}],"max_tokens":8}'.encode()
+    assert wire.dumps({1: "x"}) == b'{"1":"x"}'  # json's key coercion kept
+    huge = {"seed": 2**70}  # past 64 bits: orjson refuses, json writes it
+    assert wire.loads(wire.dumps(huge)) == huge
+    with pytest.raises(TypeError):
+        wire.dumps({"when": object()})

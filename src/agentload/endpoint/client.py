@@ -18,7 +18,6 @@ handles re-armed per chunk — cheaper than a task or ``wait_for`` per read, whi
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -267,7 +266,7 @@ class ChatClient:
             opts = dict(payload.get("stream_options") or {})
             opts.setdefault("include_usage", True)
             payload["stream_options"] = opts
-        raw = json.dumps(payload).encode()
+        raw = wire.dumps(payload)
         acc = _Acc(self.clock.now())
         if (watch := stream_watch.get()) is not None:
             watch(acc)
@@ -479,7 +478,7 @@ class ChatClient:
             # for vLLM-style servers that stream one token per chunk); prompt: characters / 4, a rough guess.
             source = UsageSource.COUNTED
             completion = len(acc.chunk_times)
-            prompt = len(json.dumps(payload.get("messages", ""))) // 4
+            prompt = len(wire.dumps(payload.get("messages", ""))) // 4
         # A server (or a model that was shown the key) may echo a secret back in a reply: masked here, where the
         # record is made, like an error body — the record is what is written, and what the agent sends back next.
         mask = SECRETS.redact_whole

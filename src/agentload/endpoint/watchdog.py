@@ -37,13 +37,13 @@ asyncio timer callbacks run in a copy of the context current when they were sche
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentload.clock import Clock, RealClock
+from agentload.endpoint import wire
 from agentload.endpoint.client import Phase
 from agentload.endpoint.records import RequestRecord
 from agentload.endpoint.signals import ServerSignals
@@ -61,9 +61,10 @@ class SignalSource(Protocol):
 
 
 def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """A rough prompt size for a chat body before the server counts it: characters ÷ 4 of messages and tools."""
+    """A rough prompt size for a chat body before the server counts it: characters ÷ 4 of messages and tools (as
+    compact JSON, encoded with the body's own encoder: this runs every turn, over the whole conversation)."""
     parts = [body.get("messages") or body.get("prompt") or "", body.get("tools") or ""]
-    return len(json.dumps(parts, ensure_ascii=False)) // 4
+    return len(wire.dumps(parts).decode()) // 4
 
 
 @dataclass
