@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
@@ -214,11 +214,6 @@ def _error_message(body: bytes) -> str:
     return str(data)[:200]
 
 
-async def _stamped(resp: Response, clock: LoopClock) -> AsyncIterator[tuple[float, bytes]]:
-    async for data in resp.chunks():
-        yield clock.now(), data
-
-
 class ChatClient:
     """Streams chat completions from one OpenAI-compatible base URL (``.../v1``)."""
 
@@ -313,14 +308,12 @@ class ChatClient:
     ) -> None:
         parser = SSEParser()
         idle = policy.budget(Phase.IDLE, prompt_hint)
-        # Arrival stamps taken where the bytes come off the socket (transport._StampingHandler), on the loop's
-        # clock; a transport without them, or a client on another clock, is stamped here as each read is taken.
-        timed = getattr(resp, "timed_chunks", None)
-        pieces = timed() if timed is not None and type(self.clock) is LoopClock else _stamped(resp, self.clock)
-        try:
-            async for t, data in pieces:
-                if acc.t_first_byte is None:
-                    acc.t_first_byte = t
+
+        def feed(t: float, data: bytes) -> bool:
+            """One read of the body, arrived at ``t``, folded into ``acc``; False once nothing more is wanted."""
+            if acc.t_first_byte is None:
+                acc.t_first_byte = t
+            try:
                 for event in parser.feed(data):
                     if event == b"[DONE]":
                         acc.done = True
@@ -333,10 +326,22 @@ class ChatClient:
                         else:
                             guard.last = guard.loop.time()
                     if acc.outcome is not Outcome.OK:
-                        return
-        except (MalformedField, SSETooLong) as exc:
-            acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed SSE data: {exc}")
-            return
+                        return False
+            except (MalformedField, SSETooLong) as exc:
+                acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed SSE data: {exc}")
+                return False
+            return True
+
+        # Arrival stamps taken where the bytes come off the socket, on the loop's clock, and each read folded in
+        # right there (transport's stream_to: no task woken per chunk); a transport without it, or a client on
+        # another clock, is read here and stamped as each read is taken.
+        stream_to = getattr(resp, "stream_to", None)
+        if stream_to is not None and type(self.clock) is LoopClock:
+            await stream_to(feed)
+        else:
+            async for data in resp.chunks():
+                if not feed(self.clock.now(), data):
+                    break
         if not acc.done and acc.outcome is Outcome.OK:
             acc.fail(Outcome.STREAM_ERROR, ErrorKind.RESET, "the stream ended before [DONE]")
 
