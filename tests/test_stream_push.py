@@ -12,11 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from unittest import mock
 
 import pytest
+from aiohttp.client_proto import ResponseHandler
 
 from agentload.endpoint.client import ChatClient, FixedDeadlines
 from agentload.endpoint.records import ErrorKind, Outcome, RequestRecord
@@ -168,3 +173,53 @@ async def test_a_stream_given_up_by_its_task_is_no_longer_handed_over() -> None:
     assert (record.outcome, record.error) == (Outcome.TIMEOUT, ErrorKind.IDLE_TIMEOUT)
     assert record.content == "a"
     assert len(record.chunk_times) == 1
+
+
+async def test_a_read_that_pauses_the_connection_is_handed_over_in_order() -> None:
+    # A read past aiohttp's high-water mark pauses the connection, and handing it over resumes the connection from
+    # inside that hand-over (the resume parses whatever bytes the pause held, and lands in the hand-over again):
+    # every word must come through once, in order. aiohttp 3.14 reads 256 KiB at most and pauses at 512 KiB, so a
+    # 16 KiB buffer (32 KiB high water; aiohttp 3.10's was 128 KiB) makes reads of the usual size pause. The server
+    # is a thread, so it fills the socket while the client's loop is held once.
+    words = [f"w{i:06d} " for i in range(60_000)]
+    body = sse([chunk(content=w) for w in words] + [b"[DONE]"])
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += conn.recv(65536)
+            conn.sendall(HEAD + http_chunk(body) + b"0\r\n\r\n")
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    paused = 0
+    pause, params = ResponseHandler.pause_reading, ResponseHandler.set_response_params
+
+    def counting(self: ResponseHandler) -> None:
+        nonlocal paused
+        paused += 1
+        pause(self)
+
+    def small_buffer(self: ResponseHandler, **kwargs: Any) -> None:
+        params(self, **{**kwargs, "read_bufsize": 16 * 1024})
+
+    client = ChatClient(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", transport=AiohttpTransport(),
+                        api_key_env=None)  # fmt: skip
+    try:
+        with (
+            mock.patch.object(ResponseHandler, "pause_reading", counting),
+            mock.patch.object(ResponseHandler, "set_response_params", small_buffer),
+        ):
+            asyncio.get_running_loop().call_later(0.05, time.sleep, 0.3)  # the client falls behind, once
+            record = await client.chat(BODY)
+    finally:
+        await client.aclose()
+        server.join(10)
+        listener.close()
+    assert paused, "no read passed the high-water mark: the test does not test the resume"
+    assert record.ok, record.error_message
+    assert record.content == "".join(words)
+    assert len(record.chunk_times) == len(words)

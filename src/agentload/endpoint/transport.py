@@ -270,7 +270,7 @@ class _AiohttpResponse:
                         del marks[:i]
                         i = 0
                 pos += len(data)
-        except Exception as exc:
+        except _BODY_ERRORS as exc:
             raise _body_error(exc) from exc
 
     async def stream_to(self, on_data: Callable[[float, bytes], bool]) -> None:
@@ -299,7 +299,7 @@ class _AiohttpResponse:
     async def read(self) -> bytes:
         try:
             return await self._resp.read()
-        except Exception as exc:
+        except _BODY_ERRORS as exc:
             raise _body_error(exc) from exc
 
     def close(self) -> None:
@@ -311,14 +311,19 @@ class _AiohttpResponse:
         self._resp.close()
 
 
-def _body_error(exc: Exception) -> Exception:
-    """What reading a body raised, as the transport seam says it: a broken stream, a malformed response, or (not
-    aiohttp's) as it was."""
-    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError)):
-        return StreamBroken(str(exc) or type(exc).__name__)
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return _malformed(exc)
-    return exc
+# What reading a body can raise from aiohttp or the socket (``_body_error`` says each the seam's way).
+_BODY_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError, aiohttp.ClientResponseError)
+
+
+def _body_error(exc: BaseException) -> TransportError:
+    """One of ``_BODY_ERRORS`` as the transport seam says it: a broken stream or a malformed response."""
+    err: TransportError
+    if isinstance(exc, aiohttp.ClientResponseError) and not isinstance(exc, _BODY_ERRORS[:3]):
+        err = _malformed(exc)
+    else:
+        err = StreamBroken(str(exc) or type(exc).__name__)
+    err.__cause__ = exc
+    return err
 
 
 def _cut(
@@ -348,7 +353,7 @@ class _Push:
     callback after each read and hands over what aiohttp's parser put in the body's buffer; ``done`` ends with the
     body, with the reader's refusal, or with the body's error."""
 
-    __slots__ = ("content", "done", "on_data")
+    __slots__ = ("busy", "content", "done", "on_data", "taken")
 
     def __init__(
         self, content: aiohttp.StreamReader, on_data: Callable[[float, bytes], bool], done: asyncio.Future[None]
@@ -356,25 +361,43 @@ class _Push:
         self.content = content
         self.on_data = on_data
         self.done = done
+        self.busy = False
+        self.taken = 0  # body bytes handed over so far (aiohttp's total_bytes counts those fed)
 
     def take(self, t: float, marks: list[float] | None = None) -> bool:
-        """Hand over the buffered bytes (read at ``t``, or cut at ``marks`` when they gathered several reads);
+        """Hand over the buffered bytes (read at ``t``; cut at ``marks`` when they gathered several reads), in order;
         True once finished (``done`` settled: nothing more is wanted)."""
+        if self.busy:
+            # Called again from inside the hand-over: draining a buffer past aiohttp's high-water mark resumes the
+            # paused connection, which parses any bytes it held and lands here. Those came after the ones being
+            # handed over; the loop below takes them next, in order (aiohttp 3.14's parser holds none, but a
+            # parser that does would otherwise have them overtake).
+            return False
         done = self.done
         if done.done():  # the reader gave up (cancelled)
             return True
         content = self.content
+        self.busy = True
         try:
             data = content.read_nowait()  # raises the body's error, if it has one
-            if data:
-                pieces = _cut(data, 0, marks, 0, lambda: t)[0] if marks else ((t, data),)
+            while data:
+                pieces = _cut(data, self.taken, marks, 0, lambda: t)[0] if marks else ((t, data),)
+                self.taken += len(data)
+                marks = None  # what a resume parsed during this call arrived by now
                 for when, piece in pieces:
                     if not self.on_data(when, piece):
                         done.set_result(None)
                         return True
-        except Exception as exc:
+                # Bytes fed since the read above (by a resume inside it), else done: no second read to find none.
+                data = content.read_nowait() if content.total_bytes > self.taken else b""
+        except _BODY_ERRORS as exc:
             done.set_exception(_body_error(exc))
             return True
+        except Exception as exc:  # the reader's own failure: its task gets it
+            done.set_exception(exc)
+            return True
+        finally:
+            self.busy = False
         if content.is_eof():
             done.set_result(None)
             return True

@@ -20,6 +20,8 @@ Everything read from a body goes through here first:
 * ``Usage`` is the usage object as a pydantic model: strict non-negative integers, cached within the prompt.
 * ``MalformedField`` is what a reader raises for a field of the wrong type or out of range; the client turns it
   into a failed record (per-request failures are data), the pool readers into an ``EndpointError``.
+
+The other way, ``dumps`` writes the JSON the client sends (a request body, a whole conversation every turn).
 """
 
 from __future__ import annotations
