@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from agentload.capacity.profile import load_profile
@@ -112,14 +113,17 @@ def test_fast_path_gives_the_step_by_step_results(profile_name: str, sessions: i
 
 
 def test_a_prompt_view_reads_like_the_joined_list() -> None:
-    head, tail = list(range(100)), list(range(1000, 1030))
+    head, tail = np.arange(100, dtype=np.int64), list(range(1000, 1030))
     view = _Prompt(head, 60, tail)  # the first 60 of head, then tail
-    joined = head[:60] + tail
-    head.extend(range(5))  # the conversation grows after the prompt was taken: the view does not
+    joined = head[:60].tolist() + tail
+    head[60:] = -1  # the conversation grows after the prompt was taken (its buffer written past 60): the view does not
     assert len(view) == len(joined) == 90
     for sl in (slice(0, 16), slice(48, 64), slice(60, 90), slice(50, 70, 3), slice(-20, None), slice(80, 200)):
-        assert view[sl] == joined[sl]
+        got = view[sl]
+        assert got == joined[sl]
+        assert all(type(t) is int for t in got)  # Python ints, as the engine hashes them
     assert [view[i] for i in (0, 59, 60, 89, -1, -90)] == [joined[i] for i in (0, 59, 60, 89, -1, -90)]
+    assert type(view[0]) is int
     with pytest.raises(IndexError):
         view[90]
 
@@ -140,14 +144,14 @@ def test_a_growing_session_and_the_engine_extend_one_hash_list() -> None:
     for turn in range(4):
         prompt, known = session.next_prompt(last)
         assert known is session.hashes
-        assert known == block_hashes(session.tokens, bs)
+        assert known == block_hashes(session.tokens[: session.length].tolist(), bs)
         req = SimRequest(f"t{turn}", prompt, session.fresh(shape.output_tokens), now, hashes=known)
         engine.add(req)
         while req.finished_at is None:
             now = engine.step(now).end
         assert len(known) == (len(prompt) + len(req.output) - 1) // bs  # the reply's full blocks were appended
         last = list(req.output)
-    assert len(session.tokens) > 3_000
+    assert session.length > 3_000
 
 
 def test_a_run_is_deterministic() -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from agentload.agent.shape import TURN_OVERHEAD_TOKENS, AgenticShape
 from agentload.capacity.profile import ServingProfile
@@ -32,6 +33,8 @@ from agentload.errors import ConfigError, SimulationError
 from agentload.sim.engine import Engine, EngineStats, SimRequest, StepResult
 from agentload.sim.hashchain import HashChain
 from agentload.sim.tokens import VOCAB_SIZE, extend_block_hashes
+
+Tokens = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -121,12 +124,14 @@ class _Prompt(Sequence[int]):
     """A turn's prompt without copying the conversation: the first ``n`` tokens of ``head`` then ``tail``.
 
     ``head`` is never changed below ``n`` (a growing conversation only appends; a held one's base is fixed), so
-    earlier turns' prompts stay as they were.
+    earlier turns' prompts stay as they were. It is an int64 array, not a list: a list would keep every token of
+    every conversation as a Python int (256 agents near 100k tokens is 25M objects, and allocating them cost more
+    than the rest of a turn's work). Slices come back as lists of ints, the form the engine hashes.
     """
 
     __slots__ = ("_head", "_len", "_n", "_tail")
 
-    def __init__(self, head: list[int], n: int, tail: list[int] | None = None) -> None:
+    def __init__(self, head: Tokens, n: int, tail: list[int] | None = None) -> None:
         self._head = head
         self._n = n
         self._tail = tail or []
@@ -140,33 +145,44 @@ class _Prompt(Sequence[int]):
         if isinstance(index, slice):
             start, stop, step = index.indices(self._len)
             if step == 1 and stop <= n:
-                return self._head[start:stop]
+                return self._head[start:stop].tolist()
             if step == 1 and start >= n:
                 return self._tail[start - n : stop - n]
             if step == 1:
-                return self._head[start:n] + self._tail[: stop - n]
+                return self._head[start:n].tolist() + self._tail[: stop - n]
             return [self[i] for i in range(start, stop, step)]
         if not -self._len <= index < self._len:
             raise IndexError(index)
         index %= self._len
-        return self._head[index] if index < n else self._tail[index - n]
+        return int(self._head[index]) if index < n else self._tail[index - n]
 
 
 class _Session:
-    def __init__(self, index: int, shape: SessionShape, system: list[int], system_hashes: list[int], bs: int):
+    def __init__(self, index: int, shape: SessionShape, system: Sequence[int], system_hashes: list[int], bs: int):
         self.index = index
         self.shape = shape
         self.rng = np.random.default_rng(1_000_003 * (index + 1))
         self.bs = bs
-        self.system = system
+        self.system: Tokens = np.asarray(system, dtype=np.int64)
         self.system_hashes = system_hashes
         self.turn = 0
         self.restart()
 
     def fresh(self, n: int) -> list[int]:
-        """``n`` random tokens (tool output, or what the model will say)."""
+        """``n`` random tokens as a list: what the model will say (the engine hashes its blocks as they fill)."""
         tokens: list[int] = self.rng.integers(0, VOCAB_SIZE, n).tolist()
         return tokens
+
+    def _draw(self, n: int) -> Tokens:
+        """``n`` random tokens as an array (the same draws as ``fresh``): a tool result, an opening."""
+        return self.rng.integers(0, VOCAB_SIZE, n)
+
+    def _hash_from(self, hashes: list[int], tokens: Tokens, n: int) -> None:
+        """Append to ``hashes`` the hashes of the full blocks of ``tokens[:n]`` it does not have yet."""
+        covered = len(hashes) * self.bs
+        if covered <= n - self.bs:
+            # Only the new span becomes Python ints, and only until it is hashed.
+            extend_block_hashes(hashes, tokens[covered:n].tolist(), self.bs, offset=covered)
 
     def restart(self) -> None:
         """Start a new conversation (first turn, or after a compaction)."""
@@ -175,9 +191,18 @@ class _Session:
             base_len = s.context - s.turn_input_tokens - s.output_tokens
         else:
             base_len = s.start_context or max(s.context // 4, s.system_tokens + s.turn_input_tokens)
-        self.base = self.system + self.fresh(base_len - len(self.system))
-        self.base_hashes = extend_block_hashes(list(self.system_hashes), self.base, self.bs)
-        self.tokens: list[int] = list(self.base)
+        self.base: Tokens = np.concatenate((self.system, self._draw(base_len - len(self.system))))
+        self.base_hashes = list(self.system_hashes)
+        self._hash_from(self.base_hashes, self.base, len(self.base))
+        # The conversation so far is tokens[:length]. A growing one never passes ``context`` (it restarts first),
+        # so its buffer is allocated once per conversation; a new conversation gets a new one, so a prompt
+        # handed out earlier keeps its tokens.
+        if s.growth == "grow":
+            self.tokens: Tokens = np.empty(max(s.context, len(self.base)), dtype=np.int64)
+            self.tokens[: len(self.base)] = self.base
+        else:
+            self.tokens = self.base
+        self.length = len(self.base)
         # A growing conversation's one hash list for its whole life (see next_prompt): a HashChain, so the
         # prefix cache converts each hash to an array once, not once a turn.
         self.hashes: list[int] = HashChain(self.base_hashes) if s.growth == "grow" else list(self.base_hashes)
@@ -193,23 +218,26 @@ class _Session:
         """
         s = self.shape
         if last_output is None:
-            return _Prompt(self.tokens, len(self.tokens)), self.hashes if s.growth == "grow" else list(self.hashes)
-        tool = self.fresh(s.turn_input_tokens)
+            return _Prompt(self.tokens, self.length), self.hashes if s.growth == "grow" else list(self.hashes)
+        tool = self._draw(s.turn_input_tokens)
         if s.growth == "hold":
-            tail = last_output + tool
+            tail = last_output + tool.tolist()
             hashes = list(self.base_hashes)
             # The blocks after the base, from the base's partial last block on, without joining the lists.
             covered = len(hashes) * self.bs
-            extend_block_hashes(hashes, self.base[covered:] + tail, self.bs, offset=covered)
+            extend_block_hashes(hashes, self.base[covered:].tolist() + tail, self.bs, offset=covered)
             return _Prompt(self.base, len(self.base), tail), hashes
-        if len(self.tokens) + len(last_output) + len(tool) + s.output_tokens > s.context:
+        n = self.length
+        if n + len(last_output) + len(tool) + s.output_tokens > s.context:
             self.restart()
         else:
-            # In place: earlier turns' prompts are prefixes of this list and stay as they were.
-            self.tokens += last_output
-            self.tokens += tool
-            extend_block_hashes(self.hashes, self.tokens, self.bs)
-        return _Prompt(self.tokens, len(self.tokens)), self.hashes
+            # In place: earlier turns' prompts are prefixes of this buffer and stay as they were.
+            mid, end = n + len(last_output), n + len(last_output) + len(tool)
+            self.tokens[n:mid] = last_output
+            self.tokens[mid:end] = tool
+            self.length = end
+            self._hash_from(self.hashes, self.tokens, end)
+        return _Prompt(self.tokens, self.length), self.hashes
 
 
 @contextmanager
@@ -257,8 +285,8 @@ def run_sessions(
     engine = Engine(profile, fast=fast)
     clock = VirtualClock()
     bs = profile.block_size
-    system: list[int] = np.random.default_rng(42).integers(0, VOCAB_SIZE, shape.system_tokens).tolist()
-    system_hashes = extend_block_hashes([], system, bs)
+    system = np.random.default_rng(42).integers(0, VOCAB_SIZE, shape.system_tokens)
+    system_hashes = extend_block_hashes([], system.tolist(), bs)
     agents = [_Session(i, shape, system, system_hashes, bs) for i in range(sessions)]
     overhead = profile.coefficients.api_overhead_s
     state = {"stepping": False, "events": 0}
