@@ -158,7 +158,9 @@ class _Prompt(Sequence[int]):
 
 
 class _Session:
-    def __init__(self, index: int, shape: SessionShape, system: Sequence[int], system_hashes: list[int], bs: int):
+    def __init__(
+        self, index: int, shape: SessionShape, system: Sequence[int] | Tokens, system_hashes: list[int], bs: int
+    ):
         self.index = index
         self.shape = shape
         self.rng = np.random.default_rng(1_000_003 * (index + 1))
