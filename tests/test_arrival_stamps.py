@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.test_utils import TestServer
 
+from agentload.endpoint import transport as transport_module
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.transport import AiohttpTransport
 from agentload.endpoint.wire import SSEParser
@@ -124,15 +125,29 @@ async def test_a_long_stream_keeps_only_the_marks_not_yet_read() -> None:
         assert sent[i] <= stamped[i][0] < sent[i + 1], (i, sent[i], stamped[i][0], sent[i + 1])
 
 
-async def test_a_burst_over_many_streams_is_stamped_when_the_loop_saw_it_not_in_the_order_it_read_them() -> None:
+@pytest.fixture(params=["kernel", "select"])
+def stamping(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each stamping the transport has: the kernel's receive stamp (Linux), and the select's (elsewhere)."""
+    if request.param == "kernel":
+        if not transport_module._KERNEL_STAMPS:
+            pytest.skip("the kernel's receive stamps are read on Linux x86-64 and arm64 only")
+    else:
+        monkeypatch.setattr(transport_module, "_KERNEL_STAMPS", False)
+    return str(request.param)
+
+
+async def test_a_burst_over_many_streams_is_stamped_as_it_arrived_not_in_the_order_it_was_read(stamping: str) -> None:
     # Twenty streams get one event each in the same loop iteration (as one vLLM engine step writes to every running
-    # stream), then the loop is held 50 ms. The next select finds all twenty sockets readable: each read is stamped
-    # with that select's return, so the twenty stamps are one, however long each recv and parse took in between.
+    # stream), then the loop is held 50 ms, so every read happens after that. The kernel stamps each event when it
+    # reached the client's socket: between its write and the hold's end. Without them, each read is stamped with
+    # the return of the select that found all twenty sockets readable: one stamp, after the hold, however long
+    # each recv and parse took in between.
     streams = 20
     arrived = asyncio.Event()
     release = asyncio.Event()
     waiting = 0
-    written: list[float] = []
+    before: dict[bytes, float] = {}
+    held_until: list[float] = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
         nonlocal waiting
@@ -142,14 +157,19 @@ async def test_a_burst_over_many_streams_is_stamped_when_the_loop_saw_it_not_in_
         if waiting == streams:
             arrived.set()
         await release.wait()
-        await resp.write(_event("burst"))
-        if len(written) == streams - 1:
+        loop = asyncio.get_running_loop()
+        tag = f"burst{len(before)}".encode()
+        before[tag] = loop.time()
+        await resp.write(_event(tag.decode()))
+        if len(before) == streams:
             time.sleep(0.05)  # noqa: ASYNC251  (the loop held busy on purpose: the reads wait for the next select)
-        written.append(asyncio.get_running_loop().time())
+            held_until.append(loop.time())
+        await seen.wait()  # the stream's end is written once every burst was read, so no read takes both
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    stamps: list[float] = []
+    stamps: dict[bytes, float] = {}
+    seen = asyncio.Event()
     async with serving(handler) as base:
         transport = AiohttpTransport()
         try:
@@ -157,20 +177,35 @@ async def test_a_burst_over_many_streams_is_stamped_when_the_loop_saw_it_not_in_
             resps = await asyncio.gather(*(transport.send("POST", url, b"{}", {}) for _ in range(streams)))
             await arrived.wait()
             release.set()
-            for resp in resps:
+            readers = [resp.timed_chunks() for resp in resps]  # type: ignore[attr-defined]
+            for reader in readers:
                 parser = SSEParser()
-                async for t, data in resp.timed_chunks():  # type: ignore[attr-defined]
-                    if any(b"burst" in ev for ev in parser.feed(data)):
-                        stamps.append(t)
+                async for t, data in reader:
+                    burst = [ev for ev in parser.feed(data) if b"burst" in ev]
+                    if burst:
+                        stamps[burst[0].split(b'"')[-2]] = t
+                        break
+            seen.set()
+            for reader, resp in zip(readers, resps, strict=True):
+                async for _ in reader:
+                    pass
                 resp.close()
         finally:
             await transport.aclose()
-    assert len(stamps) == streams
-    assert len(set(stamps)) == 1, sorted(stamps)
-    assert stamps[0] >= max(written)  # seen after the loop was free again, not before the bytes were sent
+    assert sorted(stamps) == sorted(before)
+    if stamping == "kernel":
+        # Each as it arrived: not before its write (a millisecond's slack for turning the kernel's wall-clock stamp
+        # into loop time), and all before the hold ended, when the loop first got to read them.
+        for tag, t in stamps.items():
+            assert before[tag] - 1e-3 <= t < held_until[0], (tag, before[tag], t, held_until[0])
+    else:
+        assert len(set(stamps.values())) == 1, sorted(stamps.values())
+        assert min(stamps.values()) >= held_until[0]  # seen after the loop was free again, not before the bytes
 
 
-async def test_bytes_that_came_after_the_select_are_stamped_at_their_read_never_before_they_were_sent() -> None:
+async def test_bytes_that_came_after_the_select_are_stamped_at_their_read_never_before_they_were_sent(
+    stamping: str,
+) -> None:
     # Event A is written; a task queued behind it writes event B in the next loop iteration — after that
     # iteration's select found A, before the client's read, which gets A and B at once. The read must not take
     # the select's time: B was not there yet. (The loop is held a moment after each write, so each has reached

@@ -7,8 +7,9 @@ script a server — status, headers, chunks and the silences between them — wi
 credentials of ``--url`` (userinfo, ``?api_key=``), so nothing else needs to hold them.
 
 A response's body is read through ``chunks()``; an aiohttp response also has ``stream_to(on_data)``, which hands
-each read to the client in the event loop's callback for it, stamped with when its bytes came off the socket, so a
-streamed chunk costs no task wake-up (the client takes it when a response has it).
+each read to the client in the event loop's callback for it, stamped with when its bytes reached the socket (the
+kernel's receive stamp on Linux), so a streamed chunk costs no task wake-up (the client takes it when a response
+has it) and its timing does not depend on how many reads the loop handled before it.
 
 A transport raises only ``TransportError`` subclasses; the client turns them into data on the record.
 """
@@ -18,8 +19,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import platform
 import selectors
+import socket
 import struct
+import sys
+import time
+from asyncio import selector_events
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -101,6 +107,33 @@ _FIONREAD_INT = struct.Struct("i")
 _FIONREAD_BUF = bytes(_FIONREAD_INT.size)
 
 
+# The kernel's receive stamp (Linux SO_TIMESTAMPNS: a recvmsg gets the CLOCK_REALTIME time the last packet it
+# reads arrived, as a struct timespec). The option's number is 35 on the architectures below; others (alpha, mips,
+# parisc, sparc) number it differently, and get the select stamp.
+_SO_TIMESTAMPNS = 35
+_KERNEL_STAMPS = sys.platform == "linux" and platform.machine() in {"x86_64", "aarch64"}
+_TIMESPEC = struct.Struct("@qq")
+_ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size) if _KERNEL_STAMPS else 0
+# The one read of asyncio's socket transport that _StampingHandler may stand in for (it mirrors that method).
+_ASYNCIO_READ = getattr(getattr(selector_events, "_SelectorSocketTransport", None), "_read_ready__data_received", None)
+
+
+def _kernel_read(transport: asyncio.BaseTransport) -> bool:
+    """Whether ``transport`` is asyncio's plain socket transport reading with its stock method, and its socket now
+    stamps what it receives: then ``_StampingHandler`` can read it with ``recvmsg``."""
+    if not _KERNEL_STAMPS or _ASYNCIO_READ is None:
+        return False
+    read = getattr(transport, "_read_ready_cb", None)
+    sock = getattr(transport, "_sock", None)
+    if getattr(read, "__func__", None) is not _ASYNCIO_READ or not isinstance(sock, socket.socket):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
 class _SelectStamp:
     """An asyncio selector event loop's selector that notes when each ``select`` found the client's bytes.
 
@@ -162,7 +195,10 @@ class _StampingHandler(ResponseHandler):
     queued ahead of it — 10 ms at 256 streams — so the stamp is taken here, where the bytes arrive: when the loop's
     select found them (``_SelectStamp``), shared by every read of that iteration, so the reads' own order and cost
     are not in it either; a read with bytes that came after that select, or on a loop without a selector to wrap,
-    is stamped with the clock at the read.
+    is stamped with the clock at the read. On Linux the kernel's own stamp serves instead (``_read_stamped``): when
+    the last packet a read takes reached the socket, so a burst read over milliseconds (a thousand streams, each
+    read parsed as it is read) is stamped as it arrived, and a read that took bytes which came after the select is
+    not stamped late either.
     ``marks`` holds, per read, the body bytes received so far and the loop time, flat (no tuple per read: a
     thousand streams' worth of small tuples is work for the garbage collector), a fresh list per response, so a
     pooled connection that moves on to the next request never rewrites a list a slow reader still holds.
@@ -173,15 +209,58 @@ class _StampingHandler(ResponseHandler):
         self.marks: list[float] = []
         self.marked: aiohttp.StreamReader | None = None
         self.push: _Push | None = None  # the body being handed to its reader as it arrives (``stream_to``)
-        self._stamp = _select_stamp(loop)
+        self._stamp: _SelectStamp | None = None
         self._fd = -1
+        self._raw: Any = None  # asyncio's socket transport, when this reads it (``_read_stamped``)
+        self._kernel_t: float | None = None  # the kernel's stamp of the read being handed to data_received
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if _kernel_read(transport):
+            # asyncio calls the transport's _read_ready_cb when the socket is readable; its stock read is replaced
+            # by the same steps with recvmsg (the reader is registered only after connection_made, so no read
+            # has happened yet).
+            self._raw = transport
+            transport._read_ready_cb = self._read_stamped  # type: ignore[attr-defined]
+            return
+        self._stamp = _select_stamp(self._loop)
         sock = transport.get_extra_info("socket")
         if self._stamp is not None and sock is not None:
             self._fd = sock.fileno()
             self._stamp.watched.add(self._fd)
+
+    def _read_stamped(self) -> None:
+        """asyncio's ``_SelectorSocketTransport._read_ready__data_received``, step for step, reading with
+        ``recvmsg`` to get the kernel's stamp of the read (its age is taken off the loop's clock: the kernel's
+        clock is the wall clock, the loop's the monotonic one)."""
+        tr = self._raw
+        if tr._conn_lost:
+            return
+        try:
+            data, anc, _flags, _addr = tr._sock.recvmsg(tr.max_size, _ANC_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            tr._fatal_error(exc, "Fatal read error on socket transport")
+            return
+        if not data:
+            tr._read_ready__on_eof()
+            return
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) == _TIMESPEC.size:
+                sec, ns = _TIMESPEC.unpack(raw)
+                age_ns = time.time_ns() - (sec * 1_000_000_000 + ns)
+                now = self._loop.time()
+                # A wall clock stepped back between the packet and now would make the age negative: now, then.
+                self._kernel_t = now - age_ns * 1e-9 if age_ns > 0 else now
+        try:
+            self.data_received(data)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            tr._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._stamp is not None and self._fd >= 0:  # before asyncio closes the socket (its number is reused)
@@ -200,10 +279,12 @@ class _StampingHandler(ResponseHandler):
             super().resume_reading(*args, **kwargs)
 
     def data_received(self, data: bytes) -> None:
-        # When the loop's select found these bytes (every read of this iteration shares it), else the clock now.
-        t = None
+        # The kernel's stamp of this read; else when the loop's select found these bytes (every read of this
+        # iteration shares it); else the clock now.
+        t = self._kernel_t
+        self._kernel_t = None
         stamp = self._stamp
-        if stamp is not None:
+        if t is None and stamp is not None:
             left = stamp.ready.get(self._fd)
             if left is not None and len(data) <= left:
                 stamp.ready[self._fd] = left - len(data)
