@@ -332,9 +332,9 @@ class ChatClient:
                 return False
             return True
 
-        # Arrival stamps taken where the bytes come off the socket, on the loop's clock, and each read folded in
-        # right there (transport's stream_to: no task woken per chunk); a transport without it, or a client on
-        # another clock, is read here and stamped as each read is taken.
+        # Arrival stamps taken where the bytes reach the socket (the kernel's receive stamp on Linux), on the loop's
+        # clock, and each read folded in right there (transport's stream_to: no task woken per chunk); a transport
+        # without it, or a client on another clock, is read here and stamped as each read is taken.
         stream_to = getattr(resp, "stream_to", None)
         if stream_to is not None and type(self.clock) is LoopClock:
             await stream_to(feed)
