@@ -21,6 +21,17 @@ runs alternated with the code before the change): fleet 465× → 600× (the goa
 mostly random reads over a pool of 0.6–1.2 M blocks (hash index, reference counts) and turning each token into a
 Python int to hash it; the wall-clock figure reads lower whenever the machine is busy.
 
+3 December 2026 (same machine, pinned to one core, CPU time, alternated with the code before): a session's
+conversation kept as an int64 buffer instead of a list of Python ints (25M int objects at the end of a fleet run)
+took fleet-fits from 11.3 / 9.8 to 7.5 / 7.2 CPU s (system time 3.9 / 2.9 → 0.3 s, peak RSS 1.41 → 0.62 GB); one
+32-byte row per block for its count, stamp, hash and group gave another 4-8 %. The machine's speed drifted by 30 %
+within the hour: over two alternated rounds of every scenario, session start → now, fleet 559 / 650× → 573 / 804×,
+fleet-fits 63 / 83× → 68 / 87× (100-109× in quieter runs), fleet-1gpu 471 / 593× → 526 / 593×; every digest unchanged
+(26dc9fc991745306, 08dabec8a78fe5c7, 95dba94c494b01df, f81c55390280e5e3, b306e6bccc5a54d6: the null block and the
+calibrated tokenizer changed them since the figures above). The goals (1,000× / 300×) are not met: what is left is
+spread over the pool's numpy passes (hash index, reference counts, free queue: memory-bound random reads), none
+above 12 %; the same modules compiled with mypyc ran 1.22-1.26× faster, not enough for the 8×B200 goal either.
+
 ``--exact`` runs the step-by-step path (no fast-forwarding of decode steps) for comparison; both must print the
 same simulation figures, and the same ``digest``: a hash of every field of the result, each float by its exact
 ``repr`` and every TTFT included, so two runs that print the same digest agree to the last bit. ``--profile``
