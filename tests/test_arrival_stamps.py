@@ -307,3 +307,41 @@ async def test_a_body_that_paused_the_connection_comes_through_whole_once_read()
             await transport.aclose()
     assert paused, "the reader never paused the connection: the test does not test the resume"
     assert got == [e[6:-2] for e in events] + [b"[DONE]"]
+
+
+async def test_the_read_is_taken_over_only_from_asyncio_s_own_socket_transport_with_every_part_it_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not transport_module._KERNEL_STAMPS:
+        pytest.skip("the kernel's receive stamps are read on Linux x86-64 and arm64 only")
+    accepted: list[asyncio.StreamWriter] = []
+    arrived = asyncio.Event()
+
+    async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # held open until the checks are done
+        arrived.set()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    try:
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        await asyncio.wait_for(arrived.wait(), 30)  # the server's side, to close at the end
+        try:
+            assert transport_module._kernel_read(transport)  # asyncio's socket transport with its stock read
+            # A transport missing a part the mirrored read uses (another Python's) keeps its own read.
+            monkeypatch.setattr(transport_module, "_MIRRORED", (*transport_module._MIRRORED, "_no_such_part"))
+            assert not transport_module._kernel_read(transport)
+            monkeypatch.undo()
+            # A read already replaced (or any other transport) is not taken over.
+            transport._read_ready_cb = lambda: None  # type: ignore[attr-defined]
+            assert not transport_module._kernel_read(transport)
+            assert not transport_module._kernel_read(asyncio.BaseTransport())
+        finally:
+            transport.close()
+    finally:
+        for writer in accepted:
+            writer.close()
+            await writer.wait_closed()
+        server.close()
+        await server.wait_closed()

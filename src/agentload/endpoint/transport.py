@@ -114,8 +114,10 @@ _SO_TIMESTAMPNS = 35
 _KERNEL_STAMPS = sys.platform == "linux" and platform.machine() in {"x86_64", "aarch64"}
 _TIMESPEC = struct.Struct("@qq")
 _ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size) if _KERNEL_STAMPS else 0
-# The one read of asyncio's socket transport that _StampingHandler may stand in for (it mirrors that method).
+# The one read of asyncio's socket transport that _StampingHandler may stand in for (it mirrors that method), and
+# the transport's parts the mirror uses.
 _ASYNCIO_READ = getattr(getattr(selector_events, "_SelectorSocketTransport", None), "_read_ready__data_received", None)
+_MIRRORED = ("_conn_lost", "max_size", "_fatal_error", "_read_ready__on_eof")
 
 
 def _kernel_read(transport: asyncio.BaseTransport) -> bool:
@@ -126,6 +128,8 @@ def _kernel_read(transport: asyncio.BaseTransport) -> bool:
     read = getattr(transport, "_read_ready_cb", None)
     sock = getattr(transport, "_sock", None)
     if getattr(read, "__func__", None) is not _ASYNCIO_READ or not isinstance(sock, socket.socket):
+        return False
+    if not all(hasattr(transport, name) for name in _MIRRORED):  # another Python's transport: keep its own read
         return False
     try:
         sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
