@@ -396,14 +396,16 @@ class _AiohttpResponse:
         self._resp.close()
 
 
-# What reading a body can raise from aiohttp or the socket (``_body_error`` says each the seam's way).
-_BODY_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError, aiohttp.ClientResponseError)
+# What reading a body can raise from aiohttp or the socket (``_body_error`` says each the seam's way): a broken
+# stream, else a malformed response.
+_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError)
+_BODY_ERRORS = (*_BROKEN, aiohttp.ClientResponseError)
 
 
 def _body_error(exc: BaseException) -> TransportError:
     """One of ``_BODY_ERRORS`` as the transport seam says it: a broken stream or a malformed response."""
     err: TransportError
-    if isinstance(exc, aiohttp.ClientResponseError) and not isinstance(exc, _BODY_ERRORS[:3]):
+    if isinstance(exc, aiohttp.ClientResponseError) and not isinstance(exc, _BROKEN):
         err = _malformed(exc)
     else:
         err = StreamBroken(str(exc) or type(exc).__name__)
