@@ -24,6 +24,7 @@ from agentload.endpoint.backend import RecordSink
 from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
 from agentload.endpoint.output import can_force_length
 from agentload.errors import CheckpointError, EndpointError, ServerLostError
+from agentload.load.cluster import RayCluster
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, measure_sizing
@@ -72,6 +73,7 @@ class BenchPlan:
     min_turns: int | None = None  # completed turns a window wants in all (default 60; 8 per agent apply)
     pin_slots: bool = True  # on a slot server, agent i's turns go to slot i mod N (``endpoint.pinning``)
     settings: dict[str, str | int | float | bool | None] = field(default_factory=dict)
+    cluster: RayCluster | None = None  # --executor ray: the levels' agents run on its actors (``bench.distributed``)
 
 
 def capacity_for(
@@ -257,6 +259,7 @@ async def run_bench(
                 exact_output_engine=exact_engine,
                 pin_slots=pinned,
                 on_connect=watch.connected if watch is not None else None,
+                cluster=None if target.virtual else plan.cluster,
             )
         finally:
             if target.virtual:

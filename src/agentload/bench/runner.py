@@ -20,17 +20,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from agentload.agent.loop import ChatBackend
 from agentload.bench.analysis import LevelData
+from agentload.bench.distributed import LevelSpec, RemoteLevel, run_remote
+from agentload.bench.levelctx import LevelContext
 from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.clock import LoopClock
 from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
 from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import EngineFields
-from agentload.endpoint.records import RequestIds
 from agentload.endpoint.signals import SignalPoller
-from agentload.load.runner import LoadHandle, StopSignal, run_load
+from agentload.load.cluster import RayCluster
+from agentload.load.runner import LoadHandle, run_load
 from agentload.load.strategy import AllAtOnce
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
@@ -43,40 +44,12 @@ MIN_TURNS_PER_AGENT = 8
 MIN_TURNS_TOTAL = 60
 # How long an edge waits for the requests in flight to finish before sampling anyway (and saying so).
 QUIESCE_TIMEOUT_S = 120.0
+# Agents start staggered over this long, so they do not move in lockstep.
+STAGGER_S = 1.0
 
 
 def required_turns(agents: int, per_agent: int = MIN_TURNS_PER_AGENT, total: int = MIN_TURNS_TOTAL) -> int:
     return max(per_agent * agents, total)
-
-
-class _Context:
-    """The LoadContext a level gives its agents; the level ends when the runner says so."""
-
-    def __init__(
-        self, backend: ChatBackend, model: str, run_id: str, level: int, data: LevelData, sizing: TokenSizing
-    ) -> None:
-        self.backend = backend
-        self.clock = LoopClock()
-        self.model = model
-        self.run_id = run_id
-        self.level = level
-        self.sizing = sizing
-        self.stop = StopSignal()  # set by the runner (``load.runner``) when the level's time is up
-        # Read between turns: the signal's own ``is_set``, so a turn's pause reads the runner's signal, not the level.
-        self.should_stop = self.stop.is_set
-        self._data = data
-
-    def reply_clamped(self, ids: RequestIds, drawn: int) -> None:
-        self._data.drawn[(ids.agent, ids.turn)] = drawn
-
-    def session_done(self, agent_id: str, *, ok: bool, passed: int | None = None, scored: int | None = None) -> None:
-        if ok:
-            self._data.sessions_ok += 1
-        else:
-            self._data.sessions_failed += 1
-        if passed is not None and scored is not None:
-            self._data.passed += passed
-            self._data.scored += scored
 
 
 async def run_level(
@@ -99,11 +72,13 @@ async def run_level(
     exact_output_engine: str | None = None,
     pin_slots: int | None = None,
     on_connect: ConnectHook | None = None,
+    cluster: RayCluster | None = None,
 ) -> LevelData:
     """Run ``agents`` agents for a warm-up and a work-sized window on the target's clock; return what they did.
 
     ``exact_output_engine``: ask that engine for exactly each request's ``max_tokens`` (None: the model decides).
     ``pin_slots``: a slot server's slot count; each agent's turns go to its own slot (None: the server chooses).
+    ``cluster``: run the agents on its Ray actors (``bench.distributed``); the window, edges and samples stay here.
     """
     clock = LoopClock()
     start = clock.now() - run_t0
@@ -114,14 +89,22 @@ async def run_level(
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
     # One /metrics poller (the connection's monitor) feeds the watchdog, the liveness rule and the level's timeline.
-    drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
     conn = await connect(target.base_url, target.transport, clock=clock)  # the target's transport stays open
     poller = conn.monitor
-    gate = QuiesceGate(clock)
-    fields = EngineFields(exact_output_engine, pin_slots) if exact_output_engine or pin_slots else None
-    backend = RecordingBackend(conn.backend, data.records, sink, gate=gate,
-                               fields=fields.add if fields is not None else None)  # fmt: skip
-    ctx = _Context(backend, target.model, run_id, level, data, sizing)
+    remote: RemoteLevel | None = None
+    gate: QuiesceGate | RemoteLevel
+    if cluster is None:
+        drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
+        gate = QuiesceGate(clock)
+        fields = EngineFields(exact_output_engine, pin_slots) if exact_output_engine or pin_slots else None
+        backend = RecordingBackend(conn.backend, data.records, sink, gate=gate,
+                                   fields=fields.add if fields is not None else None)  # fmt: skip
+        ctx = LevelContext(backend, target.model, run_id, level, data, sizing)
+    else:
+        # The agents run on the actors, each with its own connection; this one only watches the server.
+        gate = remote = RemoteLevel(cluster, data, sink)
+        spec = LevelSpec(target.model, target.engine, workload, agents, context, level, run_id,
+                         seed + 7919 * level, sizing, exact_output_engine, pin_slots, grace_s, STAGGER_S)  # fmt: skip
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()
     unwatch = on_connect(conn) if on_connect is not None else None
@@ -142,7 +125,7 @@ async def run_level(
         w0 = run_t0 + data.window_start
         return sum(1 for r in data.records if r.ok and r.t_sent >= w0)
 
-    async def measure_level(load: LoadHandle) -> None:
+    async def measure_level(load: LoadHandle | RemoteLevel) -> None:
         await asyncio.sleep(max(0.0, run_t0 + data.window_start - clock.now()))
         data.window_start = await quiet_edge("start")
         gate.open()
@@ -162,8 +145,12 @@ async def run_level(
     # wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the window. A driver
     # bug is a run-level failure, raised by the runner after its cleanup (per-request failures are data).
     try:
-        outcome = await run_load(drivers, ctx, strategy=AllAtOnce(stagger_s=1.0, clock=clock), stop=ctx.stop,
-                                 body=measure_level, liveness=conn.liveness, grace_s=grace_s, clock=clock)  # fmt: skip
+        if remote is None:
+            outcome = await run_load(drivers, ctx, strategy=AllAtOnce(stagger_s=STAGGER_S, clock=clock),
+                                     stop=ctx.stop, body=measure_level, liveness=conn.liveness, grace_s=grace_s,
+                                     clock=clock)  # fmt: skip
+        else:
+            outcome = await run_remote(remote, spec, measure_level, conn.liveness)
         if outcome.lost is not None:
             data.lost = outcome.lost
             data.end = clock.now() - run_t0

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.markup import escape
 
 from agentload.bench.analysis import LevelData
+from agentload.bench.distributed import Endpoint, LevelWorker
 from agentload.bench.orchestrate import BenchPlan, Mode, run_bench
 from agentload.bench.results import LevelSummary, RunResult
 from agentload.bench.search import parse_slo
@@ -22,12 +23,16 @@ from agentload.bench.target import Target, http_target, sim_target
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import (
     ApiKeyEnvOption,
+    ExecutorOption,
     JsonOption,
     OutOption,
+    RayAddressOption,
+    WorkersOption,
     check_seed,
     console,
     default_book,
     err_console,
+    executor_spec,
     read_api_key,
     reports_errors,
     resolve_key_env,
@@ -48,6 +53,7 @@ from agentload.errors import (
     EndpointUnreachableError,
     ServerLostError,
 )
+from agentload.load.cluster import ExecutorSpec, RayCluster
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.store.manifest import read_info
@@ -185,6 +191,9 @@ def bench(
         ),
     ] = False,
     dashboard_port: Annotated[int, typer.Option(min=0, max=65535, help="The dashboard's port (0: a free one).")] = 0,
+    executor: ExecutorOption = "local",
+    ray_address: RayAddressOption = None,
+    workers: WorkersOption = None,
 ) -> None:
     """Measure agents, not tokens: throughput, TTFT, prefix reuse and KV pressure across agent counts, and the knee.
 
@@ -195,7 +204,9 @@ def bench(
     resume_dir: Path | None = None
     if resume is not None:
         resume_dir, flags = resumed_flags(resume, out, flags)
-    run(**flags, out=out, json_out=json_out, resume_dir=resume_dir, dashboard=dashboard, dashboard_port=dashboard_port)
+    spec = executor_spec(executor, ray_address, workers)
+    run(**flags, out=out, json_out=json_out, resume_dir=resume_dir, dashboard=dashboard, dashboard_port=dashboard_port,
+        executor=spec)  # fmt: skip
 
 
 # The flags a bench run is started with and resumed with (``bench.json``); --out, --json and --resume are not
@@ -314,6 +325,7 @@ def run(
     resume_dir: Path | None,
     dashboard: bool = False,
     dashboard_port: int = 0,
+    executor: ExecutorSpec | None = None,
 ) -> None:
     """The bench command after its flags are settled (``resume_dir``: continue that run directory)."""
     invocation = {k: v for k, v in locals().items() if k in INVOCATION_FLAGS}
@@ -323,6 +335,12 @@ def run(
         raise ConfigError(
             "--dashboard shows a run as it happens; without --url the bench runs the simulator in simulated time "
             "(serve it with `agentload sim` and bench it with --url to watch it)"
+        )
+    executor = executor or ExecutorSpec()
+    if executor.kind == "ray" and not url:
+        raise ConfigError(
+            "--executor ray runs the agents against a server over HTTP; without --url the bench runs the simulator in "
+            "process on simulated time, which one process runs whole (serve it with `agentload sim` and give --url)"
         )
     if url and not model:
         raise ConfigError("--url needs --model (the id the server serves; see `agentload probe URL`)")
@@ -368,6 +386,7 @@ def run(
     behaviour: Behaviour | None = OracleBehaviour(default_book()) if workload == "suite" else None
     pool: tuple[int, int, str] | None = None
     slots: int | None = None  # llama.cpp's parallel slots, from the probe
+    cluster: RayCluster | None = None
     if sim:
         profile = load_profile(sim)  # fail early on a bad name
         for c in contexts:
@@ -388,6 +407,10 @@ def run(
         def make_target() -> Target:
             return shared
 
+        if executor.kind == "ray":
+            cluster = RayCluster(executor)
+            cluster.start(LevelWorker, Endpoint(url, key))  # each actor opens its own connection to the server
+
     plan = BenchPlan(
         make_target=make_target,
         workload=wl,
@@ -405,6 +428,7 @@ def run(
         min_turns=min_turns,
         pin_slots=not no_pin_slots,
         settings={"workload": workload, "contexts": context},
+        cluster=cluster,
     )
     store = RunStore(out)
     resumed: list[LevelSummary] = []
@@ -463,6 +487,10 @@ def run(
 
     async def go() -> tuple[RunResult, list[LevelData]]:
         nonlocal board_failed
+        if cluster is not None:
+            await cluster.measure_offsets()
+            plan.settings["executor"] = cluster.describe()
+            err_console.print(f"[dim]{escape(cluster.describe())}[/]")
         try:
             if not dashboard:
                 return await run_bench(plan, pool=pool, slots=slots, on_level=on_level, on_data=on_data,
@@ -495,16 +523,22 @@ def run(
     try:
         result, data = run_virtual(go()) if sim else asyncio.run(go())
     except KeyboardInterrupt:
+        if cluster is not None:
+            cluster.close()
         writer.close()  # the records and finished levels gathered so far stay on disk
         err_console.print(
             f"interrupted; continue with: agentload bench --resume {writer.path}", markup=False, soft_wrap=True
         )
         raise typer.Exit(130) from None
     except BaseException:
+        if cluster is not None:
+            cluster.close()
         writer.close()  # the records gathered so far stay on disk
         if board_failed and resume_dir is None:
             shutil.rmtree(writer.path, ignore_errors=True)  # nothing ran: no run directory with only bench.json
         raise
+    if cluster is not None:
+        cluster.close()
     measured_nothing = not resumed and not any(r.ok for level in data for r in level.records)
     if result.incomplete is None and measured_nothing:
         # Not one turn succeeded: the run measured nothing about the server, so it gets no result and no history

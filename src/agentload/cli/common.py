@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from agentload.endpoint.redact import SECRETS, redact
 from agentload.errors import AgentloadError, ConfigError
+from agentload.load.cluster import ExecutorSpec
 from agentload.sim.behaviour import ScenarioBook
 from agentload.sim.scenarios import builtin_scenarios
 from agentload.suite.oracle import scenarios as suite_scenarios
@@ -50,6 +51,41 @@ OutOption = Annotated[
         show_default=False,
     ),
 ]
+
+ExecutorOption = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        metavar="local|ray",
+        help="Where the agents run: local (this process, one core) or ray (Ray async actors, one per core, on this "
+        "machine or a cluster; pip install 'agentload[ray]').",
+    ),
+]
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDR",
+        help="With --executor ray: an existing Ray cluster (e.g. auto, or the head's host:6379); default: start a "
+        "local Ray of this machine's cores.",
+        show_default=False,
+    ),
+]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="With --executor ray: how many actors (default: one per CPU of the cluster).",
+        show_default=False,
+    ),
+]
+
+
+def executor_spec(executor: str, ray_address: str | None, workers: int | None) -> ExecutorSpec:
+    """``--executor`` and its options checked together (one clear error for a wrong combination)."""
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"--executor must be local or ray, got {executor!r}")
+    return ExecutorSpec(kind="ray" if executor == "ray" else "local", address=ray_address, workers=workers)
 
 
 def resolve_key_env(name: str | None) -> str:

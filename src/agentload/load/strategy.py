@@ -50,21 +50,35 @@ class Strategy(Protocol):
 
 
 class AllAtOnce:
-    """Every driver at once; with ``stagger_s``, driver i of n starts ``i × stagger_s / n`` seconds in."""
+    """Every driver at once; with ``stagger_s``, driver i of n starts ``i × stagger_s / n`` seconds in.
 
-    def __init__(self, *, stagger_s: float = 0.0, clock: Clock | None = None) -> None:
+    ``positions`` / ``of``: these drivers are a share of a larger load (one Ray actor's, ``bench.distributed``):
+    driver i is number ``positions[i]`` of ``of`` and starts when it would have in the whole load.
+    """
+
+    def __init__(
+        self,
+        *,
+        stagger_s: float = 0.0,
+        clock: Clock | None = None,
+        positions: Sequence[int] | None = None,
+        of: int | None = None,
+    ) -> None:
         if stagger_s < 0:
             raise ConfigError(f"a stagger cannot be negative, got {stagger_s:g} s")
         self.stagger_s = stagger_s
         self.clock: Clock = clock or LoopClock()
+        self._positions = positions
+        self._of = of
         self._count = 0
 
     def prepare(self, drivers: Sequence[Any]) -> None:
-        self._count = len(drivers)
+        self._count = len(drivers) if self._of is None else self._of
 
     async def admit(self, index: int, driver: Any) -> bool:
         if self.stagger_s > 0:
-            await self.clock.sleep(index * self.stagger_s / max(1, self._count))
+            at = index if self._positions is None else self._positions[index]
+            await self.clock.sleep(at * self.stagger_s / max(1, self._count))
         return True
 
     def leave(self, index: int, driver: Any) -> None:

@@ -1,0 +1,349 @@
+"""A bench level on Ray (issue 12): its agents spread over async actors, its window kept by the driver.
+
+The driver (``bench.runner.run_level``) keeps everything a level decides globally — the warm-up and the window, the
+quiet edges, the server's samples, the end — and the actors (``LevelWorker``, one per core, started by
+``load.cluster``) run the agents. Actor k of n runs agents k, k + n, k + 2n … of the level's seeded workload: the
+workload builds all of a level's drivers from the seed on every actor and each keeps its share, so agent i's
+conversation is the one it has in a single-process run, and it starts when it would there (the stagger by its
+place in the whole level). Each actor has its own connection (client, watchdog, retries, monitor) and its own
+``RecordingBackend`` and ``QuiesceGate``; the agents' turns never leave the actor.
+
+The driver pulls each actor's new records every ``PULL_INTERVAL_S`` (a batch per actor: one Ray call, whatever
+the number of records), puts them on its clock (``load.cluster``: no change on one machine), hands them to the
+run's sink and counts them for the window's end. A quiet edge closes every actor's gate and waits until all are
+drained before the server is sampled, so both sides of every figure cover the same requests, as in one process.
+
+An actor that dies (its process killed, its node lost) loses only what it had not yet handed over — its records
+since the last pull and its turns in flight; the level goes on with the others and says what was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentload.bench.analysis import LevelData
+from agentload.bench.levelctx import LevelContext
+from agentload.bench.target import http_target
+from agentload.clock import LoopClock
+from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
+from agentload.endpoint.connection import Connection, connect
+from agentload.endpoint.output import EngineFields
+from agentload.endpoint.records import RequestRecord
+from agentload.load.cluster import ClockOffset, RayCluster, dead_actor_errors, now
+from agentload.load.runner import End, Liveness, LoadHandle, LoadOutcome, run_load
+from agentload.load.strategy import AllAtOnce
+from agentload.workload.base import Workload
+from agentload.workload.sizing import TokenSizing
+
+PULL_INTERVAL_S = 0.5
+
+
+class Endpoint:
+    """The server's ``--url`` and key, as an actor opens its own connection with them; the key never printed."""
+
+    def __init__(self, url: str, key: str | None) -> None:
+        self.url = url
+        self.key = key
+
+    def __repr__(self) -> str:
+        return "Endpoint(<url and key not shown>)"
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """What an actor needs to run its share of a level (pickled by Ray)."""
+
+    model: str
+    engine: str | None
+    workload: Workload
+    agents: int
+    context: int
+    level: int
+    run_id: str
+    seed: int  # the level's own (the run's seed + 7919 × level, as in one process)
+    sizing: TokenSizing
+    exact_output_engine: str | None
+    pin_slots: int | None
+    grace_s: float
+    stagger_s: float
+
+
+@dataclass
+class Batch:
+    """An actor's records since the last pull, and where its agents are."""
+
+    records: list[RequestRecord]
+    in_flight: int
+    done: bool  # every agent of the share has returned
+
+
+@dataclass
+class Share:
+    """What an actor's share of the level came to, once it ended."""
+
+    records: list[RequestRecord]
+    agents: int
+    sessions_ok: int
+    sessions_failed: int
+    passed: int
+    scored: int
+    drawn: dict[tuple[str, int], int]
+    lost: str | None
+    cancelled: int
+
+
+class LevelWorker:
+    """A Ray async actor: runs its share of each level it is given, on its own loop (see the module)."""
+
+    def __init__(self, index: int, count: int, endpoint: Endpoint) -> None:
+        self.index = index
+        self.count = count
+        self.endpoint = endpoint
+        self._task: asyncio.Task[LoadOutcome] | None = None
+        self._handle: LoadHandle | None = None
+        self._stop = asyncio.Event()
+        self._records: list[RequestRecord] = []
+        self._gate: QuiesceGate | None = None
+        self._conn: Connection | None = None
+        self._data: LevelData | None = None
+        self._agents = 0
+
+    async def node(self) -> str:
+        import ray  # only ever imported in an actor, which Ray itself started
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    async def now(self) -> float:
+        return now()
+
+    async def start(self, spec: LevelSpec) -> int:
+        """Start this actor's share of the level; returns how many agents it runs."""
+        if self._task is not None and not self._task.done():
+            raise RuntimeError("a level is already running on this actor")
+        clock = LoopClock()
+        target = http_target(self.endpoint.url, spec.model, spec.engine, api_key=self.endpoint.key)
+        self._conn = await connect(target.base_url, target.transport, clock=clock, close_transport=True)
+        positions = list(range(self.index, spec.agents, self.count))
+        drivers = spec.workload.agents(spec.agents, context=spec.context, seed=spec.seed)
+        mine = [drivers[i] for i in positions]
+        self._agents = len(mine)
+        self._records = []
+        self._gate = gate = QuiesceGate(clock)
+        self._data = data = LevelData(spec.level, spec.agents, spec.context, spec.workload.name, 0.0, 0.0, 0.0)
+        fields = EngineFields(spec.exact_output_engine, spec.pin_slots) if spec.exact_output_engine or spec.pin_slots \
+            else None  # fmt: skip
+        backend = RecordingBackend(self._conn.backend, self._records, None, gate=gate,
+                                   fields=fields.add if fields is not None else None)  # fmt: skip
+        ctx = LevelContext(backend, spec.model, spec.run_id, spec.level, data, spec.sizing)
+        self._stop = asyncio.Event()
+
+        async def until_told(handle: LoadHandle) -> None:
+            self._handle = handle
+            await self._stop.wait()
+            handle.stop()
+
+        strategy = AllAtOnce(stagger_s=spec.stagger_s, clock=clock, positions=positions, of=spec.agents)
+        load = run_load(mine, ctx, strategy=strategy, stop=ctx.stop, body=until_told, liveness=self._conn.liveness,
+                        grace_s=spec.grace_s, clock=clock)  # fmt: skip
+        self._task = asyncio.ensure_future(load)
+        return len(mine)
+
+    async def take(self) -> Batch:
+        out = self._records[:]
+        self._records.clear()
+        done = self._task is None or self._task.done() or (self._handle is not None and self._handle.all_done())
+        return Batch(out, self._gate.in_flight if self._gate is not None else 0, done)
+
+    async def quiet(self, timeout_s: float) -> int:
+        """Close the gate and wait for the requests in flight to finish; the number still in flight (0: quiet)."""
+        assert self._gate is not None
+        self._gate.close()
+        await self._gate.drained(timeout_s)
+        return self._gate.in_flight
+
+    async def open(self) -> None:
+        if self._gate is not None:
+            self._gate.open()
+
+    async def stop(self) -> None:
+        self._stop.set()
+
+    async def finish(self) -> Share:
+        """Wait for the share to end (after ``stop``, its grace) and hand over the rest."""
+        if self._task is None or self._data is None or self._conn is None:
+            raise RuntimeError("finish() before start()")
+        try:
+            outcome = await self._task
+        finally:
+            await self._conn.aclose()
+        data = self._data
+        rest = self._records[:]
+        self._records.clear()
+        return Share(rest, self._agents, data.sessions_ok, data.sessions_failed, data.passed, data.scored,
+                     dict(data.drawn), outcome.lost, outcome.cancelled)  # fmt: skip
+
+
+def on_driver_clock(record: RequestRecord, offset: ClockOffset) -> RequestRecord:
+    """``record`` with its times moved from an actor's clock to the driver's (no change on the driver's node)."""
+    if offset.offset_s == 0.0:
+        return record
+    d = offset.offset_s
+
+    def back(t: float | None) -> float | None:
+        return None if t is None else t - d
+
+    return record.model_copy(
+        update={
+            "t_sent": record.t_sent - d,
+            "t_headers": back(record.t_headers),
+            "t_first_byte": back(record.t_first_byte),
+            "t_first_token": back(record.t_first_token),
+            "t_done": record.t_done - d,
+            "chunk_times": [t - d for t in record.chunk_times],
+        }
+    )
+
+
+@dataclass
+class RemoteLevel:
+    """The driver's side of a level on actors: a gate for the quiet edges and a handle for the window's body."""
+
+    cluster: RayCluster
+    data: LevelData
+    sink: RecordSink | None
+    in_flight: int = 0
+    _alive: list[int] = field(default_factory=list)
+    _done: dict[int, bool] = field(default_factory=dict)
+    _pending: list[Awaitable[Any]] = field(default_factory=list)
+    _agents: dict[int, int] = field(default_factory=dict)
+    pulled: int = 0  # records taken from the actors so far
+
+    async def start(self, spec: LevelSpec) -> None:
+        actors = self.cluster.actors
+        counts = await asyncio.gather(*(a.start.remote(spec) for a in actors))
+        self._alive = list(range(len(actors)))
+        self._agents = dict(enumerate(counts))
+        self._done = dict.fromkeys(self._alive, False)
+
+    # -- the gate, as the level's quiet edges use it --------------------------------------------------------------
+    def close(self) -> None:
+        """Nothing here: ``drained`` closes every actor's gate and waits in one call each."""
+
+    async def drained(self, timeout_s: float) -> bool:
+        left = await self._each(lambda a: a.quiet.remote(timeout_s))
+        self.in_flight = sum(n for n in left.values() if n is not None)
+        return self.in_flight == 0
+
+    def open(self) -> None:
+        self._pending.append(asyncio.ensure_future(self._each(lambda a: a.open.remote())))
+
+    # -- the handle, as the window's body uses it --------------------------------------------------------------
+    def stop(self) -> None:
+        self._pending.append(asyncio.ensure_future(self._each(lambda a: a.stop.remote())))
+
+    def all_done(self) -> bool:
+        return all(self._done.get(i, True) for i in self._alive)
+
+    # -------------------------------------------------------------------------------------------------------------
+    async def _each(self, call: Callable[[Any], Awaitable[Any]]) -> dict[int, Any]:
+        """``call`` on every live actor at once; an actor found dead is dropped and its loss noted."""
+        alive = list(self._alive)
+        results = await asyncio.gather(*(call(self.cluster.actors[i]) for i in alive), return_exceptions=True)
+        out: dict[int, Any] = {}
+        dead = dead_actor_errors(self.cluster.ray)
+        for i, r in zip(alive, results, strict=True):
+            if isinstance(r, dead):
+                self._lose(i, r)
+                out[i] = None
+            elif isinstance(r, BaseException):
+                raise r
+            else:
+                out[i] = r
+        return out
+
+    def _lose(self, i: int, exc: BaseException) -> None:
+        if i not in self._alive:
+            return
+        self._alive.remove(i)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        self.data.notes.append(
+            f"actor {i} of {len(self.cluster.actors)} died during this level ({first}): its "
+            f"{self._agents.get(i, 0)} agents stopped there; the records it had handed over are kept, its turns "
+            "in flight and its records since the last pull are lost"
+        )
+
+    def _keep(self, i: int, records: Sequence[RequestRecord]) -> None:
+        offset = self.cluster.offsets[i] if i < len(self.cluster.offsets) else ClockOffset(0.0, 0.0, True)
+        for r in records:
+            r = on_driver_clock(r, offset)
+            self.data.records.append(r)
+            if self.sink is not None:
+                self.sink(r)
+        self.pulled += len(records)
+
+    async def pull(self) -> None:
+        batches = await self._each(lambda a: a.take.remote())
+        for i, b in batches.items():
+            if b is not None:
+                self._keep(i, b.records)
+                self._done[i] = b.done
+
+    async def pull_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PULL_INTERVAL_S)
+            await self.pull()
+
+    async def finish(self) -> LoadOutcome:
+        """Stop what is left, wait for every live actor's share, merge; an outcome as one process would give."""
+        for p in self._pending:
+            with contextlib.suppress(Exception):
+                await p
+        self._pending.clear()
+        await self._each(lambda a: a.stop.remote())
+        shares = await self._each(lambda a: a.finish.remote())
+        lost: str | None = None
+        cancelled = 0
+        for i, s in shares.items():
+            if s is None:
+                continue
+            self._keep(i, s.records)
+            d = self.data
+            d.sessions_ok += s.sessions_ok
+            d.sessions_failed += s.sessions_failed
+            d.passed += s.passed
+            d.scored += s.scored
+            d.drawn.update(s.drawn)
+            lost = lost or s.lost
+            cancelled += s.cancelled
+        return LoadOutcome(ended=End.LOST if lost else End.BODY, lost=lost, cancelled=cancelled, wall_s=0.0)
+
+
+async def run_remote(
+    level: RemoteLevel, spec: LevelSpec, body: Callable[[Any], Awaitable[None]], liveness: Liveness
+) -> LoadOutcome:
+    """Run ``body`` (the window) over the actors' share of the level until it returns or the server is lost."""
+    t0 = now()
+    await level.start(spec)
+    puller = asyncio.ensure_future(level.pull_loop())
+    body_task = asyncio.ensure_future(body(level))
+    watch = asyncio.ensure_future(liveness.wait_lost())
+    lost: str | None = None
+    try:
+        done, _ = await asyncio.wait({body_task, watch, puller}, return_when=asyncio.FIRST_COMPLETED)
+        if watch in done:
+            lost = watch.result()
+        if puller in done:
+            puller.result()  # a bug: raised after the cleanup below
+        if body_task in done:
+            body_task.result()
+    finally:
+        for t in (puller, body_task, watch):
+            t.cancel()
+        await asyncio.gather(puller, body_task, watch, return_exceptions=True)
+        outcome = await level.finish()
+    lost = lost or outcome.lost
+    return LoadOutcome(End.LOST if lost else End.BODY, lost, outcome.cancelled, now() - t0)
