@@ -156,6 +156,10 @@ CASES: dict[str, tuple[Case, str]] = {
         lambda t: _config(t, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, q_lora_rank=True),
         "q_lora_rank",
     ),
+    "--executor bogus": (lambda t: [*BENCH, "--executor", "bogus"], "--executor must be local or ray"),
+    "--executor ray on virtual time": (lambda t: [*BENCH, "--executor", "ray"], "server over HTTP"),
+    "--workers without ray": (lambda t: [*BENCH, "--workers", "2"], "options of --executor ray"),
+    "--workers 0": (lambda t: [*BENCH, "--executor", "ray", "--workers", "0"], "--workers"),
 }
 
 

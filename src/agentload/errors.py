@@ -107,6 +107,10 @@ class CheckpointError(AgentloadError):
     """A run directory or checkpoint file cannot be used to resume."""
 
 
+class ExecutorError(AgentloadError):
+    """The executor that runs the agents cannot go on (every Ray actor died)."""
+
+
 class CalibrationError(AgentloadError):
     """The measurements cannot determine the coefficients (too few usable points, or none in a regime)."""
 

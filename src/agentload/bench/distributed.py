@@ -20,7 +20,6 @@ since the last pull and its turns in flight; the level goes on with the others a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,8 @@ from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
 from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import EngineFields
 from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.transport import Transport
+from agentload.errors import ExecutorError
 from agentload.load.cluster import ClockOffset, RayCluster, dead_actor_errors, now
 from agentload.load.runner import End, Liveness, LoadHandle, LoadOutcome, run_load
 from agentload.load.strategy import AllAtOnce
@@ -43,11 +44,16 @@ PULL_INTERVAL_S = 0.5
 
 
 class Endpoint:
-    """The server's ``--url`` and key, as an actor opens its own connection with them; the key never printed."""
+    """The server's ``--url`` and key, as an actor opens its own connection with them; the key never printed.
 
-    def __init__(self, url: str, key: str | None) -> None:
+    ``transport``: an in-process one to send through instead (tests run actors in one process, on virtual time,
+    against the in-process simulator); never given to a Ray actor, which gets a copy of this object.
+    """
+
+    def __init__(self, url: str, key: str | None, transport: Transport | None = None) -> None:
         self.url = url
         self.key = key
+        self.transport = transport
 
     def __repr__(self) -> str:
         return "Endpoint(<url and key not shown>)"
@@ -103,13 +109,15 @@ class LevelWorker:
         self.index = index
         self.count = count
         self.endpoint = endpoint
-        self._task: asyncio.Task[LoadOutcome] | None = None
-        self._handle: LoadHandle | None = None
+        self._loads: list[asyncio.Task[LoadOutcome]] = []
+        self._handles: list[LoadHandle] = []
         self._stop = asyncio.Event()
         self._records: list[RequestRecord] = []
         self._gate: QuiesceGate | None = None
         self._conn: Connection | None = None
         self._data: LevelData | None = None
+        self._spec: LevelSpec | None = None
+        self._ctx: LevelContext | None = None
         self._agents = 0
 
     async def node(self) -> str:
@@ -122,15 +130,16 @@ class LevelWorker:
 
     async def start(self, spec: LevelSpec) -> int:
         """Start this actor's share of the level; returns how many agents it runs."""
-        if self._task is not None and not self._task.done():
+        if any(not t.done() for t in self._loads):
             raise RuntimeError("a level is already running on this actor")
         clock = LoopClock()
-        target = http_target(self.endpoint.url, spec.model, spec.engine, api_key=self.endpoint.key)
-        self._conn = await connect(target.base_url, target.transport, clock=clock, close_transport=True)
-        positions = list(range(self.index, spec.agents, self.count))
-        drivers = spec.workload.agents(spec.agents, context=spec.context, seed=spec.seed)
-        mine = [drivers[i] for i in positions]
-        self._agents = len(mine)
+        if self.endpoint.transport is None:
+            target = http_target(self.endpoint.url, spec.model, spec.engine, api_key=self.endpoint.key)
+            self._conn = await connect(target.base_url, target.transport, clock=clock, close_transport=True)
+        else:
+            self._conn = await connect(self.endpoint.url, self.endpoint.transport, clock=clock)
+        self._spec = spec
+        self._loads, self._handles, self._agents = [], [], 0
         self._records = []
         self._gate = gate = QuiesceGate(clock)
         self._data = data = LevelData(spec.level, spec.agents, spec.context, spec.workload.name, 0.0, 0.0, 0.0)
@@ -138,29 +147,55 @@ class LevelWorker:
             else None  # fmt: skip
         backend = RecordingBackend(self._conn.backend, self._records, None, gate=gate,
                                    fields=fields.add if fields is not None else None)  # fmt: skip
-        ctx = LevelContext(backend, spec.model, spec.run_id, spec.level, data, spec.sizing)
+        self._ctx = LevelContext(backend, spec.model, spec.run_id, spec.level, data, spec.sizing)
         self._stop = asyncio.Event()
+        self._launch(list(range(self.index, spec.agents, self.count)), {}, spec.stagger_s, adopted=False)
+        return self._agents
+
+    async def adopt(self, positions: list[int], sessions: dict[str, int]) -> int:
+        """Run agents of a dead actor's share from now on, each from its next session (``sessions``: the last one
+        the driver saved a turn of, by agent): no turn the level saved is run again. Returns how many restarted."""
+        return self._launch(positions, sessions, 0.0, adopted=True)
+
+    def _launch(self, positions: list[int], sessions: dict[str, int], stagger_s: float, adopted: bool) -> int:
+        spec, ctx, conn = self._spec, self._ctx, self._conn
+        if spec is None or ctx is None or conn is None:
+            raise RuntimeError("no level started on this actor")
+        drivers = spec.workload.agents(spec.agents, context=spec.context, seed=spec.seed)
+        if adopted:
+            # Only agents that can start at a later session: any other would run its saved turns again.
+            kept = [(i, d) for i in positions if resume_after(d := drivers[i], sessions.get(d.agent_id, -1))]
+            positions = [i for i, _ in kept]
+            mine = [d for _, d in kept]
+        else:
+            mine = [drivers[i] for i in positions]
+        self._agents += len(mine)
 
         async def until_told(handle: LoadHandle) -> None:
-            self._handle = handle
+            self._handles.append(handle)
             await self._stop.wait()
             handle.stop()
 
-        strategy = AllAtOnce(stagger_s=spec.stagger_s, clock=clock, positions=positions, of=spec.agents)
-        load = run_load(mine, ctx, strategy=strategy, stop=ctx.stop, body=until_told, liveness=self._conn.liveness,
-                        grace_s=spec.grace_s, clock=clock)  # fmt: skip
-        self._task = asyncio.ensure_future(load)
+        if not mine:
+            return 0
+        strategy = AllAtOnce(stagger_s=stagger_s, clock=ctx.clock, positions=positions, of=spec.agents)
+        load = run_load(mine, ctx, strategy=strategy, stop=ctx.stop, body=until_told, liveness=conn.liveness,
+                        grace_s=spec.grace_s, clock=LoopClock())  # fmt: skip
+        self._loads.append(asyncio.ensure_future(load))
         return len(mine)
 
     async def take(self) -> Batch:
         out = self._records[:]
         self._records.clear()
-        done = self._task is None or self._task.done() or (self._handle is not None and self._handle.all_done())
+        done = all(t.done() for t in self._loads) or (
+            len(self._handles) == len(self._loads) and all(h.all_done() for h in self._handles)
+        )
         return Batch(out, self._gate.in_flight if self._gate is not None else 0, done)
 
     async def quiet(self, timeout_s: float) -> int:
         """Close the gate and wait for the requests in flight to finish; the number still in flight (0: quiet)."""
-        assert self._gate is not None
+        if self._gate is None:
+            return 0
         self._gate.close()
         await self._gate.drained(timeout_s)
         return self._gate.in_flight
@@ -174,17 +209,37 @@ class LevelWorker:
 
     async def finish(self) -> Share:
         """Wait for the share to end (after ``stop``, its grace) and hand over the rest."""
-        if self._task is None or self._data is None or self._conn is None:
+        if self._data is None or self._conn is None:
             raise RuntimeError("finish() before start()")
         try:
-            outcome = await self._task
+            outcomes = await asyncio.gather(*self._loads)
         finally:
             await self._conn.aclose()
         data = self._data
         rest = self._records[:]
         self._records.clear()
+        lost = next((o.lost for o in outcomes if o.lost is not None), None)
         return Share(rest, self._agents, data.sessions_ok, data.sessions_failed, data.passed, data.scored,
-                     dict(data.drawn), outcome.lost, outcome.cancelled)  # fmt: skip
+                     dict(data.drawn), lost, sum(o.cancelled for o in outcomes))  # fmt: skip
+
+
+def resume_after(driver: Any, session: int) -> bool:
+    """Have a rebuilt driver start at the session after ``session`` (an agentic agent: ``sessions_started``)."""
+    agent = getattr(driver, "agent", driver)
+    if not isinstance(getattr(agent, "sessions_started", None), int):
+        return False
+    agent.sessions_started = session + 1
+    return True
+
+
+def last_sessions(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """The last session each agent saved a turn of, from record ids ``AGENT/sN`` (agentic sessions)."""
+    out: dict[str, int] = {}
+    for r in records:
+        agent, sep, n = r.ids.agent.rpartition("/s")
+        if sep and n.isdigit():
+            out[agent] = max(out.get(agent, -1), int(n))
+    return out
 
 
 def on_driver_clock(record: RequestRecord, offset: ClockOffset) -> RequestRecord:
@@ -220,9 +275,11 @@ class RemoteLevel:
     _done: dict[int, bool] = field(default_factory=dict)
     _pending: list[Awaitable[Any]] = field(default_factory=list)
     _agents: dict[int, int] = field(default_factory=dict)
+    _spec: LevelSpec | None = None
     pulled: int = 0  # records taken from the actors so far
 
     async def start(self, spec: LevelSpec) -> None:
+        self._spec = spec
         actors = self.cluster.actors
         counts = await asyncio.gather(*(a.start.remote(spec) for a in actors))
         self._alive = list(range(len(actors)))
@@ -234,25 +291,25 @@ class RemoteLevel:
         """Nothing here: ``drained`` closes every actor's gate and waits in one call each."""
 
     async def drained(self, timeout_s: float) -> bool:
-        left = await self._each(lambda a: a.quiet.remote(timeout_s))
+        left = await self._each(lambda _, a: a.quiet.remote(timeout_s))
         self.in_flight = sum(n for n in left.values() if n is not None)
         return self.in_flight == 0
 
     def open(self) -> None:
-        self._pending.append(asyncio.ensure_future(self._each(lambda a: a.open.remote())))
+        self._pending.append(asyncio.ensure_future(self._each(lambda _, a: a.open.remote())))
 
     # -- the handle, as the window's body uses it --------------------------------------------------------------
     def stop(self) -> None:
-        self._pending.append(asyncio.ensure_future(self._each(lambda a: a.stop.remote())))
+        self._pending.append(asyncio.ensure_future(self._each(lambda _, a: a.stop.remote())))
 
     def all_done(self) -> bool:
         return all(self._done.get(i, True) for i in self._alive)
 
     # -------------------------------------------------------------------------------------------------------------
-    async def _each(self, call: Callable[[Any], Awaitable[Any]]) -> dict[int, Any]:
-        """``call`` on every live actor at once; an actor found dead is dropped and its loss noted."""
+    async def _each(self, call: Callable[[int, Any], Awaitable[Any]]) -> dict[int, Any]:
+        """``call`` (index, actor) on every live actor at once; one found dead is dropped, its agents restarted."""
         alive = list(self._alive)
-        results = await asyncio.gather(*(call(self.cluster.actors[i]) for i in alive), return_exceptions=True)
+        results = await asyncio.gather(*(call(i, self.cluster.actors[i]) for i in alive), return_exceptions=True)
         out: dict[int, Any] = {}
         dead = dead_actor_errors(self.cluster.ray)
         for i, r in zip(alive, results, strict=True):
@@ -269,12 +326,31 @@ class RemoteLevel:
         if i not in self._alive:
             return
         self._alive.remove(i)
+        self._done.pop(i, None)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        self._pending.append(asyncio.ensure_future(self._adopt(i, first)))
+
+    async def _adopt(self, dead: int, why: str) -> None:
+        """Restart a dead actor's agents on the live ones, each from its next session; note what happened."""
+        n = len(self.cluster.actors)
+        if not self._alive:
+            raise ExecutorError(f"every Ray actor died (the last: actor {dead}, {why}); the records saved so far "
+                                "are kept")  # fmt: skip
+        assert self._spec is not None
+        positions = list(range(dead, self._spec.agents, n))
+        sessions = last_sessions(self.data.records)
+        shares = {a: positions[k :: len(self._alive)] for k, a in enumerate(self._alive)}
+        started = await self._each(lambda i, a: a.adopt.remote(shares[i], sessions))
+        restarted = sum(v for v in started.values() if v)
+        where = ", ".join(str(a) for a in started)
         self.data.notes.append(
-            f"actor {i} of {len(self.cluster.actors)} died during this level ({first}): its "
-            f"{self._agents.get(i, 0)} agents stopped there; the records it had handed over are kept, its turns "
-            "in flight and its records since the last pull are lost"
+            f"actor {dead} of {n} died during this level ({why}): the records it had handed over are kept, its "
+            f"turns in flight and its records since the last pull are lost; {restarted} of its {len(positions)} "
+            f"agents went on on actor(s) {where}, each from its next session (no saved turn run again)"
+            + ("" if restarted == len(positions) else "; the others' workload cannot start an agent mid-way")
         )
+        for a in started:
+            self._done[a] = False
 
     def _keep(self, i: int, records: Sequence[RequestRecord]) -> None:
         offset = self.cluster.offsets[i] if i < len(self.cluster.offsets) else ClockOffset(0.0, 0.0, True)
@@ -286,7 +362,7 @@ class RemoteLevel:
         self.pulled += len(records)
 
     async def pull(self) -> None:
-        batches = await self._each(lambda a: a.take.remote())
+        batches = await self._each(lambda _, a: a.take.remote())
         for i, b in batches.items():
             if b is not None:
                 self._keep(i, b.records)
@@ -299,12 +375,13 @@ class RemoteLevel:
 
     async def finish(self) -> LoadOutcome:
         """Stop what is left, wait for every live actor's share, merge; an outcome as one process would give."""
-        for p in self._pending:
-            with contextlib.suppress(Exception):
-                await p
+        failed = [r for r in await asyncio.gather(*self._pending, return_exceptions=True)
+                  if isinstance(r, BaseException)]  # fmt: skip
         self._pending.clear()
-        await self._each(lambda a: a.stop.remote())
-        shares = await self._each(lambda a: a.finish.remote())
+        if failed:
+            raise failed[0]
+        await self._each(lambda _, a: a.stop.remote())
+        shares = await self._each(lambda _, a: a.finish.remote())
         lost: str | None = None
         cancelled = 0
         for i, s in shares.items():

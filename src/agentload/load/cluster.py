@@ -93,13 +93,14 @@ class RayCluster:
         ray = self.ray
         if ray.is_initialized():
             return
-        options: dict[str, Any] = {"include_dashboard": False, "configure_logging": False, "log_to_driver": True}
+        options: dict[str, Any] = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
         if self.spec.address is None:
             # A local Ray of this machine's cores, started by and for this run.
             options["num_cpus"] = os.cpu_count() or 1
             self.started_here = True
         else:
             options["address"] = self.spec.address
+        _ray_messages_to_stderr()
         try:
             ray.init(**options)
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError … for a bad address
@@ -159,6 +160,24 @@ class RayCluster:
         worst = max((o.error_s for o in self.offsets), default=0.0)
         clock = "one clock" if worst == 0 else f"clocks aligned to within {worst * 1e3:.2f} ms"
         return f"ray: {len(self.actors)} actors on {where} ({clock})"
+
+
+def _ray_messages_to_stderr() -> None:
+    """Ray's driver prints the raylet's messages (e.g. "A worker died or was killed …") on stdout, where ``--json``
+    writes the result; they go to stderr instead, with the other diagnostics. Left alone if Ray's internals moved."""
+    try:
+        worker = importlib.import_module("ray._private.worker")
+    except ImportError:
+        return
+    original = getattr(worker, "print_to_stdstream", None)
+    if not callable(original) or getattr(original, "_agentload", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        original({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr._agentload = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr  # type: ignore[attr-defined]  # a module: its attributes are not typed
 
 
 def dead_actor_errors(ray: ModuleType) -> tuple[type[BaseException], ...]:
