@@ -41,11 +41,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def sim_process(profile_text: str, *extra: str) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
+def sim_process(profile_text: str, *extra: str, pin: bool = True) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
     """Start ``agentload sim`` on a free loopback port; yield (process, host, port); stop it afterwards.
 
-    With two or more cores the server is pinned to the first and this process to the second, so client and
-    server do not steal each other's time.
+    With two or more cores (and ``pin``) the server is pinned to the first and this process to the second, so
+    client and server do not steal each other's time.
     """
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp) / "bench.toml"
@@ -66,7 +66,7 @@ def sim_process(profile_text: str, *extra: str) -> Iterator[tuple[subprocess.Pop
             if not address:
                 raise SystemExit("the simulated server did not start")
             cores = sorted(os.sched_getaffinity(0))
-            if len(cores) >= 2:
+            if pin and len(cores) >= 2:
                 os.sched_setaffinity(proc.pid, {cores[0]})
                 os.sched_setaffinity(0, {cores[1]})
             host, port = address.rsplit(":", 1)

@@ -33,6 +33,10 @@ from typing import Any, Literal
 from agentload.errors import ConfigError
 
 ExecutorKind = Literal["local", "ray"]
+# Ray runs an async actor on uvloop when it is installed, whose loop clock is libuv's, in whole milliseconds and read
+# once per loop iteration: every record's timing would be coarse and late. Actors run on asyncio's own loop, whose
+# clock is time.monotonic() and whose socket reads take the kernel's receive stamps (``endpoint.transport``).
+ACTOR_ENV = {"env_vars": {"RAY_USE_UVLOOP": "0"}}
 # Round trips taken to estimate a remote actor's clock offset (the one with the smallest time wins).
 OFFSET_PINGS = 8
 
@@ -118,7 +122,8 @@ class RayCluster:
         count = self.worker_count()
         # One CPU each, so Ray places one per core and spreads them over nodes; async actors run many agents each.
         remote = self.ray.remote(num_cpus=1, max_concurrency=1000, max_restarts=0)(cls)
-        self.actors = [remote.options(scheduling_strategy="SPREAD").remote(i, count, *args) for i in range(count)]
+        self.actors = [remote.options(scheduling_strategy="SPREAD", runtime_env=ACTOR_ENV).remote(i, count, *args)
+                       for i in range(count)]  # fmt: skip
         return self.actors
 
     async def measure_offsets(self) -> list[ClockOffset]:

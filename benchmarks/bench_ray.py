@@ -1,0 +1,215 @@
+"""How many concurrent streams one process carries against two Ray actors, and what the Ray driver costs (issue 12).
+
+**Streams carried.** The simulated server runs in its own process with ``--stamp-chunks`` (every token's text is
+the server's CLOCK_MONOTONIC time when it was written) on a profile whose every step takes ``1 / --per-stream``
+seconds, so each stream gets ``--per-stream`` chunks a second and every stream's chunk of a step is written in one
+burst. The client — agentload's ``ChatClient`` — keeps N streams open for ``--seconds``: in this process (local),
+or split over Ray async actors (``--workers``), each with its own client on its own event loop. Lag is arrival −
+the server's stamp. By default a chunk's arrival is stamped when the event loop's select saw its socket ready
+(``--stamps select``), so the lag includes the client's own queue: how long a burst of N chunks waits for the
+client to get to it, which is what one process cannot shorten and what delays a closed-loop agent's next turn.
+(``--stamps kernel``: the kernel's receive stamps, which agentload uses on Linux: the records' timing stays true
+even while the client is behind, and this lag is the kernel's delivery.) A count is carried when the lag p99 is at
+most ``--max-lag-ms`` (10 ms) and the chunks received are at least 95 % of what the server was asked for.
+
+**The driver's CPU.** Then one real ``bench`` level with ``--executor ray`` (``bench.runner.run_level`` with a
+``RayCluster`` of ``LevelWorker``s): agents on the actors, the driver pulling their records every 0.5 s, writing
+them to a run directory and sampling the server; this process's CPU time over the level ÷ the records it received.
+
+Ray binds the machine's address, so the script re-runs itself in a network namespace that has only loopback
+(``unshare -rn``), as the tests do; ``--in-place`` runs it where it is.
+
+    .venv/bin/python benchmarks/bench_ray.py [--streams 500,1000,2000,3000] [--per-stream 5] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from agentload.endpoint import transport as transport_module
+from agentload.endpoint.client import ChatClient
+from agentload.load.cluster import ACTOR_ENV
+from simproc import cpu_seconds, fast_profile, sim_process
+
+REQUEST_S = 8.0  # each request streams this long: streams stay open, few requests start and end in a run
+SETTLE_S = 1.0  # the first second (connections opening, first prefills) is left out of the figures
+
+
+async def _streams(url: str, streams: int, seconds: float, tokens: int) -> Result:
+    """Every chunk's (arrival, lag), failed requests and CPU seconds of ``streams`` streams for ``seconds``."""
+    client = ChatClient(url, api_key_env=None)
+    arrivals: list[float] = []
+    lags: list[float] = []
+    failed = 0
+    stop_at = time.monotonic() + seconds
+    body = {"messages": [{"role": "user", "content": "bench"}], "max_tokens": tokens}
+
+    async def one() -> None:
+        nonlocal failed
+        while time.monotonic() < stop_at:
+            r = await client.chat(body)
+            if not r.ok:
+                failed += 1
+                continue
+            # Each request's first token waits for its admission and prefill: not the client's lag.
+            pairs = list(zip(r.content.split(), r.chunk_times, strict=False))[1:]
+            arrivals.extend(arrived for _, arrived in pairs)
+            lags.extend(arrived - float(sent) for sent, arrived in pairs)
+
+    cpu0 = time.process_time()
+    await asyncio.gather(*(one() for _ in range(streams)))
+    cpu = time.process_time() - cpu0
+    await client.aclose()
+    return np.asarray(arrivals), np.asarray(lags) * 1e3, failed, cpu
+
+
+Result = tuple[np.ndarray, np.ndarray, int, float]
+
+
+def run_streams(url: str, streams: int, seconds: float, tokens: int, select: bool) -> Result:
+    transport_module._KERNEL_STAMPS = not select and transport_module._KERNEL_STAMPS
+    return asyncio.run(_streams(url, streams, seconds, tokens))
+
+
+class StreamActor:
+    """A Ray async actor that runs its share of the streams with its own client."""
+
+    def __init__(self, select: bool) -> None:
+        transport_module._KERNEL_STAMPS = not select and transport_module._KERNEL_STAMPS
+
+    async def run(self, url: str, streams: int, seconds: float, tokens: int) -> Result:
+        return await _streams(url, streams, seconds, tokens)
+
+
+def line(name: str, streams: int, per_stream: float, result: Result, t0: float, seconds: float,
+         max_lag: float, server: float) -> bool:  # fmt: skip
+    """One row; True when the count was carried. Figures over the run less its first second and its tail."""
+    arrivals, lags, failed, cpu = result
+    lo, hi = t0 + SETTLE_S, t0 + seconds
+    inside = (arrivals >= lo) & (arrivals < hi)
+    rate = int(inside.sum()) / (hi - lo)
+    asked = streams * per_stream
+    p50, p99 = np.percentile(lags[inside], (50, 99)) if inside.any() else (float("nan"), float("nan"))
+    ok = bool(p99 <= max_lag and failed == 0)
+    per_chunk = 1e6 * cpu / max(len(arrivals), 1)
+    print(f"{name:>8} {streams:>8,} {rate:>10,.0f} {asked:>10,.0f} {p50:>8.2f} {p99:>9.2f} {per_chunk:>10.1f} "
+          f"{100 * server:>7.0f}% {failed:>6}  {'yes' if ok else 'no'}")  # fmt: skip
+    return ok
+
+
+def carried(args: argparse.Namespace) -> None:
+    import ray
+
+    counts = [int(s) for s in args.streams.split(",")]
+    select = args.stamps == "select"
+    print(f"streams carried: {args.per_stream:g} chunks/s a stream, {args.seconds:g} s, {args.stamps} stamps, "
+          f"carried: lag p99 <= {args.max_lag_ms:g} ms, no request failed")  # fmt: skip
+    print(f"{'client':>8} {'streams':>8} {'chunks/s':>10} {'asked':>10} {'lag p50':>8} {'lag p99':>9} "
+          f"{'µs/chunk':>10} {'server':>8} {'failed':>6}  carried")  # fmt: skip
+    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    remote = ray.remote(num_cpus=1)(StreamActor)
+    actors = [remote.options(runtime_env=ACTOR_ENV).remote(select) for _ in range(args.workers)]
+    best = {"local": 0, "ray": 0}
+    tokens = max(2, round(args.per_stream * REQUEST_S))
+    for n in counts:
+        for name in ("local", "ray"):
+            # No core pinning: the server, this process and the actors all get what the scheduler gives them.
+            with sim_process(fast_profile(1.0 / args.per_stream), "--stamp-chunks", pin=False) as (srv, host, port):
+                url = f"http://{host}:{port}"
+                t0, srv0 = time.monotonic(), cpu_seconds(srv.pid)
+                if name == "local":
+                    result = run_streams(url, n, args.seconds, tokens, select)
+                else:
+                    shares = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
+                    calls = [a.run.remote(url, k, args.seconds, tokens)  # type: ignore[attr-defined]  # a Ray handle
+                             for a, k in zip(actors, shares, strict=True)]  # fmt: skip
+                    parts = ray.get(calls)
+                    result = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                              sum(p[2] for p in parts), sum(p[3] for p in parts))  # fmt: skip
+                server = (cpu_seconds(srv.pid) - srv0) / (time.monotonic() - t0)
+            if line(name, n, args.per_stream, result, t0, args.seconds, args.max_lag_ms, server):
+                best[name] = max(best[name], n)
+    print(f"most streams carried: one process {best['local']:,}, {args.workers} Ray actors {best['ray']:,}")
+    for a in actors:
+        ray.kill(a)  # type: ignore[arg-type]  # an actor handle
+
+
+def driver_cost(args: argparse.Namespace) -> None:
+    from agentload.bench.distributed import Endpoint, LevelWorker
+    from agentload.bench.runner import run_level
+    from agentload.bench.target import Target, http_target
+    from agentload.clock import LoopClock
+    from agentload.load.cluster import ExecutorSpec, RayCluster
+    from agentload.store.rundir import RunWriter
+    from agentload.store.runstore import RunStore
+    from agentload.workload.agentic import AgenticWorkload
+
+    for name in ("local", "ray"):
+        with sim_process(fast_profile(0.05), pin=False) as (_, host, port), tempfile.TemporaryDirectory() as tmp:
+            url = f"http://{host}:{port}"
+            target = http_target(url, "qwen2.5-0.5b", "agentload-sim")
+            cluster = None
+            if name == "ray":
+                cluster = RayCluster(ExecutorSpec("ray", workers=args.workers))
+                cluster.start(LevelWorker, Endpoint(url, None))
+            writer = RunStore(Path(tmp)).create()
+
+            async def level(cluster: RayCluster | None, target: Target, writer: RunWriter) -> tuple[int, float, float]:
+                if cluster is not None:
+                    await cluster.measure_offsets()
+                cpu0, t0 = time.process_time(), time.monotonic()
+                data = await run_level(target, AgenticWorkload("hold"), agents=args.agents, context=2048, level=0,
+                                       run_id=writer.run_id, run_t0=LoopClock().now(), warmup_s=2.0,
+                                       window_s=args.seconds, min_window_s=args.seconds, sink=writer.record,
+                                       cluster=cluster)  # fmt: skip
+                await target.transport.aclose()
+                return len(data.records), time.process_time() - cpu0, time.monotonic() - t0
+
+            records, cpu, wall = asyncio.run(level(cluster, target, writer))
+            writer.close()
+            if cluster is not None:
+                cluster.close()
+        who = "one process (agents and all)" if name == "local" else f"the driver ({args.workers} actors run agents)"
+        print(f"{who}: {records:,} records of {args.agents} agents in {wall:.1f} s, {cpu:.2f} CPU s: "
+              f"{1e3 * cpu / max(records, 1) * 1e3:.0f} ms of CPU per 1,000 records")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", default="500,1000,2000,3000")
+    ap.add_argument("--per-stream", type=float, default=5.0, help="chunks a second each stream gets")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--stamps", choices=("select", "kernel"), default="select")
+    ap.add_argument("--max-lag-ms", type=float, default=10.0)
+    ap.add_argument("--agents", type=int, default=256, help="agents of the driver-cost level")
+    ap.add_argument("--skip", choices=("carried", "driver"), action="append", default=[])
+    ap.add_argument("--in-place", action="store_true", help="do not re-run in a loopback-only network namespace")
+    args = ap.parse_args()
+    if not args.in_place and os.environ.get("AGENTLOAD_NETNS") != "1":
+        cmd = f"ip link set lo up && exec {sys.executable} {' '.join(map(_quote, sys.argv))}"
+        env = {**os.environ, "AGENTLOAD_NETNS": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+        raise SystemExit(subprocess.run(["unshare", "-rn", "bash", "-c", cmd], env=env).returncode)
+    if "carried" not in args.skip:
+        carried(args)
+    if "driver" not in args.skip:
+        driver_cost(args)
+
+
+def _quote(s: str) -> str:
+    return shlex.quote(s)
+
+
+if __name__ == "__main__":
+    main()
