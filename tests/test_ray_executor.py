@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 SCENARIOS = Path(__file__).parent / "ray_scenarios.py"
+# A user, network, PID and mount namespace: only loopback (brought up inside), and every process Ray starts in it
+# ends with it (its first process is the namespace's init), whatever happens to the run.
+NAMESPACE = ("unshare", "-rn", "--pid", "--fork", "--mount-proc")
 
 
 def _namespace_works() -> str | None:
@@ -24,7 +27,7 @@ def _namespace_works() -> str | None:
         return "ray is not installed (pip install 'agentload[ray]')"
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return "needs unshare and ip (util-linux, iproute2) for a loopback-only network namespace"
-    probe = subprocess.run(["unshare", "-rn", "ip", "link", "set", "lo", "up"], capture_output=True, text=True)
+    probe = subprocess.run([*NAMESPACE, "ip", "link", "set", "lo", "up"], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot make a network namespace here: {probe.stderr.strip()}"
     return None
@@ -36,7 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=W
 
 def _scenario(mode: str, out: Path) -> None:
     cmd = f"ip link set lo up && exec {sys.executable} {SCENARIOS} {mode} {out}"
-    done = subprocess.run(["unshare", "-rn", "bash", "-c", cmd], capture_output=True, text=True, timeout=900)
+    done = subprocess.run([*NAMESPACE, "bash", "-c", cmd], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-2000:]
 
 
