@@ -120,8 +120,10 @@ class RayCluster:
         """``worker_count()`` actors of ``cls`` (an async class), each given (index, count, *args), over the nodes."""
         self.connect()
         count = self.worker_count()
-        # One CPU each, so Ray places one per core and spreads them over nodes; async actors run many agents each.
-        remote = self.ray.remote(num_cpus=1, max_concurrency=1000, max_restarts=0)(cls)
+        # One CPU each, so Ray places one per core and spreads them over nodes (async actors run many agents each);
+        # more actors than CPUs share them, rather than wait for CPUs that will never come free.
+        cpus = float(self.ray.cluster_resources().get("CPU", 1))
+        remote = self.ray.remote(num_cpus=min(1.0, cpus / count), max_concurrency=1000, max_restarts=0)(cls)
         self.actors = [remote.options(scheduling_strategy="SPREAD", runtime_env=ACTOR_ENV).remote(i, count, *args)
                        for i in range(count)]  # fmt: skip
         return self.actors
