@@ -175,3 +175,9 @@ def test_without_ray_the_executor_says_how_to_install_it(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: importing it raises ImportError
     with pytest.raises(ConfigError, match=r"pip install 'agentload\[ray\]'"):
         require_ray()
+
+
+def test_an_actor_dead_before_the_level_starts_leaves_its_agents_to_the_others() -> None:
+    data = _level(2, kill_at=0.0)
+    assert {r.ids.agent for r in data.records} == {f"agent-{i}/s0" for i in range(8)}  # all ran, from the start
+    assert any("actor 1 of 2 died" in n and "4 of its 4 agents went on on actor(s) 0" in n for n in data.notes)

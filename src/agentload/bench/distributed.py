@@ -276,15 +276,15 @@ class RemoteLevel:
     _pending: list[Awaitable[Any]] = field(default_factory=list)
     _agents: dict[int, int] = field(default_factory=dict)
     _spec: LevelSpec | None = None
+    _finishing: bool = False
     pulled: int = 0  # records taken from the actors so far
 
     async def start(self, spec: LevelSpec) -> None:
         self._spec = spec
-        actors = self.cluster.actors
-        counts = await asyncio.gather(*(a.start.remote(spec) for a in actors))
-        self._alive = list(range(len(actors)))
-        self._agents = dict(enumerate(counts))
+        self._alive = list(range(len(self.cluster.actors)))
         self._done = dict.fromkeys(self._alive, False)
+        counts = await self._each(lambda _, a: a.start.remote(spec))  # one found dead here: its agents go elsewhere
+        self._agents = {i: n for i, n in counts.items() if n is not None}
 
     # -- the gate, as the level's quiet edges use it --------------------------------------------------------------
     def close(self) -> None:
@@ -328,6 +328,10 @@ class RemoteLevel:
         self._alive.remove(i)
         self._done.pop(i, None)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if self._finishing:  # the level is over: nothing to restart, only what was lost to say
+            self.data.notes.append(f"actor {i} died as the level ended ({first}): its records since the last pull "
+                                   "are lost")  # fmt: skip
+            return
         self._pending.append(asyncio.ensure_future(self._adopt(i, first)))
 
     async def _adopt(self, dead: int, why: str) -> None:
@@ -380,6 +384,7 @@ class RemoteLevel:
         self._pending.clear()
         if failed:
             raise failed[0]
+        self._finishing = True
         await self._each(lambda _, a: a.stop.remote())
         shares = await self._each(lambda _, a: a.finish.remote())
         lost: str | None = None
