@@ -160,6 +160,7 @@ CASES: dict[str, tuple[Case, str]] = {
     "--executor ray on virtual time": (lambda t: [*BENCH, "--executor", "ray"], "server over HTTP"),
     "--workers without ray": (lambda t: [*BENCH, "--workers", "2"], "options of --executor ray"),
     "--workers 0": (lambda t: [*BENCH, "--executor", "ray", "--workers", "0"], "--workers"),
+    "suite --executor bogus": (lambda t: ["suite", "--executor", "bogus"], "--executor must be local or ray"),
 }
 
 

@@ -8,12 +8,7 @@ which every call to it fails as Ray's do. The real Ray executor is tested in ``t
 from __future__ import annotations
 
 import asyncio
-import pickle
 import sys
-from collections import Counter
-from collections.abc import Awaitable, Callable
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -30,44 +25,7 @@ from agentload.sim.behaviour import FillerBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 from agentload.workload.agentic import AgenticWorkload
-
-
-class ActorDied(Exception):
-    """What a call on a dead fake actor raises (Ray's ``RayActorError`` stands here)."""
-
-
-class FakeActor:
-    def __init__(self, worker: LevelWorker) -> None:
-        self.worker = worker
-        self.dead = False
-        self.calls: Counter[str] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        method: Callable[..., Awaitable[Any]] = getattr(self.worker, name)
-
-        async def call(*args: Any) -> Any:
-            if self.dead:
-                raise ActorDied(f"actor {self.worker.index} died")
-            self.calls[name] += 1
-            result = await method(*pickle.loads(pickle.dumps(args)))
-            if self.dead:
-                raise ActorDied(f"actor {self.worker.index} died")
-            return pickle.loads(pickle.dumps(result))
-
-        return SimpleNamespace(remote=call)
-
-    def kill(self) -> None:
-        """As a killed process: its loads stop where they are, its records not yet taken are gone."""
-        self.dead = True
-        for t in self.worker._loads:
-            t.cancel()
-
-
-class FakeCluster:
-    def __init__(self, count: int, endpoint: Endpoint) -> None:
-        self.actors = [FakeActor(LevelWorker(i, count, endpoint)) for i in range(count)]
-        self.offsets = [ClockOffset(0.0, 0.0, same_node=True)] * count
-        self.ray = SimpleNamespace(exceptions=SimpleNamespace(RayActorError=ActorDied))
+from tests.fakeray import FakeCluster
 
 
 def _sim() -> SimServer:
@@ -81,7 +39,7 @@ def _level(actors: int | None, kill_at: float | None = None, kill: tuple[int, ..
         server = _sim()
         transport = InProcessTransport(server)
         target = Target(transport, "http://sim.invalid", server.model_name, "sim", virtual=True, engine="agentload-sim")
-        cluster = FakeCluster(actors, Endpoint(target.base_url, None, transport)) if actors else None
+        cluster = FakeCluster(LevelWorker, actors, Endpoint(target.base_url, None, transport)) if actors else None
         killer: asyncio.Task[None] | None = None
         if cluster is not None and kill_at is not None:
 

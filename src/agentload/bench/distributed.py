@@ -34,7 +34,7 @@ from agentload.endpoint.output import EngineFields
 from agentload.endpoint.records import RequestRecord
 from agentload.endpoint.transport import Transport
 from agentload.errors import ExecutorError
-from agentload.load.cluster import ClockOffset, RayCluster, dead_actor_errors, now
+from agentload.load.cluster import ClockedActor, ClockOffset, RayCluster, dead_actor_errors, now
 from agentload.load.runner import End, Liveness, LoadHandle, LoadOutcome, run_load
 from agentload.load.strategy import AllAtOnce
 from agentload.workload.base import Workload
@@ -102,7 +102,7 @@ class Share:
     cancelled: int
 
 
-class LevelWorker:
+class LevelWorker(ClockedActor):
     """A Ray async actor: runs its share of each level it is given, on its own loop (see the module)."""
 
     def __init__(self, index: int, count: int, endpoint: Endpoint) -> None:
@@ -119,14 +119,6 @@ class LevelWorker:
         self._spec: LevelSpec | None = None
         self._ctx: LevelContext | None = None
         self._agents = 0
-
-    async def node(self) -> str:
-        import ray  # only ever imported in an actor, which Ray itself started
-
-        return str(ray.get_runtime_context().get_node_id())
-
-    async def now(self) -> float:
-        return now()
 
     async def start(self, spec: LevelSpec) -> int:
         """Start this actor's share of the level; returns how many agents it runs."""

@@ -20,14 +20,19 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentload.bench.distributed import Endpoint
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import (
     ApiKeyEnvOption,
+    ExecutorOption,
     JsonOption,
     OutOption,
+    RayAddressOption,
+    WorkersOption,
     console,
     default_book,
     err_console,
+    executor_spec,
     reports_errors,
     resolve_key_env,
 )
@@ -36,15 +41,17 @@ from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.transport import Transport, signed_transport
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError, ServerLostError
+from agentload.load.cluster import ExecutorSpec, RayCluster
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.runstore import run_root
 from agentload.store.suiterun import save_suite_run
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
+from agentload.suite.distributed import RaySuite, SuiteWorker
 from agentload.suite.model import SuiteTest
 from agentload.suite.results import LevelResult, SuiteRun, TestResult
-from agentload.suite.runner import LevelStart, SuiteConfig, TestDone, check_agent_counts, run_suite
+from agentload.suite.runner import LevelStart, RemoteLevels, SuiteConfig, TestDone, check_agent_counts, run_suite
 from agentload.suite.scoring import Status
 
 EMBEDDED_PROFILE = "qwen3-235b-gb300"  # the source benchmark's deployment, and short simulated steps
@@ -139,17 +146,27 @@ async def _run(
     payload_tokens: int,
     max_tokens: int | None,
     show_progress: bool,
+    executor: ExecutorSpec,
 ) -> SuiteRun:
     key = os.environ.get(key_env) or None
     async with AsyncExitStack() as stack:
         base, served, label, transport = await stack.enter_async_context(_endpoint(url, model, profile, key))
         # One connection for the load, the polls and the liveness check; it closes the transport on the way out.
         conn = await stack.enter_async_context(open_connection(base, transport, close_transport=True))
+        remote: RaySuite | None = None
+        if executor.kind == "ray":
+            # Each actor connects to the server itself (the embedded simulator listens on 127.0.0.1 of this machine).
+            cluster = RayCluster(executor)
+            stack.callback(cluster.close)
+            cluster.start(SuiteWorker, Endpoint(url or base, key))
+            await cluster.measure_offsets()
+            err_console.print(f"[dim]{escape(cluster.describe())}[/]")
+            remote = RaySuite(cluster)
         bar = _Bar()
         with bar.progress if show_progress else contextlib.nullcontext():
             config = SuiteConfig(model=served, max_tokens=max_tokens, payload_tokens=payload_tokens)
             return await suite_over(conn, tests, config, counts, endpoint=label, on_level=bar.level,
-                                    on_test=bar.test_done)  # fmt: skip
+                                    on_test=bar.test_done, remote=remote)  # fmt: skip
 
 
 async def suite_over(
@@ -161,6 +178,7 @@ async def suite_over(
     endpoint: str,
     on_level: LevelStart | None = None,
     on_test: TestDone | None = None,
+    remote: RemoteLevels | None = None,
 ) -> SuiteRun:
     """The suite's levels through ``conn``, as ``agentload suite`` runs them on any target.
 
@@ -170,7 +188,7 @@ async def suite_over(
     """
     # The connection's clock: wall time on a normal loop, simulated time when the target is in process.
     return await run_suite(conn.backend, tests, config, counts, conn.clock, endpoint=endpoint, on_level=on_level,
-                           on_test=on_test, liveness=conn.liveness)  # fmt: skip
+                           on_test=on_test, liveness=conn.liveness, remote=remote)  # fmt: skip
 
 
 @asynccontextmanager
@@ -282,6 +300,9 @@ def suite(
         int, typer.Option("--payload-tokens", help="Size of T11's large tool result; lower it for short contexts.")
     ] = PAYLOAD_TOKENS,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Output cap per turn (default: none).")] = None,
+    executor: ExecutorOption = "local",
+    ray_address: RayAddressOption = None,
+    workers: WorkersOption = None,
 ) -> None:
     """Run the behaviour suite (T1–T17 and the H1 relay) with N agents at once; pass rates, timing, TTFT."""
     counts = parse_counts(agents, sweep)
@@ -313,6 +334,7 @@ def suite(
                 payload_tokens,
                 max_tokens,
                 show_progress=not as_json,
+                executor=executor_spec(executor, ray_address, workers),
             )
         )
     except KeyboardInterrupt:

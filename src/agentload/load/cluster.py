@@ -83,6 +83,17 @@ def now() -> float:
     return time.monotonic()
 
 
+class ClockedActor:
+    """What every actor class started by ``RayCluster`` answers: its node and its clock (``measure_offsets``)."""
+
+    async def node(self) -> str:
+        ray = require_ray()  # in an actor, which Ray itself started
+        return str(ray.get_runtime_context().get_node_id())
+
+    async def now(self) -> float:
+        return now()
+
+
 class RayCluster:
     """Connected to Ray, with ``workers`` actors of one class started over the cluster's CPUs."""
 

@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from agentload.agent.loop import (
     AgentSpec,
@@ -218,6 +219,16 @@ async def run_level(
     return acc.compile(clock.now()), outcome.lost
 
 
+class RemoteLevels(Protocol):
+    """Runs a level's sessions elsewhere (``suite.distributed.RaySuite``: over Ray actors)."""
+
+    async def run_level(
+        self, tests: Sequence[SuiteTest], agents: int, config: SuiteConfig, run_id: str, on_test: TestDone | None
+    ) -> tuple[list[AgentResult], int, str | None]:
+        """(the level's sessions, tests finished, why the server was lost or None)."""
+        ...
+
+
 async def run_suite(
     backend: ChatBackend,
     tests: Sequence[SuiteTest],
@@ -229,8 +240,12 @@ async def run_suite(
     on_level: LevelStart | None = None,
     on_test: TestDone | None = None,
     liveness: Liveness | None = None,
+    remote: RemoteLevels | None = None,
 ) -> SuiteRun:
-    """One level per agent count, in the order given; a lost server ends the run, marked incomplete."""
+    """One level per agent count, in the order given; a lost server ends the run, marked incomplete.
+
+    ``remote``: the levels' sessions run there (``--executor ray``); ``backend`` and ``liveness`` are then unused.
+    """
     counts = check_agent_counts(agent_counts)
     if not tests:
         raise ConfigError("no tests to run")
@@ -241,8 +256,14 @@ async def run_suite(
     for n in counts:
         if on_level is not None:
             on_level(n, len(tests))
-        level, lost = await run_level(backend, tests, n, config, clock, run_id=run_id, on_test=on_test,
-                                      liveness=liveness)  # fmt: skip
+        if remote is None:
+            level, lost = await run_level(backend, tests, n, config, clock, run_id=run_id, on_test=on_test,
+                                          liveness=liveness)  # fmt: skip
+        else:
+            check_agent_counts([n])
+            acc = LevelAccumulator(n, tests, clock.now())
+            acc.sessions, acc.tests_done, lost = await remote.run_level(tests, n, config, run_id, on_test)
+            level = acc.compile(clock.now())
         levels.append(level)
         if lost is not None:
             break
