@@ -158,11 +158,11 @@ def carried(args: argparse.Namespace) -> None:
 
 
 def driver_cost(args: argparse.Namespace) -> None:
-    from agentload.bench.distributed import Endpoint, LevelWorker
+    from agentload.bench.distributed import LevelWorker
     from agentload.bench.runner import run_level
     from agentload.bench.target import Target, http_target
     from agentload.clock import LoopClock
-    from agentload.load.cluster import ExecutorSpec, RayCluster
+    from agentload.load.cluster import Endpoint, ExecutorSpec, RayCluster
     from agentload.store.rundir import RunWriter
     from agentload.store.runstore import RunStore
     from agentload.workload.agentic import AgenticWorkload

@@ -9,8 +9,7 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
-from agentload.bench.distributed import Endpoint
-from agentload.load.cluster import ClockOffset
+from agentload.load.cluster import ClockOffset, Endpoint
 
 
 class ActorDied(Exception):

@@ -13,14 +13,14 @@ import sys
 import pytest
 
 from agentload.bench.analysis import LevelData, summarise
-from agentload.bench.distributed import Endpoint, LevelWorker, last_sessions, on_driver_clock
+from agentload.bench.distributed import LevelWorker, last_sessions, on_driver_clock
 from agentload.bench.runner import run_level
 from agentload.bench.target import Target
 from agentload.capacity.profile import load_profile
 from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError, ExecutorError
-from agentload.load.cluster import ClockOffset, ExecutorSpec, require_ray
+from agentload.load.cluster import ClockOffset, Endpoint, ExecutorSpec, require_ray
 from agentload.sim.behaviour import FillerBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from agentload.bench.distributed import Endpoint
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import default_book
 from agentload.cli.suite import suite_over
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import open_connection
+from agentload.load.cluster import Endpoint
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer

@@ -32,31 +32,20 @@ from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
 from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import EngineFields
 from agentload.endpoint.records import RequestRecord
-from agentload.endpoint.transport import Transport
 from agentload.errors import ExecutorError
-from agentload.load.cluster import ClockedActor, ClockOffset, RayCluster, dead_actor_errors, now
+from agentload.load.cluster import (
+    PULL_INTERVAL_S,
+    ClockedActor,
+    ClockOffset,
+    Endpoint,
+    RayCluster,
+    dead_actor_errors,
+    now,
+)
 from agentload.load.runner import End, Liveness, LoadHandle, LoadOutcome, run_load
 from agentload.load.strategy import AllAtOnce
 from agentload.workload.base import Workload
 from agentload.workload.sizing import TokenSizing
-
-PULL_INTERVAL_S = 0.5
-
-
-class Endpoint:
-    """The server's ``--url`` and key, as an actor opens its own connection with them; the key never printed.
-
-    ``transport``: an in-process one to send through instead (tests run actors in one process, on virtual time,
-    against the in-process simulator); never given to a Ray actor, which gets a copy of this object.
-    """
-
-    def __init__(self, url: str, key: str | None, transport: Transport | None = None) -> None:
-        self.url = url
-        self.key = key
-        self.transport = transport
-
-    def __repr__(self) -> str:
-        return "Endpoint(<url and key not shown>)"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.markup import escape
 
 from agentload.bench.analysis import LevelData
-from agentload.bench.distributed import Endpoint, LevelWorker
+from agentload.bench.distributed import LevelWorker
 from agentload.bench.orchestrate import BenchPlan, Mode, run_bench
 from agentload.bench.results import LevelSummary, RunResult
 from agentload.bench.search import parse_slo
@@ -53,7 +53,7 @@ from agentload.errors import (
     EndpointUnreachableError,
     ServerLostError,
 )
-from agentload.load.cluster import ExecutorSpec, RayCluster
+from agentload.load.cluster import Endpoint, ExecutorSpec, RayCluster
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.store.manifest import read_info

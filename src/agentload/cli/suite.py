@@ -20,7 +20,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentload.bench.distributed import Endpoint
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import (
     ApiKeyEnvOption,
@@ -41,7 +40,7 @@ from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.transport import Transport, signed_transport
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError, ServerLostError
-from agentload.load.cluster import ExecutorSpec, RayCluster
+from agentload.load.cluster import Endpoint, ExecutorSpec, RayCluster
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.runstore import run_root

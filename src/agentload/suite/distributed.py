@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentload.agent.loop import ConversationDriver
-from agentload.bench.distributed import PULL_INTERVAL_S, Endpoint
-from agentload.bench.target import http_target
 from agentload.clock import LoopClock
 from agentload.endpoint.connection import Connection, connect
+from agentload.endpoint.transport import signed_transport
 from agentload.errors import ExecutorError
-from agentload.load.cluster import ClockedActor, RayCluster, dead_actor_errors
+from agentload.load.cluster import PULL_INTERVAL_S, ClockedActor, Endpoint, RayCluster, dead_actor_errors
 from agentload.load.runner import LoadOutcome, run_load
 from agentload.suite.cases import select
 from agentload.suite.model import SuiteTest
@@ -54,8 +53,8 @@ class SuiteWorker(ClockedActor):
         tests = select(test_ids, payload_tokens=config.payload_tokens)
         clock = LoopClock()
         if self.endpoint.transport is None:
-            target = http_target(self.endpoint.url, config.model, None, api_key=self.endpoint.key)
-            self._conn = await connect(target.base_url, target.transport, clock=clock, close_transport=True)
+            server, transport = signed_transport(self.endpoint.url, self.endpoint.key)
+            self._conn = await connect(server.base, transport, clock=clock, close_transport=True)
         else:
             self._conn = await connect(self.endpoint.url, self.endpoint.transport, clock=clock)
         self._finished, self._sessions = [], []
