@@ -162,7 +162,8 @@ def driver_cost(args: argparse.Namespace) -> None:
     from agentload.bench.runner import run_level
     from agentload.bench.target import Target, http_target
     from agentload.clock import LoopClock
-    from agentload.load.cluster import Endpoint, ExecutorSpec, RayCluster
+    from agentload.endpoint.transport import Endpoint
+    from agentload.load.cluster import ExecutorSpec, RayCluster
     from agentload.store.rundir import RunWriter
     from agentload.store.runstore import RunStore
     from agentload.workload.agentic import AgenticWorkload

@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
-from agentload.load.cluster import ClockOffset, Endpoint
+from agentload.endpoint.transport import Endpoint
+from agentload.load.cluster import ClockOffset
 
 
 class ActorDied(Exception):

@@ -19,8 +19,9 @@ from agentload.bench.target import Target
 from agentload.capacity.profile import load_profile
 from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.endpoint.transport import Endpoint
 from agentload.errors import ConfigError, ExecutorError
-from agentload.load.cluster import ClockOffset, Endpoint, ExecutorSpec, require_ray
+from agentload.load.cluster import ClockOffset, ExecutorSpec, require_ray
 from agentload.sim.behaviour import FillerBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer

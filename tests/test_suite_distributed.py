@@ -10,7 +10,7 @@ from agentload.cli.common import default_book
 from agentload.cli.suite import suite_over
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import open_connection
-from agentload.load.cluster import Endpoint
+from agentload.endpoint.transport import Endpoint
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer

@@ -32,12 +32,12 @@ from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
 from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import EngineFields
 from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.transport import Endpoint
 from agentload.errors import ExecutorError
 from agentload.load.cluster import (
     PULL_INTERVAL_S,
     ClockedActor,
     ClockOffset,
-    Endpoint,
     RayCluster,
     dead_actor_errors,
     now,

@@ -44,7 +44,7 @@ from agentload.endpoint.probe import ENGINE_LABELS, probe
 from agentload.endpoint.records import Outcome, RequestRecord
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import signed_transport
+from agentload.endpoint.transport import Endpoint, signed_transport
 from agentload.errors import (
     CheckpointError,
     ConfigError,
@@ -53,7 +53,7 @@ from agentload.errors import (
     EndpointUnreachableError,
     ServerLostError,
 )
-from agentload.load.cluster import Endpoint, ExecutorSpec, RayCluster
+from agentload.load.cluster import ExecutorSpec, RayCluster
 from agentload.report.console import print_result
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.store.manifest import read_info

@@ -38,9 +38,9 @@ from agentload.cli.common import (
 from agentload.endpoint.connection import Connection, open_connection
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
-from agentload.endpoint.transport import Transport, signed_transport
+from agentload.endpoint.transport import Endpoint, Transport, signed_transport
 from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError, ServerLostError
-from agentload.load.cluster import Endpoint, ExecutorSpec, RayCluster
+from agentload.load.cluster import ExecutorSpec, RayCluster
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.runstore import run_root

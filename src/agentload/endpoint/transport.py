@@ -671,6 +671,22 @@ class SignedTransport:
         await self._inner.aclose()
 
 
+class Endpoint:
+    """The server's ``--url`` and key, as an actor opens its own connection with them; the key never printed.
+
+    ``transport``: an in-process one to send through instead (tests run actors in one process, on virtual time,
+    against the in-process simulator); never given to a Ray actor, which gets a copy of this object.
+    """
+
+    def __init__(self, url: str, key: str | None, transport: Transport | None = None) -> None:
+        self.url = url
+        self.key = key
+        self.transport = transport
+
+    def __repr__(self) -> str:
+        return "Endpoint(<url and key not shown>)"
+
+
 def signed_transport(url: str, key: str | None, inner: Transport | None = None) -> tuple[ServerUrl, Transport]:
     """``--url`` taken apart (``redact.split_url``) and a transport that sends its credentials and ``key``."""
     server = split_url(url)

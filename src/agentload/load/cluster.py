@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
-from agentload.endpoint.transport import Transport
 from agentload.errors import ConfigError
 
 ExecutorKind = Literal["local", "ray"]
@@ -86,22 +85,6 @@ def now() -> float:
 
 # How often the driver takes the actors' new records.
 PULL_INTERVAL_S = 0.5
-
-
-class Endpoint:
-    """The server's ``--url`` and key, as an actor opens its own connection with them; the key never printed.
-
-    ``transport``: an in-process one to send through instead (tests run actors in one process, on virtual time,
-    against the in-process simulator); never given to a Ray actor, which gets a copy of this object.
-    """
-
-    def __init__(self, url: str, key: str | None, transport: Transport | None = None) -> None:
-        self.url = url
-        self.key = key
-        self.transport = transport
-
-    def __repr__(self) -> str:
-        return "Endpoint(<url and key not shown>)"
 
 
 class ClockedActor:

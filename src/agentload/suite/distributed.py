@@ -20,9 +20,9 @@ from typing import Any
 from agentload.agent.loop import ConversationDriver
 from agentload.clock import LoopClock
 from agentload.endpoint.connection import Connection, connect
-from agentload.endpoint.transport import signed_transport
+from agentload.endpoint.transport import Endpoint, signed_transport
 from agentload.errors import ExecutorError
-from agentload.load.cluster import PULL_INTERVAL_S, ClockedActor, Endpoint, RayCluster, dead_actor_errors
+from agentload.load.cluster import PULL_INTERVAL_S, ClockedActor, RayCluster, dead_actor_errors
 from agentload.load.runner import LoadOutcome, run_load
 from agentload.suite.cases import select
 from agentload.suite.model import SuiteTest
