@@ -161,6 +161,14 @@ CASES: dict[str, tuple[Case, str]] = {
     "--workers without ray": (lambda t: [*BENCH, "--workers", "2"], "options of --executor ray"),
     "--workers 0": (lambda t: [*BENCH, "--executor", "ray", "--workers", "0"], "--workers"),
     "suite --executor bogus": (lambda t: ["suite", "--executor", "bogus"], "--executor must be local or ray"),
+    "run --executor ray --virtual": (
+        lambda t: ["run", _file(t, "f.toml", '[[tasks]]\nid = "t"\nprompt = "x"\n'), "--virtual", "--executor", "ray"],
+        "serve it with agentload sim",
+    ),
+    "run --workers without ray": (
+        lambda t: ["run", _file(t, "f.toml", '[[tasks]]\nid = "t"\nprompt = "x"\n'), "--workers", "2"],
+        "options of --executor ray",
+    ),
 }
 
 

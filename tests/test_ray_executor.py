@@ -83,3 +83,36 @@ def test_a_killed_actor_loses_no_saved_turn_and_its_agents_go_on_from_their_next
     for i in range(dead, 6, 2):  # the dead actor's agents: a first session saved, then the next one
         assert f"agent-{i}/s0" in agents, sorted(agents)
         assert f"agent-{i}/s1" in agents, sorted(agents)
+
+
+def _fleet_turns(run_root: Path) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each committed turn (agent, round) of the run's log: its final request's prompt and completion tokens."""
+    (run,) = [p for p in run_root.iterdir() if p.is_dir()]
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for line in (run / "turns.jsonl").read_text().splitlines():
+        x = json.loads(line)
+        if x["kind"] == "turn":
+            key = (x["agent"], x["round"])
+            assert key not in out, f"{key} committed twice"
+            final = x["turn"]["records"][-1]
+            out[key] = (final["prompt_tokens"], final["completion_tokens"])
+    return out
+
+
+def test_a_fleet_over_two_ray_actors_does_what_it_does_in_one_process(tmp_path: Path) -> None:
+    _scenario("fleet-compare", tmp_path)
+    local, ray = _fleet_turns(tmp_path / "local"), _fleet_turns(tmp_path / "ray")
+    result = json.loads((tmp_path / "ray.json").read_text())
+    assert result["executor"] == "ray: 2 actors on this machine (one clock)"
+    assert result["totals"]["done"] == 8
+    assert set(ray) == {(f"w.{i}", r) for i in range(8) for r in range(6)}
+    assert ray == local  # the same turns, with the tokens the server counted, agent by agent
+
+
+def test_a_killed_fleet_actor_loses_and_repeats_no_committed_turn(tmp_path: Path) -> None:
+    _scenario("fleet-kill", tmp_path)
+    turns = _fleet_turns(tmp_path / "kill")  # fails on a turn committed twice
+    assert set(turns) == {(f"w.{i}", r) for i in range(8) for r in range(6)}
+    result = json.loads((tmp_path / "kill.json").read_text())
+    assert result["totals"]["done"] == 8
+    assert any("died" in w and "sent again by the live actors" in w for w in result["warnings"]), result["warnings"]

@@ -225,23 +225,7 @@ def last_sessions(records: Sequence[RequestRecord]) -> dict[str, int]:
 
 def on_driver_clock(record: RequestRecord, offset: ClockOffset) -> RequestRecord:
     """``record`` with its times moved from an actor's clock to the driver's (no change on the driver's node)."""
-    if offset.offset_s == 0.0:
-        return record
-    d = offset.offset_s
-
-    def back(t: float | None) -> float | None:
-        return None if t is None else t - d
-
-    return record.model_copy(
-        update={
-            "t_sent": record.t_sent - d,
-            "t_headers": back(record.t_headers),
-            "t_first_byte": back(record.t_first_byte),
-            "t_first_token": back(record.t_first_token),
-            "t_done": record.t_done - d,
-            "chunk_times": [t - d for t in record.chunk_times],
-        }
-    )
+    return record.moved(-offset.offset_s)
 
 
 @dataclass

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from aiohttp import web
@@ -25,10 +25,14 @@ from agentload.agent.loop import ChatBackend
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import (
     ApiKeyEnvOption,
+    ExecutorOption,
     JsonOption,
     OutOption,
+    RayAddressOption,
+    WorkersOption,
     console,
     err_console,
+    executor_spec,
     read_api_key,
     reports_errors,
     resolve_key_env,
@@ -39,8 +43,8 @@ from agentload.dashboard import open_board
 from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
 from agentload.endpoint.redact import MASK, redact_url
-from agentload.endpoint.transport import Transport, signed_transport
-from agentload.errors import ConfigError, EndpointError
+from agentload.endpoint.transport import Endpoint, Transport, signed_transport
+from agentload.errors import ConfigError, EndpointError, ExecutorError
 from agentload.fleet.checkpoint import (
     LOG,
     RESULTS,
@@ -53,10 +57,12 @@ from agentload.fleet.checkpoint import (
     write_manifest,
 )
 from agentload.fleet.config import AgentPlan, FleetConfig, expand, load_fleet
+from agentload.fleet.distributed import FleetWorker, RayTurns
 from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.progress import LineProgress, LiveProgress
 from agentload.fleet.results import FleetResult, compile_result, fleet_info
 from agentload.fleet.runner import FleetProgress, FleetRunner
+from agentload.load.cluster import ExecutorSpec, RayCluster
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
 from agentload.store.atomic import write_atomic
@@ -88,6 +94,8 @@ class RunOptions:
     dashboard: bool = False  # serve the live page (agentload.dashboard) on 127.0.0.1 for the run
     dashboard_port: int = 0  # 0: a free port
     dashboard_url: str | None = None  # set once it serves (the token is in it)
+    executor: ExecutorSpec = field(default_factory=ExecutorSpec)  # ray: the requests sent by Ray actors
+    cluster: Callable[[ExecutorSpec], Any] = RayCluster  # what --executor ray starts (tests: an in-process one)
     run_dir: Path | None = None  # set once known, so an interrupted run can say where to resume
     notes: list[str] = field(default_factory=list)  # what was decided before the run, for the caller to print
 
@@ -221,6 +229,27 @@ async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExit
     return _Server(url, f"embedded simulator (profile {profile})", None)
 
 
+async def _ray_turns(
+    opts: RunOptions, manifest: RunManifest, server: _Server, engine: str | None, stack: AsyncExitStack
+) -> tuple[RayTurns, str]:
+    """Ray actors that send the agents' requests (``fleet.distributed``), ended with the run; and what they are."""
+    cluster = opts.cluster(opts.executor)
+    stack.callback(cluster.close)
+    # Each actor opens its own connection: the URL with its credentials and the key (never shown), or the embedded
+    # simulator's 127.0.0.1 address, which actors on this machine reach.
+    url = opts.url or manifest.url or server.url
+    key = read_api_key(opts.api_key_env) if (opts.url or manifest.url) else None
+    # A virtual run's in-process simulator is handed over as it is: only an in-process stand-in for Ray (tests) runs
+    # one; the command refuses --executor ray with --virtual.
+    cluster.start(FleetWorker, Endpoint(url, key, server.transport if manifest.virtual else None), engine)
+    await cluster.measure_offsets()
+    turns = RayTurns(cluster, warn=lambda m: err_console.print(f"warning: {m}", markup=False, soft_wrap=True))
+    stack.push_async_callback(turns.close)  # before the actors are ended (the stack unwinds in reverse)
+    described = cluster.describe()
+    opts.notes.append(described)
+    return turns, described
+
+
 async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult:
     """Run (or resume) a fleet and return its compiled result; ``results.json`` is written in the run dir.
 
@@ -263,7 +292,13 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         conn = await stack.enter_async_context(
             open_connection(url, server.transport, options=ConnectionOptions(engine=probed.engine), clock=clock)
         )
-        poller, backend = conn.monitor, conn.backend
+        poller = conn.monitor
+        backend: ChatBackend = conn.backend
+        executor = "local"
+        turns: RayTurns | None = None
+        if opts.executor.kind == "ray":
+            turns, executor = await _ray_turns(opts, manifest, server, probed.engine, stack)
+            backend = turns
         max_width = min(opts.max_width or len(plans), len(plans))
         limiter = Limiter(make_policy(opts.mode, width, max_width=max_width))
         # Simulated runs skip fsync: a thread's fsync would let virtual time run ahead while it is on disk.
@@ -307,6 +342,8 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         if board is not None:
             board.start(runner)
         outcome = await runner.run()
+        if turns is not None:
+            warnings = [*warnings, *turns.warnings]
     final_state = load_log(run_dir / LOG, repair=False)
     result = compile_result(
         manifest,
@@ -320,6 +357,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         warnings=warnings,
         stopped_early=outcome.stopped_early,
         server_failure=outcome.server_failure,
+        executor=executor,
     )
     write_atomic(run_dir / RESULTS, result.model_dump_json(indent=2))
     RunStore(run_dir.parent).finish(run_dir, fleet_info(result, created=created))
@@ -360,6 +398,8 @@ def render_summary(result: FleetResult, run_dir: Path) -> Table:
         ("wall clock", f"{result.wall_s:.1f} s" + (" (stopped early; resumable)" if result.stopped_early else "")),
         ("width", f"started at {result.start_width}: {result.start_reason}"),
     ]
+    if result.executor != "local":
+        rows.append(("executor", result.executor))
     if result.mode is Mode.AUTO:
         history = result.limiter.history
         rows.append(
@@ -411,6 +451,9 @@ def run(
         bool, typer.Option(help="Serve a live page with controls on 127.0.0.1; its URL (with a token) is printed.")
     ] = False,
     dashboard_port: Annotated[int, typer.Option(min=0, max=65535, help="The dashboard's port (0: a free one).")] = 0,
+    executor: ExecutorOption = "local",
+    ray_address: RayAddressOption = None,
+    workers: WorkersOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run a fleet of agent tasks at the concurrency the server can carry; checkpointed, resumable after a kill."""
@@ -419,6 +462,7 @@ def run(
     if mode is Mode.PARALLEL and width is None:
         raise ConfigError("--mode parallel needs --width N (or use --mode auto to let the limiter choose)")
     resolve_key_env(api_key_env)  # a variable named but unset fails here, not as a 401 per request
+    spec = executor_spec(executor, ray_address, workers)
     if resume is not None and not resume.is_dir() and len(resume.parts) == 1 and (run_root(out) / resume).is_dir():
         resume = run_root(out) / resume  # a run id, as `agentload runs` lists it, under the root of runs
     opts = RunOptions(
@@ -438,9 +482,15 @@ def run(
         virtual=virtual,
         dashboard=dashboard,
         dashboard_port=dashboard_port,
+        executor=spec,
     )
     try:
         resumed_virtual = resume is not None and read_manifest(resume).virtual
+        if spec.kind == "ray" and (virtual or resumed_virtual):
+            raise ConfigError(
+                "--executor ray sends the requests from other processes, and a --virtual run's "
+                "simulator lives in this one: serve it with agentload sim and give --url"
+            )
         if virtual or resumed_virtual:
             result: FleetResult = run_virtual(run_fleet(opts))
         else:
@@ -449,6 +499,9 @@ def run(
         where = opts.run_dir or "RUN_DIR"
         err_console.print(f"interrupted; continue with: agentload run --resume {where}", markup=False)
         raise typer.Exit(130) from None
+    except ExecutorError as exc:
+        where = opts.run_dir or "RUN_DIR"
+        raise ExecutorError(f"{exc}; continue with: agentload run --resume {where}") from None
     run_dir = opts.run_dir or run_root(opts.out) / result.run_id
     if as_json:
         typer.echo(result.model_dump_json(indent=2))

@@ -120,6 +120,26 @@ class RequestRecord(BaseModel):
         values = np.percentile(np.asarray(gaps), qs)
         return {f"p{q:g}": float(v) for q, v in zip(qs, values, strict=True)}
 
+    def moved(self, by_s: float) -> RequestRecord:
+        """This record with every time moved by ``by_s`` (an actor's clock put on the driver's); itself when 0.
+        Durations (TTFT, ITL, latency) are unchanged: they were taken on one clock."""
+        if by_s == 0.0:
+            return self
+
+        def at(t: float | None) -> float | None:
+            return None if t is None else t + by_s
+
+        return self.model_copy(
+            update={
+                "t_sent": self.t_sent + by_s,
+                "t_headers": at(self.t_headers),
+                "t_first_byte": at(self.t_first_byte),
+                "t_first_token": at(self.t_first_token),
+                "t_done": self.t_done + by_s,
+                "chunk_times": [t + by_s for t in self.chunk_times],
+            }
+        )
+
     @property
     def transient(self) -> bool:
         """Worth resending the same turn: resets, 5xx 502/503/504, 429, connect failures, stalls."""

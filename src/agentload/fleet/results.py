@@ -91,6 +91,7 @@ class FleetResult(BaseModel):
     server_failure: str | None = Field(
         default=None, description="the server-level failure that stopped this segment; the result is incomplete"
     )
+    executor: str = Field(default="local", description="who sent this segment's requests (--executor)")
     totals: FleetTotals
     limiter: LimiterStatistics
     segments: list[SegmentResult]
@@ -143,6 +144,7 @@ def compile_result(
     warnings: list[str],
     stopped_early: bool,
     server_failure: str | None = None,
+    executor: str = "local",
 ) -> FleetResult:
     agents = [_agent_result(p, state) for p in plans]
     seg_results: list[SegmentResult] = []
@@ -177,6 +179,7 @@ def compile_result(
         settled_width=settled,
         stopped_early=stopped_early,
         server_failure=server_failure,
+        executor=executor,
         totals=FleetTotals(
             agents=len(agents),
             done=outcomes.count("done"),

@@ -168,6 +168,11 @@ class RayCluster:
         """End one actor at once, as a crash would (for fault tests and benchmarks)."""
         self.ray.kill(self.actors[index], no_restart=True)
 
+    def cancel(self, call: Any) -> None:
+        """Cancel an actor call in flight (an async actor cancels the call's task); a finished one is left alone."""
+        with contextlib.suppress(Exception):
+            self.ray.cancel(call)
+
     def close(self) -> None:
         for a in self.actors:
             with contextlib.suppress(Exception):  # already dead: nothing left to end
