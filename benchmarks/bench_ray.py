@@ -16,7 +16,9 @@ the streams were asked for (N × per-stream), and the server's CPU (when it near
 **The driver's CPU.** Then one real ``bench`` level (``bench.runner.run_level``), in one process and with a
 ``RayCluster`` of ``LevelWorker``s: with Ray the agents run on the actors and this process — the driver — pulls
 their records every 0.5 s, writes them to a run directory and samples the server. CPU time of this process over the
-level ÷ the records it received.
+level ÷ the records it received. **A fleet's driver** (``--skip fleet`` to leave it out): ``agentload run`` of
+``--agents`` agents × ``--rounds`` rounds at full width, in one process and with ``--executor ray`` (the agents,
+limiter and log in this process, the streams on the actors): CPU time of this process ÷ the turns committed.
 
 Ray binds the machine's address, so the script re-runs itself in a namespace that has only loopback (``unshare``,
 with its own PID namespace so nothing Ray starts outlives it), as the tests do; ``--in-place`` runs it as it is.
@@ -198,6 +200,44 @@ def driver_cost(args: argparse.Namespace) -> None:
               f"{1e3 * cpu / max(records, 1) * 1e3:.0f} ms of CPU per 1,000 records")  # fmt: skip
 
 
+FLEET = """
+[defaults]
+tools = ["search"]
+tool_choice = "required"
+max_rounds = ROUNDS
+max_tokens = 32
+think_time_s = 0.5
+context_tokens = 1024
+tool_result_tokens = 64
+
+[[tasks]]
+id = "w"
+prompt = "Work item {replica}."
+count = AGENTS
+"""
+
+
+def fleet_cost(args: argparse.Namespace) -> None:
+    from agentload.cli.run import RunOptions, run_fleet
+    from agentload.fleet.limiter import Mode
+    from agentload.load.cluster import ExecutorSpec
+
+    for name in ("local", "ray"):
+        with sim_process(fast_profile(0.05), pin=False) as (_, host, port), tempfile.TemporaryDirectory() as tmp:
+            spec = Path(tmp) / "fleet.toml"
+            spec.write_text(FLEET.replace("ROUNDS", str(args.rounds)).replace("AGENTS", str(args.agents)))
+            executor = ExecutorSpec("ray", workers=args.workers) if name == "ray" else ExecutorSpec()
+            opts = RunOptions(fleet=spec, url=f"http://{host}:{port}", mode=Mode.PARALLEL, width=args.agents,
+                              out=Path(tmp) / "runs", progress="none", executor=executor)  # fmt: skip
+            cpu0, t0 = time.process_time(), time.monotonic()
+            result = asyncio.run(run_fleet(opts))
+            cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+        turns = result.totals.turns
+        who = "one process (agents and streams)" if name == "local" else f"the driver ({args.workers} actors stream)"
+        print(f"fleet, {who}: {turns:,} turns of {args.agents} agents ({result.totals.done} done) in {wall:.1f} s, "
+              f"{cpu:.2f} CPU s: {1e3 * cpu / max(turns, 1) * 1e3:.0f} ms of CPU per 1,000 turns")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", default="1000,2000,3000,4000")
@@ -207,7 +247,8 @@ def main() -> None:
     ap.add_argument("--stamps", choices=("select", "kernel"), default="select")
     ap.add_argument("--max-lag-ms", type=float, default=10.0)
     ap.add_argument("--agents", type=int, default=256, help="agents of the driver-cost level")
-    ap.add_argument("--skip", choices=("carried", "driver"), action="append", default=[])
+    ap.add_argument("--rounds", type=int, default=8, help="rounds of each agent of the fleet arm")
+    ap.add_argument("--skip", choices=("carried", "driver", "fleet"), action="append", default=[])
     ap.add_argument("--in-place", action="store_true", help="do not re-run in a loopback-only network namespace")
     args = ap.parse_args()
     if not args.in_place and os.environ.get("AGENTLOAD_NETNS") != "1":
@@ -218,6 +259,8 @@ def main() -> None:
         carried(args)
     if "driver" not in args.skip:
         driver_cost(args)
+    if "fleet" not in args.skip:
+        fleet_cost(args)
 
 
 def _quote(s: str) -> str:

@@ -277,6 +277,10 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         if model is None and any(p.model is None for p in plans):
             raise ConfigError(f"{url} lists no model; name one with --model or in the fleet file")
         width, reason, warnings = start_width(opts.mode, opts.width, plans, probed)
+        executor = "local"
+        turns: RayTurns | None = None
+        if opts.executor.kind == "ray":  # started before the run is recorded: a missing Ray leaves no empty run
+            turns, executor = await _ray_turns(opts, manifest, server, probed.engine, stack)
         # Only now, with a server that answers and a width to start at, is there a run to record.
         if existing is None:
             manifest, run_dir = _create_run(opts, manifest, target=server.label, model=model or "")
@@ -293,12 +297,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             open_connection(url, server.transport, options=ConnectionOptions(engine=probed.engine), clock=clock)
         )
         poller = conn.monitor
-        backend: ChatBackend = conn.backend
-        executor = "local"
-        turns: RayTurns | None = None
-        if opts.executor.kind == "ray":
-            turns, executor = await _ray_turns(opts, manifest, server, probed.engine, stack)
-            backend = turns
+        backend: ChatBackend = conn.backend if turns is None else turns
         max_width = min(opts.max_width or len(plans), len(plans))
         limiter = Limiter(make_policy(opts.mode, width, max_width=max_width))
         # Simulated runs skip fsync: a thread's fsync would let virtual time run ahead while it is on disk.
