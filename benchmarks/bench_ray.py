@@ -16,9 +16,11 @@ the streams were asked for (N × per-stream), and the server's CPU (when it near
 **The driver's CPU.** Then one real ``bench`` level (``bench.runner.run_level``), in one process and with a
 ``RayCluster`` of ``LevelWorker``s: with Ray the agents run on the actors and this process — the driver — pulls
 their records every 0.5 s, writes them to a run directory and samples the server. CPU time of this process over the
-level ÷ the records it received. **A fleet's driver** (``--skip fleet`` to leave it out): ``agentload run`` of
-``--agents`` agents × ``--rounds`` rounds at full width, in one process and with ``--executor ray`` (the agents,
-limiter and log in this process, the streams on the actors): CPU time of this process ÷ the turns committed.
+level ÷ the records it received. **A fleet's driver** (``--skip fleet`` to leave it out): ``agentload run`` at
+``--agents`` wide, in one process and with ``--executor ray`` (the agents, limiter and log in this process, the
+streams on the actors), for two kinds of turn — ``--agents`` agents × ``--rounds`` tool-calling rounds (short
+replies), and 4 × ``--agents`` agents × one ``--reply-tokens`` reply: CPU time of this process (Ray's import left
+out, its start-up in) ÷ the turns committed.
 
 Ray binds the machine's address, so the script re-runs itself in a namespace that has only loopback (``unshare``,
 with its own PID namespace so nothing Ray starts outlives it), as the tests do; ``--in-place`` runs it as it is.
@@ -31,6 +33,12 @@ stream: kernel stamps, lag p99 0.03 ms at 1,000-4,000 streams for one process an
 actors) at 1,000 / 2,000 / 3,000 / 4,000: neither carries 1,000 by that measure here, and two actors are not
 better. Driver: 156 ms of CPU per 1,000 records (256 agents, 2,362 records) against 899 ms for one process
 running the agents.
+
+Fleet arm, same machine and day (``--skip carried --skip driver --agents 256 --rounds 8 --reply-tokens 256``):
+tool turns (5 tokens a reply), 500 ms of CPU per 1,000 turns in one process against 796 ms for the driver with two
+actors — a Ray call costs the driver more than so short a stream; 256-token replies, 3,470 ms against 1,184 ms
+(2.9× less). Wall clock 6.7 / 13.6 s and 21.7 / 28.4 s: Ray's start-up (~6 s) is in the Ray figures, and on two
+shared cores the actors compete with the simulator.
 """
 
 from __future__ import annotations
@@ -200,11 +208,13 @@ def driver_cost(args: argparse.Namespace) -> None:
               f"{1e3 * cpu / max(records, 1) * 1e3:.0f} ms of CPU per 1,000 records")  # fmt: skip
 
 
-FLEET = """
+# Two kinds of turn: an agent's tool calls (short replies, many rounds: the simulator's agent behaviour), and long
+# replies with no tools (one round each: its filler behaviour), where the stream is most of a turn's client work.
+TOOL_TURNS = """
 [defaults]
 tools = ["search"]
 tool_choice = "required"
-max_rounds = ROUNDS
+max_rounds = {rounds}
 max_tokens = 32
 think_time_s = 0.5
 context_tokens = 1024
@@ -212,30 +222,51 @@ tool_result_tokens = 64
 
 [[tasks]]
 id = "w"
-prompt = "Work item {replica}."
-count = AGENTS
+prompt = "Work item {{replica}}."
+count = {agents}
+"""
+LONG_REPLIES = """
+[defaults]
+tools = []
+max_rounds = 1
+max_tokens = {tokens}
+context_tokens = 1024
+
+[[tasks]]
+id = "w"
+prompt = "Write item {{replica}} out in full."
+count = {agents}
 """
 
 
 def fleet_cost(args: argparse.Namespace) -> None:
     from agentload.cli.run import RunOptions, run_fleet
     from agentload.fleet.limiter import Mode
-    from agentload.load.cluster import ExecutorSpec
+    from agentload.load.cluster import ExecutorSpec, require_ray
 
-    for name in ("local", "ray"):
-        with sim_process(fast_profile(0.05), pin=False) as (_, host, port), tempfile.TemporaryDirectory() as tmp:
-            spec = Path(tmp) / "fleet.toml"
-            spec.write_text(FLEET.replace("ROUNDS", str(args.rounds)).replace("AGENTS", str(args.agents)))
-            executor = ExecutorSpec("ray", workers=args.workers) if name == "ray" else ExecutorSpec()
-            opts = RunOptions(fleet=spec, url=f"http://{host}:{port}", mode=Mode.PARALLEL, width=args.agents,
-                              out=Path(tmp) / "runs", progress="none", executor=executor)  # fmt: skip
-            cpu0, t0 = time.process_time(), time.monotonic()
-            result = asyncio.run(run_fleet(opts))
-            cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
-        turns = result.totals.turns
-        who = "one process (agents and streams)" if name == "local" else f"the driver ({args.workers} actors stream)"
-        print(f"fleet, {who}: {turns:,} turns of {args.agents} agents ({result.totals.done} done) in {wall:.1f} s, "
-              f"{cpu:.2f} CPU s: {1e3 * cpu / max(turns, 1) * 1e3:.0f} ms of CPU per 1,000 turns")  # fmt: skip
+    require_ray()  # imported before the clock starts: its import is not the run's cost
+    kinds = (
+        ("tool turns", TOOL_TURNS.format(rounds=args.rounds, agents=args.agents), "agent", args.agents),
+        (f"{args.reply_tokens}-token replies", LONG_REPLIES.format(tokens=args.reply_tokens, agents=4 * args.agents),
+         "filler", args.agents),
+    )  # fmt: skip
+    for kind, fleet, behaviour, width in kinds:
+        for name in ("local", "ray"):
+            with sim_process(fast_profile(0.02), "--behaviour", behaviour, pin=False) as (_, host, port), \
+                    tempfile.TemporaryDirectory() as tmp:  # fmt: skip
+                spec = Path(tmp) / "fleet.toml"
+                spec.write_text(fleet)
+                executor = ExecutorSpec("ray", workers=args.workers) if name == "ray" else ExecutorSpec()
+                opts = RunOptions(fleet=spec, url=f"http://{host}:{port}", mode=Mode.PARALLEL, width=width,
+                                  out=Path(tmp) / "runs", progress="none", executor=executor)  # fmt: skip
+                cpu0, t0 = time.process_time(), time.monotonic()
+                result = asyncio.run(run_fleet(opts))
+                cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+            t = result.totals
+            who = "one process (agents and streams)" if name == "local" else f"the driver ({args.workers} actors)"
+            print(f"fleet of {kind}, {who}: {t.turns:,} turns ({t.completion_tokens:,} tokens) of {t.agents} agents "
+                  f"({t.done} done) in {wall:.1f} s, {cpu:.2f} CPU s: {1e3 * cpu / max(t.turns, 1) * 1e3:.0f} ms of "
+                  "CPU per 1,000 turns")  # fmt: skip
 
 
 def main() -> None:
@@ -248,6 +279,7 @@ def main() -> None:
     ap.add_argument("--max-lag-ms", type=float, default=10.0)
     ap.add_argument("--agents", type=int, default=256, help="agents of the driver-cost level")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of each agent of the fleet arm")
+    ap.add_argument("--reply-tokens", type=int, default=256, help="tokens of each reply of the fleet arm")
     ap.add_argument("--skip", choices=("carried", "driver", "fleet"), action="append", default=[])
     ap.add_argument("--in-place", action="store_true", help="do not re-run in a loopback-only network namespace")
     args = ap.parse_args()
