@@ -23,23 +23,9 @@ from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
 from agentload.load.cluster import ExecutorSpec
 from tests.fakeray import FakeCluster
+from tests.test_fleet_runner import FAST, LOAD
 
-FAST = "llama-8b-h100"
-FLEET = """
-[defaults]
-tools = ["search"]
-tool_choice = "required"
-max_rounds = 4
-max_tokens = 16
-think_time_s = 0.5
-context_tokens = 300
-tool_result_tokens = 40
-
-[[tasks]]
-id = "w"
-prompt = "Work item {replica}."
-count = 9
-"""
+FLEET = LOAD.replace("COUNT", "9").replace("max_rounds = 3", "max_rounds = 4")
 RAY = ExecutorSpec("ray", workers=3)
 
 
