@@ -25,13 +25,17 @@ delta that carries only the once-a-second server sample, and the keep-alive comm
 changed, are counted apart, never in it. Every flush sends one of the three, so together they show whether the
 server kept its schedule (4 flushes a second) and, if the rate is lower, why: flushes with nothing to send
 (keep-alives), or flushes that came late (the gaps between flushes, and the lateness of a 50 ms sleep in the same
-event loop: a loop starved by the run itself shows there).
+event loop: a loop starved by the run itself shows there). That rate counts what the fleet changed, so it falls when
+the agents move in lockstep (all thinking at once: nothing to send for two seconds). What the page is promised is
+the other side: ``--change-ages`` measures, for every delta, how long its oldest change waited to be sent (from the
+first change after the previous delta) — within one flush (250 ms) when the schedule holds.
 
     .venv/bin/python benchmarks/bench_dashboard.py                   # 1,000 agents × 4 rounds, 2 s think
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300   # a 2-core machine's simulator
     .venv/bin/python benchmarks/bench_dashboard.py --agents 200 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # the CPU share
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --default-gc
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --change-ages   # ages, the browser
 """
 
 from __future__ import annotations
@@ -131,16 +135,46 @@ class OwnTime:
     reader: float = 0.0
     reader_process: float = 0.0
     writes: float = 0.0  # the event stream's writes (aiohttp's web server, to the socket)
+    # How long each change waited to be sent: from the first change after a delta to the next delta that carried it.
+    ages: list[float] = field(default_factory=list)
+    _pending: float | None = None
     _depth: int = 0
 
-    def install(self) -> None:
-        """Time every hook of the live state and the flusher's encoding (class-wide, once per process)."""
+    def install(self, ages: bool = False) -> None:
+        """Time every hook of the live state and the flusher's encoding (class-wide, once per process); with
+        ``ages``, also how long each change waits to be sent (a wrapper on every change: off for the CPU figures)."""
         hooks = ("agent", "turn", "limiter_changed", "stream_started", "request_done",
                  "request_abandoned", "agent_control", "touch", "record", "control_changed", "on_scrape", "refresh",
                  "snapshot", "delta")  # fmt: skip
         for owner, names in ((LiveState, hooks), (Flusher, ("encoded_delta",))):
             for name in names:
                 setattr(owner, name, self._timed(getattr(owner, name)))
+        if ages:
+            self._install_ages()
+
+    def _install_ages(self) -> None:
+        # The age of what a delta sends: a change marks the time if none is waiting; a delta sent clears it.
+        bump, encoded, snapshot = LiveState._bump, Flusher.encoded_delta, LiveState.snapshot
+
+        def marked_bump(state: LiveState, *args: Any, **kwargs: Any) -> None:
+            if self._pending is None:
+                self._pending = time.perf_counter()
+            bump(state, *args, **kwargs)
+
+        def aged_delta(flusher: Flusher, cursor: Any) -> bytes | None:
+            event = encoded(flusher, cursor)
+            if event is not None and self._pending is not None:
+                self.ages.append(time.perf_counter() - self._pending)
+                self._pending = None
+            return event
+
+        def fresh_snapshot(state: LiveState) -> Any:
+            self._pending = None  # a page's first view holds everything so far: no change waits once it is taken
+            return snapshot(state)
+
+        setattr(LiveState, "_bump", marked_bump)  # noqa: B010  (patched for the benchmark's process)
+        setattr(LiveState, "snapshot", fresh_snapshot)  # noqa: B010
+        setattr(Flusher, "encoded_delta", aged_delta)  # noqa: B010
         # The event stream's writes (the client's own requests use aiohttp's client, never a StreamResponse, and the
         # simulator is another process: every StreamResponse write here is the dashboard's). Timed to the end of the
         # await: a write that waited for the socket to drain would count other tasks' work too, which can only
@@ -413,6 +447,12 @@ def main() -> None:
         help="leave the reader's process on the client's core (by default it runs on the machine's other cores, "
         "where a browser would: sharing the client's core costs the client CPU the dashboard does not spend)",
     )
+    ap.add_argument(
+        "--change-ages",
+        action="store_true",
+        help="also measure how long each change waits to reach the stream (a wrapper on every change, which the "
+        "CPU figures would count: leave it off for them)",
+    )
     ap.add_argument("--read-events", action="store_true", help=argparse.SUPPRESS)  # the reader's own process
     ap.add_argument(
         "--default-gc",
@@ -443,7 +483,7 @@ def main() -> None:
         shares: list[float] = []  # one paired figure per block: (with − without) ÷ without, client CPU
         own_shares: list[float] = []  # per run with the dashboard: its own CPU ÷ that run's client CPU
         own_total = OwnTime()
-        own_total.install()
+        own_total.install(ages=args.change_ages)
         collector = {False: GcTime(), True: GcTime()}
         print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
               f"simulator step {args.step:g} s, {args.blocks} block(s) of four runs")  # fmt: skip
@@ -521,6 +561,10 @@ def main() -> None:
         print(f"  flushes: {per_s(flushes):.2f} a second (the schedule: 4); {st.other} with the server's sample only, "
               f"{st.empty} with nothing to send; gap between flushes p50 {_pct(st.flush_gaps, 0.5) * 1000:.0f} ms, "
               f"p95 {_pct(st.flush_gaps, 0.95) * 1000:.0f} ms, max {_pct(st.flush_gaps, 1) * 1000:.0f} ms")  # fmt: skip
+        if ages := own_total.ages:
+            print(f"  every change reached the stream within: p50 {_pct(ages, 0.5) * 1000:.0f} ms, p99 "
+                  f"{_pct(ages, 0.99) * 1000:.0f} ms, max {_pct(ages, 1) * 1000:.0f} ms of being made "
+                  f"({len(ages)} deltas; the page is updated within one flush of any change)")  # fmt: skip
         if gaps := st.changed_gaps:
             print(f"  between deltas that carried changes: p50 {_pct(gaps, 0.5) * 1000:.0f} ms, p95 "
                   f"{_pct(gaps, 0.95) * 1000:.0f} ms, max {_pct(gaps, 1) * 1000:.0f} ms")  # fmt: skip
