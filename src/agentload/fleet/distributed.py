@@ -94,6 +94,7 @@ class RayTurns:
         self.offsets = list(offsets)
         self.alive = list(range(len(self.actors)))
         self.placed: dict[str, int] = {}  # agent → actor
+        self.served = [0] * len(self.actors)  # agents placed on each actor (kept as they are placed)
         self.moved = 0  # agents sent to another actor after theirs died
         self.warnings: list[str] = []
         self._dead = dead_actor_errors(cluster.ray)
@@ -103,19 +104,17 @@ class RayTurns:
         if k is None or k not in self.alive:
             if not self.alive:
                 raise ExecutorError("every Ray actor died; the turns committed so far are kept")
-            served = {a: 0 for a in self.alive}
-            for a in self.placed.values():
-                if a in served:
-                    served[a] += 1
+            served = self.served
             k = min(self.alive, key=lambda a: (served[a], a))
             self.placed[agent] = k
+            served[k] += 1
         return k
 
     def _lose(self, k: int, exc: BaseException) -> None:
         if k not in self.alive:
             return
         self.alive.remove(k)
-        agents = sum(1 for a in self.placed.values() if a == k)
+        agents = self.served[k]
         self.moved += agents
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         message = (f"actor {k} of {len(self.actors)} died ({first}): its {agents} agents' turns in flight were not "
