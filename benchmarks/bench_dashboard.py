@@ -149,6 +149,20 @@ class OwnTime:
         for owner, names in ((LiveState, hooks), (Flusher, ("encoded_delta",))):
             for name in names:
                 setattr(owner, name, self._timed(getattr(owner, name)))
+        # The event stream's writes (the client's own requests use aiohttp's client, never a StreamResponse, and the
+        # simulator is another process: every StreamResponse write here is the dashboard's). Timed to the end of the
+        # await: a write that waited for the socket to drain would count other tasks' work too, which can only
+        # overstate the share.
+        write = web.StreamResponse.write
+
+        async def timed_write(response: web.StreamResponse, data: Any) -> None:
+            t0 = time.perf_counter()
+            try:
+                await write(response, data)
+            finally:
+                self.writes += time.perf_counter() - t0
+
+        setattr(web.StreamResponse, "write", timed_write)  # noqa: B010  (patched for the benchmark's process)
         if ages:
             self._install_ages()
 
@@ -175,20 +189,6 @@ class OwnTime:
         setattr(LiveState, "_bump", marked_bump)  # noqa: B010  (patched for the benchmark's process)
         setattr(LiveState, "snapshot", fresh_snapshot)  # noqa: B010
         setattr(Flusher, "encoded_delta", aged_delta)  # noqa: B010
-        # The event stream's writes (the client's own requests use aiohttp's client, never a StreamResponse, and the
-        # simulator is another process: every StreamResponse write here is the dashboard's). Timed to the end of the
-        # await: a write that waited for the socket to drain would count other tasks' work too, which can only
-        # overstate the share.
-        write = web.StreamResponse.write
-
-        async def timed_write(response: web.StreamResponse, data: Any) -> None:
-            t0 = time.perf_counter()
-            try:
-                await write(response, data)
-            finally:
-                self.writes += time.perf_counter() - t0
-
-        setattr(web.StreamResponse, "write", timed_write)  # noqa: B010  (patched for the benchmark's process)
 
     def _timed(self, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
