@@ -117,8 +117,9 @@ class RayTurns:
         agents = self.served[k]
         self.moved += agents
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        message = (f"actor {k} of {len(self.actors)} died ({first}): its {agents} agents' turns in flight were not "
-                   "committed and are sent again by the live actors, which serve those agents from now on")  # fmt: skip
+        message = (f"actor {k} of {len(self.actors)} died ({first}): its turns in flight were not committed and "
+                   f"are sent again by the live actors, which serve the {agents} agents it had served from now "
+                   "on")  # fmt: skip
         self.warnings.append(message)
         self.warn(message)
 
