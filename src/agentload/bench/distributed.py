@@ -26,10 +26,9 @@ from typing import Any
 
 from agentload.bench.analysis import LevelData
 from agentload.bench.levelctx import LevelContext
-from agentload.bench.target import http_target
 from agentload.clock import LoopClock
 from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
-from agentload.endpoint.connection import Connection, connect
+from agentload.endpoint.connection import Connection, connect_endpoint
 from agentload.endpoint.output import EngineFields
 from agentload.endpoint.records import RequestRecord
 from agentload.endpoint.transport import Endpoint
@@ -114,11 +113,7 @@ class LevelWorker(ClockedActor):
         if any(not t.done() for t in self._loads):
             raise RuntimeError("a level is already running on this actor")
         clock = LoopClock()
-        if self.endpoint.transport is None:
-            target = http_target(self.endpoint.url, spec.model, spec.engine, api_key=self.endpoint.key)
-            self._conn = await connect(target.base_url, target.transport, clock=clock, close_transport=True)
-        else:
-            self._conn = await connect(self.endpoint.url, self.endpoint.transport, clock=clock)
+        self._conn = await connect_endpoint(self.endpoint, clock=clock)
         self._spec = spec
         self._loads, self._handles, self._agents = [], [], 0
         self._records = []

@@ -41,7 +41,7 @@ from agentload.endpoint.client import ChatClient
 from agentload.endpoint.liveness import ServerLiveness
 from agentload.endpoint.redact import ServerUrl
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import AiohttpTransport, Transport, signed_transport
+from agentload.endpoint.transport import AiohttpTransport, Endpoint, Transport, signed_transport
 from agentload.endpoint.watchdog import Watchdog
 
 
@@ -137,6 +137,20 @@ async def connect(
             await close()
         raise
     return conn
+
+
+async def connect_endpoint(
+    endpoint: Endpoint, *, options: ConnectionOptions | None = None, clock: LoopClock | None = None
+) -> Connection:
+    """A started connection to an ``Endpoint``, as each Ray actor opens its own (``aclose`` it).
+
+    Over a signed HTTP transport it owns when the endpoint has none; through the endpoint's in-process transport
+    (tests on virtual time), which stays the caller's, when it has one.
+    """
+    if endpoint.transport is not None:
+        return await connect(endpoint.url, endpoint.transport, options=options, clock=clock)
+    server, transport = signed_transport(endpoint.url, endpoint.key)
+    return await connect(server.base, transport, options=options, clock=clock, close_transport=True)
 
 
 @asynccontextmanager

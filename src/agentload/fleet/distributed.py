@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentload.clock import LoopClock
-from agentload.endpoint.connection import Connection, ConnectionOptions, connect
+from agentload.endpoint.connection import Connection, ConnectionOptions, connect_endpoint
 from agentload.endpoint.records import RequestIds, RequestRecord
-from agentload.endpoint.transport import Endpoint, signed_transport
+from agentload.endpoint.transport import Endpoint
 from agentload.errors import ExecutorError
 from agentload.load.cluster import ClockedActor, ClockOffset, dead_actor_errors
 
@@ -53,14 +53,8 @@ class FleetWorker(ClockedActor):
     async def _connection(self) -> Connection:
         async with self._opening:  # the first turns arrive together: one connection, not one each
             if self._conn is None:
-                options = ConnectionOptions(engine=self.engine)
-                clock = LoopClock()
-                if self.endpoint.transport is None:
-                    server, transport = signed_transport(self.endpoint.url, self.endpoint.key)
-                    self._conn = await connect(server.base, transport, options=options, clock=clock,
-                                               close_transport=True)  # fmt: skip
-                else:
-                    self._conn = await connect(self.endpoint.url, self.endpoint.transport, options=options, clock=clock)
+                self._conn = await connect_endpoint(self.endpoint, options=ConnectionOptions(engine=self.engine),
+                                                    clock=LoopClock())  # fmt: skip
             return self._conn
 
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
@@ -95,7 +89,6 @@ class RayTurns:
         self.alive = list(range(len(self.actors)))
         self.placed: dict[str, int] = {}  # agent → actor
         self.served = [0] * len(self.actors)  # agents placed on each actor (kept as they are placed)
-        self.moved = 0  # agents sent to another actor after theirs died
         self.warnings: list[str] = []
         self._dead = dead_actor_errors(cluster.ray)
 
@@ -115,7 +108,6 @@ class RayTurns:
             return
         self.alive.remove(k)
         agents = self.served[k]
-        self.moved += agents
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         message = (f"actor {k} of {len(self.actors)} died ({first}): its turns in flight were not committed and "
                    f"are sent again by the live actors, which serve the {agents} agents it had served from now "
@@ -126,6 +118,7 @@ class RayTurns:
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
         while True:
             k = self._actor_for(ids.agent)
+            # A plain dict: Ray pickles the body, and a read-only mapping view would not pickle.
             call = self.actors[k].complete.remote(dict(body), ids)
             try:
                 records: list[RequestRecord] = await call

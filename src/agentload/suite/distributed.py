@@ -19,8 +19,8 @@ from typing import Any
 
 from agentload.agent.loop import ConversationDriver
 from agentload.clock import LoopClock
-from agentload.endpoint.connection import Connection, connect
-from agentload.endpoint.transport import Endpoint, signed_transport
+from agentload.endpoint.connection import Connection, connect_endpoint
+from agentload.endpoint.transport import Endpoint
 from agentload.errors import ExecutorError
 from agentload.load.cluster import PULL_INTERVAL_S, ClockedActor, RayCluster, dead_actor_errors
 from agentload.load.runner import LoadOutcome, run_load
@@ -52,11 +52,7 @@ class SuiteWorker(ClockedActor):
         # The tests by id, built here from this actor's agentload: a test holds its scorers (code, not data).
         tests = select(test_ids, payload_tokens=config.payload_tokens)
         clock = LoopClock()
-        if self.endpoint.transport is None:
-            server, transport = signed_transport(self.endpoint.url, self.endpoint.key)
-            self._conn = await connect(server.base, transport, clock=clock, close_transport=True)
-        else:
-            self._conn = await connect(self.endpoint.url, self.endpoint.transport, clock=clock)
+        self._conn = await connect_endpoint(self.endpoint, clock=clock)
         self._finished, self._sessions = [], []
         acc = LevelAccumulator(agents, tests, clock.now())
         acc.sessions = self._sessions  # the sessions this actor finishes, handed over at the end
