@@ -6,7 +6,10 @@ CLOCK_MONOTONIC send time. Each client runs in its own process on core 1, one af
 
 * client CPU µs per chunk, over the streaming window (first to last token seen: the steady cost) and over the
   whole process (imports and start-up included; vLLM's import alone is seconds of CPU);
-* TTFT and ITL percentiles, as each client reports them;
+* TTFT and ITL percentiles, both taken the same way from each client's token arrival times: TTFT at the first
+  token (``vllm bench serve`` reports its TTFT at the chat role chunk, which comes before any token, and its ITLs
+  include the role-to-token and token-to-finish gaps: its own figures are not the same quantities), ITL between
+  consecutive tokens;
 * lag: arrival − the server's stamp, per token (each stream's first token left out: it includes connection set-up);
   both clients stamp on CLOCK_MONOTONIC (``time.perf_counter`` in vLLM's bench, the loop's clock in agentload).
 
@@ -115,12 +118,13 @@ def _vllm_streams(path: Path) -> Streams:
         starts.append(st)
         arrivals.append(times[1 : 1 + len(words)])
         stamps.append(words)
+    # TTFT and ITL from the token arrivals, as for agentload (vLLM's own TTFT is at the role chunk).
     return Streams(
         starts=starts,
         arrivals=arrivals,
         stamps=stamps,
-        ttfts=list(res["ttfts"]),
-        itls=[x for itl in res["itls"] for x in itl],
+        ttfts=[times[0] - st for times, st in zip(arrivals, starts, strict=True)],
+        itls=[b - a for times in arrivals for a, b in itertools.pairwise(times)],
         failed=failed,
     )
 

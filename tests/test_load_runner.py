@@ -234,6 +234,47 @@ def test_a_driver_bug_is_raised_after_every_other_task_was_cancelled_and_awaited
     assert seen["left"] == set()
 
 
+@dataclass
+class BuggyInSteps(Buggy):
+    """Breaks at ``at`` too, but gets there in two sleeps: a driver that breaks at the same instant as a ``Buggy``
+    started with it ends after it in that instant (its second timer was set later)."""
+
+    async def run(self, ctx: Ctx) -> None:
+        await CLOCK.sleep(self.at / 2)
+        await CLOCK.sleep(self.at / 2)
+        raise RuntimeError(f"{self.agent_id} is broken")
+
+
+def test_of_two_drivers_broken_in_one_instant_the_first_in_the_drivers_order_is_raised() -> None:
+    # The runner reports the drivers done at a wake in the drivers' order, not in the order they ended: the first
+    # driver ends last here, and its error is the one raised.
+    seen: dict[str, Any] = {}
+
+    async def go() -> None:
+        try:
+            await run_load([BuggyInSteps("first", 4.0), Turns("a"), Buggy("third", 4.0)], Ctx())
+        except RuntimeError as exc:
+            seen["error"] = str(exc)
+            seen["left"] = others_left()
+
+    run(go())
+    assert seen["error"] == "first is broken"
+    assert seen["left"] == set()
+
+
+def test_many_drivers_ending_one_at_a_time_each_end_once_and_the_load_ends_with_the_last() -> None:
+    drivers = [Turns(f"agent-{i}", turn_s=0.5 + i * 0.01, turns=2) for i in range(300)]
+
+    async def go() -> LoadOutcome:
+        return await run_load(drivers, Ctx())
+
+    outcome = run(go())
+    assert outcome.ended is End.DONE
+    assert outcome.cancelled == 0
+    assert [d.completed for d in drivers] == [2] * 300
+    assert outcome.wall_s == pytest.approx(max(d.ended or 0.0 for d in drivers)) == pytest.approx(2 * (0.5 + 2.99))
+
+
 def test_a_bug_in_the_body_is_raised_after_the_drivers_were_cancelled() -> None:
     drivers = [Turns("a")]
 
