@@ -48,6 +48,7 @@ import math
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -300,22 +301,33 @@ def _off_client_core(pid: int) -> None:
             os.sched_setaffinity(pid, others)
 
 
-async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime, in_process: bool, off_core: bool = True) -> None:
-    """The page's stand-in: reads the run's event stream in this process (``in_process``: its parsing counts as the
-    client's CPU) or, as a browser would, in a process of its own whose figures are added to ``stream`` at the end
-    and whose CPU is counted apart (``own.reader_process``)."""
-    while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
-        await asyncio.sleep(0.01)
-    if in_process:
-        await _read_events(opts.dashboard_url, stream, own)
-        return
-    # The URL (its token) goes on the reader's stdin, not its command line, which any local user can list.
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--read-events", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
-    )
+def _start_reader(off_core: bool) -> subprocess.Popen[bytes]:
+    """The page's stand-in in a process of its own, started before the run and waiting for the dashboard's URL: a
+    browser's page is open before the run it shows, so its start-up (the reader imports this script, hence all of
+    agentload: a second or more of CPU) must not fall inside the run, where it would compete for the other core
+    with the simulator."""
+    proc = subprocess.Popen([sys.executable, __file__, "--read-events"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     if off_core:
         _off_client_core(proc.pid)
-    out, _ = await proc.communicate(opts.dashboard_url.encode() + b"\n")
+    assert proc.stdout is not None
+    if proc.stdout.readline() != b"ready\n":  # its imports are done: it waits for the URL
+        proc.kill()
+        raise SystemExit("the event-stream reader did not start")
+    return proc
+
+
+async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime, reader: subprocess.Popen[bytes] | None) -> None:
+    """The page's stand-in: reads the run's event stream in this process (no ``reader``: its parsing counts as the
+    client's CPU) or, as a browser would, in the process ``reader`` (``_start_reader``), whose figures are added to
+    ``stream`` at the end and whose CPU is counted apart (``own.reader_process``)."""
+    while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
+        await asyncio.sleep(0.01)
+    if reader is None:
+        await _read_events(opts.dashboard_url, stream, own)
+        return
+    # The URL (its token) goes on the reader's stdin, not its command line, which any local user can list. A thread
+    # waits for its answer (blocked in a read: no CPU, no wake-ups in this loop).
+    out, _ = await asyncio.to_thread(reader.communicate, opts.dashboard_url.encode() + b"\n")
     got = orjson.loads(out)
     own.reader_process += got.pop("cpu")
     for name, value in got.items():
@@ -323,8 +335,10 @@ async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime, in_proces
 
 
 def _reader_main() -> None:
-    """``--read-events``: read the stream at the URL on stdin in this process and print what it carried (and this
-    process's CPU)."""
+    """``--read-events``: say ``ready`` once imported, read the stream at the URL then given on stdin in this
+    process, and print what it carried (and this process's CPU)."""
+    sys.stdout.buffer.write(b"ready\n")
+    sys.stdout.buffer.flush()
     url = sys.stdin.readline().strip()
     stream = Stream()
     cpu0 = _cpu()  # after the imports: their start-up is not the reading's
@@ -342,11 +356,11 @@ async def _lag_probe(lags: list[float], period: float = 0.05) -> None:
 
 
 async def _run(
-    opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime, in_process: bool, off_core: bool = True
+    opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime, reader: subprocess.Popen[bytes] | None
 ) -> FleetResult:
     tasks = [asyncio.ensure_future(_lag_probe(lags))]
     if stream is not None:
-        tasks.append(asyncio.ensure_future(_read_stream(opts, stream, own, in_process, off_core)))
+        tasks.append(asyncio.ensure_future(_read_stream(opts, stream, own, reader)))
     try:
         return await run_fleet(opts)
     finally:
@@ -491,22 +505,20 @@ def main() -> None:
             used_in = {False: 0.0, True: 0.0}
             for dashboard in (False, True, True, False):
                 opts = _opts(fleet, out, url, width, dashboard=dashboard)
+                reader = None
+                if dashboard and not args.reader_in_process:
+                    reader = _start_reader(off_core=not args.reader_on_client_core)
                 s0, r0, x0 = own_total.state, own_total.reader, own_total.writes
                 c0, w0 = _cpu(), time.monotonic()
                 gc.callbacks.append(collector[dashboard])
                 try:
                     results[dashboard] = r = asyncio.run(
-                        _run(
-                            opts,
-                            stream if dashboard else None,
-                            lags[dashboard],
-                            own_total,
-                            args.reader_in_process,
-                            not args.reader_on_client_core,
-                        )
+                        _run(opts, stream if dashboard else None, lags[dashboard], own_total, reader)
                     )
                 finally:
                     gc.callbacks.remove(collector[dashboard])
+                    if reader is not None and reader.poll() is None:
+                        reader.kill()
                 used, took = _cpu() - c0, time.monotonic() - w0
                 own = (own_total.state - s0) + (own_total.reader - r0) + (own_total.writes - x0)
                 if dashboard:
