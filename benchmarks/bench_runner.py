@@ -2,12 +2,9 @@
 
 Each driver only sleeps (``--spread`` s spread evenly over the N drivers), so what is measured is the runner: its
 tasks, its strategy and its wait for the next driver to end, which wakes once per driver here (the worst case: a
-real load's drivers often end together, one wake for several). That wait is ``asyncio.wait`` over every driver
-still running, which puts a callback on each and takes it off again at every wake: O(N²) in the drivers. Measured
-4 December 2026 (best of 2): 1,000 drivers 0.237 CPU s, 4,000 0.982 s, 16,000 1.130 s (its sleeps coalesce into
-fewer wakes). A wait that reads which drivers ended from a list they append to took that to 0.049 / 0.083 / 0.243 s,
-but was taken out again the same day: with it, a suite fault test on virtual time
-(``tests/test_suite_faults.py``, http503) failed 2 times in ~21 runs, never in 24 without — not yet understood.
+real load's drivers often end together, one wake for several). Before 4 December 2026 that wait was
+``asyncio.wait`` over every driver still running, a callback put on each and taken off again at every wake, so a
+load cost O(N²): the figures below are CPU seconds a run, best of ``--repeat``.
 
     .venv/bin/python benchmarks/bench_runner.py [--agents 1000,4000,16000] [--spread 1.0] [--repeat 3]
 """

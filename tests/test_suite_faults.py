@@ -4,14 +4,19 @@ a clean run's, because its load goes through the same connection (watchdog + ret
 The suite runs exactly as ``agentload suite`` runs it (``cli.suite.suite_over`` on an ``endpoint.connection``),
 against the oracle simulator in process on virtual time, with the production watchdog and retry defaults: a
 600 s stall is noticed at the 60 s idle deadline and a 15-minute cold start is waited out, in milliseconds of
-wall time. The oracle answers every test right, so a clean run passes everything; a fault that reached a test
-would turn a pass into a fail or an unscored test. One test runs the CLI against ``agentload sim`` in its own
-process with faults and a cold start, over HTTP.
+wall time. The retry backoff's jitter is seeded too (``retry_rng``), so a run is the same run every time. Drawn
+afresh, it moved the moment each resend went out, and with it which turn met which of the simulator's fault draws;
+now and then one turn met five in a row and was given up (``max_attempts``, its test unscored): the retry budget
+working as documented, in a test that then failed at random (CI twice, the 503 and the 429 cases; none in 40
+jitter seeds of each here). The oracle answers every test right, so a clean run passes everything; a fault that
+reached a test would turn a pass into a fail or an unscored test. One test runs the CLI against ``agentload sim``
+in its own process with faults and a cold start, over HTTP.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from typing import Any
@@ -22,7 +27,7 @@ from agentload.capacity.profile import load_profile
 from agentload.cli.common import default_book
 from agentload.cli.suite import suite_over
 from agentload.clock import run_virtual
-from agentload.endpoint.connection import Connection, open_connection
+from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
 from agentload.endpoint.records import ErrorKind
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultSpec, parse_fault
@@ -43,7 +48,9 @@ def _suite(faults: list[FaultSpec], cold_start_s: float = 0.0) -> tuple[SuiteRun
         config = SimConfig(profile=load_profile(PROFILE), behaviour=OracleBehaviour(default_book()), faults=faults,
                            seed=7, cold_start_s=cold_start_s)  # fmt: skip
         server = SimServer(config)
-        async with open_connection("http://sim.invalid", InProcessTransport(server), close_transport=True) as conn:
+        options = ConnectionOptions(retry_rng=random.Random(7))
+        async with open_connection("http://sim.invalid", InProcessTransport(server), options=options,
+                                   close_transport=True) as conn:  # fmt: skip
             run = await suite_over(conn, all_tests(), SuiteConfig(model=server.model_name), [AGENTS],
                                    endpoint="in-process oracle")  # fmt: skip
         return run, server, conn

@@ -96,6 +96,65 @@ class LoadHandle:
 Body = Callable[[LoadHandle], Awaitable[None]]
 
 
+class _Wait:
+    """``asyncio.wait(pending | aux, return_when=FIRST_COMPLETED)`` for a load, without its cost per task.
+
+    ``asyncio.wait`` puts a callback on every future it waits for and takes it off again at each wake: with N agents
+    that made a load O(N²) (1,000 agents, ~550 wakes, half a million callbacks put on and taken off). Here each
+    driver's task carries one callback for the whole load, and which drivers are done is read from ``ended``, which
+    their coroutines append their index to as they end (a task is done in the very step its coroutine ends in, so
+    the list is exactly the drivers done). The few other futures (``aux``) are watched as ``asyncio.wait`` watches
+    them. The wake comes at the same turn of the event loop as ``asyncio.wait``'s (a done callback that resolves
+    the future the load awaits), and reports the same futures done, so what runs in one instant runs in the same
+    order as before (the virtual-time figures depend on it).
+    """
+
+    def __init__(self, tasks: Sequence[asyncio.Task[None]], ended: list[int]) -> None:
+        self.tasks = tasks
+        self.ended = ended
+        self._seen = 0  # ``ended[:_seen]`` were reported
+        self._wake: asyncio.Future[None] | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._aux: list[asyncio.Future[Any]] = []
+        for t in tasks:
+            t.add_done_callback(self._woken)
+
+    def _woken(self, f: asyncio.Future[Any]) -> None:
+        wake = self._wake
+        # Only a future this wait watches: a driver already reported done, or an aux future no longer watched,
+        # whose callback runs late, would wake the next wait for nothing (``asyncio.wait``'s stale callbacks hold
+        # the waiter they were put on for, which is done by then).
+        if wake is not None and not wake.done() and (f in self._pending or f in self._aux):
+            wake.set_result(None)
+
+    async def first(
+        self, pending: set[asyncio.Future[Any]], aux: list[asyncio.Future[Any]]
+    ) -> tuple[list[asyncio.Future[Any]], set[asyncio.Future[Any]]]:
+        """Wait until one of ``pending`` (drivers' tasks) or ``aux`` is done; return the drivers done since the last
+        call, in the drivers' order, and every future of either that is done."""
+        if not pending and not aux:
+            raise ValueError("nothing to wait for")  # as asyncio.wait: waiting on nothing would never wake
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        self._pending, self._aux = pending, aux
+        if self._seen < len(self.ended):  # a driver ended before this wait: it wakes it, as a done future would
+            loop.call_soon(self._woken, self.tasks[self.ended[self._seen]])
+        for x in aux:
+            x.add_done_callback(self._woken)
+        try:
+            await wake
+        finally:
+            for x in aux:
+                x.remove_done_callback(self._woken)
+            self._wake, self._pending, self._aux = None, set(), []
+        new = sorted(self.ended[self._seen :])
+        self._seen = len(self.ended)
+        drivers: list[asyncio.Future[Any]] = [self.tasks[i] for i in new]
+        done = set(drivers)
+        done.update(x for x in aux if x.done())
+        return drivers, done
+
+
 async def run_load(
     drivers: Sequence[Driver[C]],
     ctx: C,
@@ -130,15 +189,20 @@ async def _run_load(
     t0 = clock.now()
     strategy.prepare(drivers)
 
+    stopped: list[int] = []  # drivers whose coroutine has ended, by index (``_Wait``)
+
     async def drive(i: int, d: Driver[C]) -> None:
-        # The strategy admits and takes back; the run itself is the runner's (a turn's stack: runner → driver).
-        if not await strategy.admit(i, d):
-            return
         try:
-            await d.run(ctx)
+            # The strategy admits and takes back; the run itself is the runner's (a turn's stack: runner → driver).
+            if not await strategy.admit(i, d):
+                return
+            try:
+                await d.run(ctx)
+            finally:
+                strategy.leave(i, d)
+            await strategy.finished(i, d)
         finally:
-            strategy.leave(i, d)
-        await strategy.finished(i, d)
+            stopped.append(i)
 
     # Created in this order — drivers, strategy loop, body, watch, timer — so that what runs in one instant runs
     # in a fixed order (the virtual-time figures depend on it).
@@ -152,6 +216,7 @@ async def _run_load(
     grace: asyncio.Future[None] | None = None
 
     pending: set[asyncio.Future[Any]] = set(tasks)
+    waits = _Wait(tasks, stopped)
     ended: End | None = None
     lost: str | None = None
     bug: BaseException | None = None
@@ -168,9 +233,9 @@ async def _run_load(
             # wait at once), and after the stop neither the body nor the timer is.
             aux = [x for x in (control, watch, grace, *(() if stopping else (body_task, timer))) if x is not None]
             aux = [x for x in aux if not x.done()]
-            done, _ = await asyncio.wait(pending | set(aux), return_when=asyncio.FIRST_COMPLETED)
+            finished, done = await waits.first(pending, aux)
             pending -= done
-            for t in (*tasks, control):
+            for t in (*finished, control):
                 if t is not None and t in done and not t.cancelled() and (exc := t.exception()) is not None:
                     if isinstance(exc, ServerLost):
                         lost = lost or exc.detail
