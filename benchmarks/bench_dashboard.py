@@ -133,6 +133,7 @@ class OwnTime:
     """
 
     state: float = 0.0
+    flushes: float = 0.0  # the part of ``state`` in the flusher's refresh, snapshot, delta and encoding
     reader: float = 0.0
     reader_process: float = 0.0
     writes: float = 0.0  # the event stream's writes (aiohttp's web server, to the socket)
@@ -147,9 +148,10 @@ class OwnTime:
         hooks = ("agent", "turn", "limiter_changed", "stream_started", "request_done",
                  "request_abandoned", "agent_control", "touch", "record", "control_changed", "on_scrape", "refresh",
                  "snapshot", "delta")  # fmt: skip
+        flushing = {"refresh", "snapshot", "delta", "encoded_delta"}
         for owner, names in ((LiveState, hooks), (Flusher, ("encoded_delta",))):
             for name in names:
-                setattr(owner, name, self._timed(getattr(owner, name)))
+                setattr(owner, name, self._timed(getattr(owner, name), flush=name in flushing))
         # The event stream's writes (the client's own requests use aiohttp's client, never a StreamResponse, and the
         # simulator is another process: every StreamResponse write here is the dashboard's). Timed to the end of the
         # await: a write that waited for the socket to drain would count other tasks' work too, which can only
@@ -191,7 +193,7 @@ class OwnTime:
         setattr(LiveState, "snapshot", fresh_snapshot)  # noqa: B010
         setattr(Flusher, "encoded_delta", aged_delta)  # noqa: B010
 
-    def _timed(self, fn: Any) -> Any:
+    def _timed(self, fn: Any, *, flush: bool) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self._depth:  # called from another timed method: already counted
                 return fn(*args, **kwargs)
@@ -200,7 +202,10 @@ class OwnTime:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.state += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                self.state += took
+                if flush:
+                    self.flushes += took
                 self._depth -= 1
 
         return timed
@@ -440,6 +445,91 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
     return result
 
 
+def _child_main(args: argparse.Namespace) -> None:
+    """``--child with|without`` (``--side-by-side``): one run of the fleet, started when the parent writes ``go``;
+    prints this process's client CPU for the run and, with the dashboard, its own CPU timed in place."""
+    dashboard = args.child == "with"
+    own = OwnTime()
+    if dashboard:
+        own.install()
+    opts = _opts(args.fleet, args.out, args.url, args.width, dashboard=dashboard)
+    reader = _start_reader(off_core=not args.reader_on_client_core) if dashboard else None
+    stream = Stream() if dashboard else None
+    sys.stdout.buffer.write(b"ready\n")
+    sys.stdout.buffer.flush()
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("the parent did not say go")
+    c0, w0 = _cpu(), time.monotonic()
+    try:
+        r = asyncio.run(_run(opts, stream, [], own, reader))
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+    used, took = _cpu() - c0, time.monotonic() - w0
+    result = {"cpu": used, "wall": took, "turns": r.totals.turns, "done": r.totals.done,
+              "failure": None if r.server_failure is None else str(r.server_failure),
+              "own": own.state + own.writes + own.reader, "flushes": own.flushes, "writes": own.writes,
+              "changed": stream.changed if stream is not None else 0}  # fmt: skip
+    sys.stdout.buffer.write(orjson.dumps(result) + b"\n")
+
+
+def _side_by_side(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, width: int) -> None:
+    """``--side-by-side``: per block, the run without the dashboard and the run with it at the same time, each in a
+    process of its own on the client's core (both inherit this process's affinity), against the one simulator.
+    Run one after the other, two identical runs differ by up to 15 % in client CPU as the shared machine drifts;
+    side by side, both runs meet the same drift, the same simulator pace and each other. Which is started first
+    alternates by block. Each block gives one paired figure, (with − without) ÷ without."""
+    shares: list[float] = []
+    own_shares: list[float] = []
+    base: list[float] = []
+    print(f"{args.agents} agents × {args.rounds} rounds ({width} at once) in each of two client processes side by "
+          f"side, think {args.think:g} s, simulator step {args.step:g} s, {args.blocks} block(s)")  # fmt: skip
+    for block in range(args.blocks):
+        arms = ("without", "with") if block % 2 == 0 else ("with", "without")
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            for arm in arms:
+                cmd = [sys.executable, __file__, "--child", arm, "--url", url, "--fleet", str(fleet),
+                       "--out", str(tmp / f"runs-{block}-{arm}"), "--width", str(width)]  # fmt: skip
+                if args.reader_on_client_core:
+                    cmd.append("--reader-on-client-core")
+                procs[arm] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            for arm, proc in procs.items():  # both imported and set up before either run starts
+                assert proc.stdout is not None
+                if proc.stdout.readline() != b"ready\n":
+                    raise SystemExit(f"the run {arm} the dashboard did not start")
+            for proc in procs.values():
+                assert proc.stdin is not None
+                proc.stdin.write(b"go\n")
+                proc.stdin.flush()
+            got = {}
+            for arm, proc in procs.items():
+                out, _ = proc.communicate(timeout=1800)
+                if proc.returncode != 0:
+                    raise SystemExit(f"the run {arm} the dashboard failed (exit {proc.returncode})")
+                got[arm] = orjson.loads(out.splitlines()[-1])
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+        w, wo = got["with"], got["without"]
+        for arm, r in got.items():
+            if r["failure"] is not None or r["done"] != args.agents:
+                print(f"  warning: the run {arm} the dashboard did not finish cleanly: {r['done']} agents done; "
+                      f"server failure: {r['failure']}")  # fmt: skip
+        shares.append((w["cpu"] - wo["cpu"]) / wo["cpu"])
+        own_shares.append(w["own"] / w["cpu"])
+        base.append(wo["cpu"])
+        print(f"  block {block + 1} ({arms[0]} started first): without {wo['cpu']:.2f} s client CPU "
+              f"({wo['wall']:.1f} s wall), with {w['cpu']:.2f} s ({w['wall']:.1f} s wall; {w['own']:.3f} s of it the "
+              f"dashboard's own = {w['own'] / w['cpu']:.2%}, {w['flushes']:.3f} s flushing, {w['writes']:.3f} s "
+              f"writing; {w['changed']} deltas with changes): {shares[-1]:+.1%}")  # fmt: skip
+    print("  " + _share_line(shares))
+    print(f"  the dashboard's own CPU, timed in place: mean {statistics.fmean(own_shares):.2%} of its run's client CPU "
+          f"(per block {min(own_shares):.2%} to {max(own_shares):.2%}); without it, client CPU "
+          f"{min(base):.2f} to {max(base):.2f} s a run")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=1000)
@@ -469,6 +559,16 @@ def main() -> None:
     )
     ap.add_argument("--read-events", action="store_true", help=argparse.SUPPRESS)  # the reader's own process
     ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="each block runs the two arms at the same time, in two processes on the client's core against the same "
+        "simulator (the machine's drift falls on both alike), instead of one after the other in this process",
+    )
+    ap.add_argument("--child", choices=("with", "without"), help=argparse.SUPPRESS)  # one arm of --side-by-side
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--fleet", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument(
         "--default-gc",
         action="store_true",
         help="leave the cyclic collector as Python sets it (not load.collector's settings): the before",
@@ -476,6 +576,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.read_events:
         _reader_main()
+        return
+    if args.child:
+        _child_main(args)
         return
     if args.blocks < 1:
         ap.error("--blocks must be at least 1")
@@ -487,6 +590,9 @@ def main() -> None:
         fleet.write_text(FLEET.format(agents=args.agents, rounds=args.rounds, think=args.think))
         url = f"http://{host}:{port}"
         out = Path(tmp) / "runs"
+        if args.side_by_side:
+            _side_by_side(args, fleet, Path(tmp), url, width)
+            return
 
         # In the order A B B A: drift of a shared machine (or of the server's warm cache) falls on both sides.
         cpu = {False: 0.0, True: 0.0}
@@ -551,7 +657,8 @@ def main() -> None:
               f"{dash_wall:.1f} s wall, {dash_cpu:.2f} s client CPU "
               f"({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
         print("  " + _share_line(shares))
-        print(f"  the dashboard's own CPU, timed in place: {own_total.state:.3f} s in the live state and its flushes + "
+        print(f"  the dashboard's own CPU, timed in place: {own_total.state:.3f} s in the live state "
+              f"({own_total.state - own_total.flushes:.3f} s its hooks, {own_total.flushes:.3f} s its flushes) + "
               f"{own_total.writes:.3f} s writing the stream + {own_total.reader:.3f} s in the stream reader over "
               f"{runs} runs = {statistics.fmean(own_shares):.2%} "
               f"of those runs' client CPU (per run: {min(own_shares):.2%} to {max(own_shares):.2%})")  # fmt: skip

@@ -659,7 +659,7 @@ async def test_a_card_that_only_streamed_since_the_cursor_is_sent_as_its_phase_a
     delta = state.delta(cursor)
     assert delta is not None
     assert delta["agents"] == [{"id": "w.0", "phase": "streaming", "preview": "hello world"}]
-    # Anything else changed since a page's cursor: that page gets the whole card.
+    # A turn's progress since a page's cursor: that page gets the card's state, turn and figures too.
     _, before_done = state.snapshot()
     state.request_done("w.0", _turn(0, 0.05, 7, "hello world!").records)
     done = state.delta(before_done)
@@ -667,3 +667,35 @@ async def test_a_card_that_only_streamed_since_the_cursor_is_sent_as_its_phase_a
     (card,) = done["agents"]
     assert (card["phase"], card["preview"], card["state"]) == ("think", "hello world!", "waiting")
     assert card["ttft"] == pytest.approx(0.05)
+
+
+async def test_a_delta_sends_as_much_of_a_card_as_changed_and_the_whole_card_for_anything_rare(board: Board) -> None:
+    _, state, *_ = board
+    whole = set(state.cards["w.0"].public())
+    progress = {"id", "state", "phase", "turn", "context", "out", "ttft", "preview"}
+    _, cursor = state.snapshot()
+
+    def sent() -> dict[str, set[str]]:
+        delta = state.delta(cursor)
+        assert delta is not None
+        return {a["id"]: set(a) for a in delta["agents"]}
+
+    # A turn's life: admitted, sent, answered, committed: its progress, never the static fields again.
+    state.agent("w.0", AgentState.RUNNING, rounds=0)
+    state.stream_started("w.0", _Stream())
+    assert sent() == {"w.0": progress}
+    state.request_done("w.0", _turn(0, 0.05, 7, "ok").records)
+    state.turn("w.0", _turn(0, 0.05, 7, "ok"))
+    assert sent() == {"w.0": progress}
+    state.stream_started("w.0", _Stream())  # the next turn's request: its phase only
+    assert sent() == {"w.0": {"id", "phase", "preview"}}
+    # Rare changes send the whole card: an error, a stop asked from the page and then taken, an agent never planned.
+    state.agent("w.1", AgentState.FAILED, detail="boom")
+    state.agent_control("w.2", stopping=True)
+    state.agent("ghost", AgentState.RUNNING, rounds=0)
+    assert sent() == {"w.1": whole, "w.2": whole, "ghost": whole}
+    state.agent("w.2", AgentState.STOPPED)  # its stopping mark is cleared: a static field
+    assert sent() == {"w.2": whole}
+    assert state.cards["w.2"].stopping is False
+    state.agent("w.3", AgentState.DONE, rounds=2)  # an end with nothing rare: progress
+    assert sent() == {"w.3": progress}

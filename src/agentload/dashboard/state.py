@@ -4,8 +4,10 @@ Nothing here feeds back into the run. The fleet reports through its ``FleetProgr
 width changes), the dashboard's backend wrapper (``dashboard.control.WatchedBackend``: a turn sent, its stream,
 its reply) and the connection's one server monitor (``SignalPoller.subscribe``: no second poller). Each change
 bumps a version; a page's stream asks for what changed since the version it last saw (``delta``), so an agent
-that changed ten times between two flushes is sent once (coalesced per agent), and a card whose reply only streamed
-on since that version is sent as its phase and preview alone (the page merges it into the card it has).
+that changed ten times between two flushes is sent once (coalesced per agent), and only as much of its card as
+changed, in three tiers (the page merges each into the card it has): a reply that only streamed on, its phase and
+preview; a turn's progress (sent, answered, committed; a state change), those and the state, turn and token
+figures; anything else (its error, a stop or restart from the page, a card the page has not seen), the whole card.
 
 What a flush costs is O(agents changed since the cursor) plus O(requests in flight), never O(agents): a change
 moves its card to the end of a recency list (``OrderedDict.move_to_end``), so a delta walks that list back from
@@ -36,6 +38,8 @@ from agentload.fleet.limiter import LimiterStatistics
 from agentload.fleet.turns import AgentState, FleetProgress
 
 PREVIEW_CHARS = 200
+# How much of a card a change touches (``LiveState._bump``), so how much of it a delta sends.
+STREAM, TURN, WHOLE = 0, 1, 2
 # Server samples kept for the page's timelines (one a second by default: an hour); older ones are dropped.
 MAX_POINTS = 3600
 
@@ -74,7 +78,8 @@ class Card:
     stopping: bool = False  # asked to stop from the dashboard, not stopped yet
     restarts: int = 0  # restarted from the dashboard
     v: int = 0  # the state's version when the card last changed
-    vf: int = 0  # ... when anything but its streaming phase and preview last changed (a delta sends it whole)
+    vt: int = 0  # ... when its state, turn or figures last changed (a delta sends those: ``progress``)
+    vf: int = 0  # ... when anything else last changed (a delta sends it whole)
     # The last reply, its preview not made yet: made once when the card is next read (an agent's reply is seen by
     # request_done and again by turn, and several can pass between two flushes; a page shows only the last).
     reply: RequestRecord | None = None
@@ -89,6 +94,20 @@ class Card:
         """What a reply's streaming changes of the card: its phase and preview (a page merges it into the card)."""
         self.settle()
         return {"id": self.id, "phase": self.phase, "preview": self.preview}
+
+    def progress(self) -> dict[str, Any]:
+        """What a turn's progress changes of the card: the streaming fields, its state, turn and figures."""
+        self.settle()
+        return {
+            "id": self.id,
+            "state": self.state,
+            "phase": self.phase,
+            "turn": self.turn,
+            "context": self.context,
+            "out": self.out,
+            "ttft": self.ttft,
+            "preview": self.preview,
+        }
 
     def public(self) -> dict[str, Any]:
         self.settle()
@@ -208,22 +227,26 @@ class LiveState:
         self.bench: BenchView | None = None  # set for a bench run (it has levels, not a fleet's cards)
 
     # -- events ---------------------------------------------------------------------------------------------
-    def _bump(self, card: Card | None = None, *, whole: bool = True) -> None:
-        """A change: of ``card`` (of its streaming phase and preview only, unless ``whole``), else of the summary."""
+    def _bump(self, card: Card | None = None, tier: int = WHOLE) -> None:
+        """A change: of ``card`` (of its fields in ``tier``: STREAM, TURN or WHOLE), else of the summary."""
         self.version += 1
+        v = self.version
         if card is None:
-            self._summary_v = self.version
-        else:
-            card.v = self.version
-            if whole:
-                card.vf = self.version
-            self._recent.move_to_end(card.id)
+            self._summary_v = v
+            return
+        card.v = v
+        if tier:
+            card.vt = v
+            if tier == WHOLE:
+                card.vf = v
+        self._recent.move_to_end(card.id)
 
     def _card(self, agent: str) -> Card:
         card = self.cards.get(agent)
         if card is None:  # an agent the plans did not name (cannot happen in a fleet; kept rather than lost)
             card = self.cards[agent] = self._recent[agent] = Card(agent, "", 0, [])
             self._counts[card.state] = self._counts.get(card.state, 0) + 1
+            self._bump(card)  # a card no page has: sent whole, whatever the change that made it
         return card
 
     def agent(self, agent: str, state: AgentState, *, rounds: int | None = None, detail: str = "") -> None:
@@ -240,17 +263,21 @@ class LiveState:
             card.state = state
         if rounds is not None:
             card.turn = rounds
+        tier = TURN
         if state in _QUEUED:
             card.phase = "queued"
         elif state in _ENDED:
             card.phase = ""
-            card.stopping = False
+            if card.stopping:
+                card.stopping = False
+                tier = WHOLE
             self._streams.pop(agent, None)
         elif card.phase == "queued":
             card.phase = ""  # admitted: its request is on its way (prefilling as soon as it is sent)
         if detail:
             card.error = detail[:300]
-        self._bump(card)
+            tier = WHOLE
+        self._bump(card, tier)
 
     def turn(self, agent: str, turn: TurnLog) -> None:
         card = self._card(agent)
@@ -266,7 +293,7 @@ class LiveState:
         card.reply = final  # its preview is made when the card is next sent (request_done has usually set it)
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
-        self._bump(card)
+        self._bump(card, TURN)
 
     def limiter_changed(self, stats: LimiterStatistics) -> None:
         self.limiter = stats
@@ -280,7 +307,7 @@ class LiveState:
         card = self._card(agent)
         self._streams[agent] = _Watch(view, card)
         card.phase = "prefilling"
-        self._bump(card)
+        self._bump(card, STREAM)
 
     def request_done(self, agent: str, records: Sequence[RequestRecord]) -> None:
         self._streams.pop(agent, None)
@@ -290,14 +317,14 @@ class LiveState:
         if final.ttft is not None:
             card.ttft = final.ttft
         card.reply = final
-        self._bump(card)
+        self._bump(card, TURN)
 
     def request_abandoned(self, agent: str) -> None:
         """The turn in flight was cancelled (a restart, the run's end): it will not be committed."""
         self._streams.pop(agent, None)
         card = self._card(agent)
         card.phase = ""
-        self._bump(card)
+        self._bump(card, STREAM)
 
     def agent_control(self, agent: str, *, stopping: bool = False, restarted: bool = False) -> None:
         card = self._card(agent)
@@ -393,7 +420,7 @@ class LiveState:
                 continue  # nothing the page would show differently: not sent again
             card.preview = preview
             card.phase = "streaming"
-            self._bump(card, whole=False)
+            self._bump(card, STREAM)
 
     def _summary(self) -> dict[str, Any]:
         counts = {s.value: n for s in AgentState if (n := self._counts.get(s.value))}
@@ -448,9 +475,14 @@ class LiveState:
         for card in reversed(self._recent.values()):  # the most recently changed first, back to the cursor
             if card.v <= since:
                 break
-            # A card whose reply only streamed on since the cursor is sent as its phase and preview: most of a
-            # busy fleet's changes, at a third of the bytes of the whole card.
-            agents.append(card.public() if card.vf > since else card.streaming())
+            # As much of the card as changed since the cursor: a busy fleet's cards change by their streams and
+            # turns, whose tiers carry a third and two thirds of the whole card's bytes.
+            if card.vf > since:
+                agents.append(card.public())
+            elif card.vt > since:
+                agents.append(card.progress())
+            else:
+                agents.append(card.streaming())
         agents.reverse()  # in the order they last changed
         start = max(0, cursor.points - self.dropped_points)
         body = {
