@@ -17,6 +17,9 @@ separate process (``simproc``: only the client is in this process), three times:
    encoding, and the reader's parsing) as a share of that same run's client CPU, which the machine's drift
    moves far less. The cyclic garbage collector's passes and CPU are counted per arm (``gc.callbacks``): a load
    runs with ``load.collector``'s settings, and ``--default-gc`` runs both arms with Python's own, for the before;
+   ``--side-by-side`` runs each block's two arms at the same time instead, in two client processes on the client's
+   core against the one simulator, so the machine's drift falls on both alike (a block's noise about ±3 %, checked
+   with ``--null``, where neither process has the dashboard and the figure should read 0);
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
@@ -35,6 +38,8 @@ first change after the previous delta) — within one flush (250 ms) when the sc
     .venv/bin/python benchmarks/bench_dashboard.py --agents 200 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # the CPU share
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --default-gc
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 12 --side-by-side --no-browser
+    .venv/bin/python benchmarks/bench_dashboard.py --width 300 --side-by-side --null --blocks 12 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --change-ages   # ages, the browser
 """
 
@@ -478,18 +483,21 @@ def _side_by_side(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, wi
     process of its own on the client's core (both inherit this process's affinity), against the one simulator.
     Run one after the other, two identical runs differ by up to 15 % in client CPU as the shared machine drifts;
     side by side, both runs meet the same drift, the same simulator pace and each other. Which is started first
-    alternates by block. Each block gives one paired figure, (with − without) ÷ without."""
+    alternates by block. Each block gives one paired figure, (with − without) ÷ without. With ``--null`` neither
+    run has the dashboard: the figure is then what the design alone reads, which should be near 0."""
     shares: list[float] = []
     own_shares: list[float] = []
     base: list[float] = []
     print(f"{args.agents} agents × {args.rounds} rounds ({width} at once) in each of two client processes side by "
-          f"side, think {args.think:g} s, simulator step {args.step:g} s, {args.blocks} block(s)")  # fmt: skip
+          f"side, think {args.think:g} s, simulator step {args.step:g} s, {args.blocks} block(s)"
+          + (" — the A/A check: neither run has the dashboard" if args.null else ""))  # fmt: skip
     for block in range(args.blocks):
         arms = ("without", "with") if block % 2 == 0 else ("with", "without")
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
             for arm in arms:
-                cmd = [sys.executable, __file__, "--child", arm, "--url", url, "--fleet", str(fleet),
+                child = "without" if args.null else arm
+                cmd = [sys.executable, __file__, "--child", child, "--url", url, "--fleet", str(fleet),
                        "--out", str(tmp / f"runs-{block}-{arm}"), "--width", str(width)]  # fmt: skip
                 if args.reader_on_client_core:
                     cmd.append("--reader-on-client-core")
@@ -564,6 +572,12 @@ def main() -> None:
         help="each block runs the two arms at the same time, in two processes on the client's core against the same "
         "simulator (the machine's drift falls on both alike), instead of one after the other in this process",
     )
+    ap.add_argument(
+        "--null",
+        action="store_true",
+        help="with --side-by-side: the run 'with' has no dashboard either, so the figure shows what the design alone "
+        "reads (an A/A check: it should be near 0)",
+    )
     ap.add_argument("--child", choices=("with", "without"), help=argparse.SUPPRESS)  # one arm of --side-by-side
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--fleet", type=Path, help=argparse.SUPPRESS)
@@ -580,6 +594,8 @@ def main() -> None:
     if args.child:
         _child_main(args)
         return
+    if args.null and not args.side_by_side:
+        ap.error("--null is a check of --side-by-side")
     if args.blocks < 1:
         ap.error("--blocks must be at least 1")
     if args.default_gc:
