@@ -110,23 +110,11 @@ class Card:
         }
 
     def public(self) -> dict[str, Any]:
-        self.settle()
-        return {
-            "id": self.id,
-            "group": self.group,
-            "wave": self.wave,
-            "depends_on": self.depends_on,
-            "state": self.state,
-            "phase": self.phase,
-            "turn": self.turn,
-            "context": self.context,
-            "out": self.out,
-            "ttft": self.ttft,
-            "preview": self.preview,
-            "error": self.error,
-            "stopping": self.stopping,
-            "restarts": self.restarts,
-        }
+        """The whole card: its progress and the fields that rarely change (a snapshot's, or a rare change's)."""
+        card = self.progress()
+        card.update(group=self.group, wave=self.wave, depends_on=self.depends_on, error=self.error,
+                    stopping=self.stopping, restarts=self.restarts)  # fmt: skip
+        return card
 
 
 @dataclass
