@@ -36,9 +36,9 @@ first change after the previous delta) — within one flush (250 ms) when the sc
     .venv/bin/python benchmarks/bench_dashboard.py                   # 1,000 agents × 4 rounds, 2 s think
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300   # a 2-core machine's simulator
     .venv/bin/python benchmarks/bench_dashboard.py --agents 200 --no-browser
-    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # the CPU share
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # in turn
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --default-gc
-    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 12 --side-by-side --no-browser
+    .venv/bin/python benchmarks/bench_dashboard.py --width 300 --blocks 12 --side-by-side --no-browser  # the share
     .venv/bin/python benchmarks/bench_dashboard.py --width 300 --side-by-side --null --blocks 12 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --change-ages   # ages, the browser
 """
