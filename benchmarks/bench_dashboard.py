@@ -452,6 +452,19 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
     return result
 
 
+def _timed_run(
+    opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime, reader: subprocess.Popen[bytes] | None
+) -> tuple[FleetResult, float, float]:
+    """One run of the fleet: its result, this process's CPU and the wall seconds it took; ``reader`` stopped after."""
+    c0, w0 = _cpu(), time.monotonic()
+    try:
+        r = asyncio.run(_run(opts, stream, lags, own, reader))
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+    return r, _cpu() - c0, time.monotonic() - w0
+
+
 def _child_main(args: argparse.Namespace) -> None:
     """``--child with|without`` (``--side-by-side``): one run of the fleet, started when the parent writes ``go``;
     prints this process's client CPU for the run and, with the dashboard, its own CPU timed in place."""
@@ -466,13 +479,7 @@ def _child_main(args: argparse.Namespace) -> None:
     sys.stdout.buffer.flush()
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("the parent did not say go")
-    c0, w0 = _cpu(), time.monotonic()
-    try:
-        r = asyncio.run(_run(opts, stream, [], own, reader))
-    finally:
-        if reader is not None and reader.poll() is None:
-            reader.kill()
-    used, took = _cpu() - c0, time.monotonic() - w0
+    r, used, took = _timed_run(opts, stream, [], own, reader)
     result = {"cpu": used, "wall": took, "turns": r.totals.turns, "done": r.totals.done,
               "failure": None if r.server_failure is None else str(r.server_failure),
               "own": own.state + own.writes + own.reader, "flushes": own.flushes, "writes": own.writes,
@@ -635,17 +642,12 @@ def main() -> None:
                 if dashboard and not args.reader_in_process:
                     reader = _start_reader(off_core=not args.reader_on_client_core)
                 s0, r0, x0 = own_total.state, own_total.reader, own_total.writes
-                c0, w0 = _cpu(), time.monotonic()
                 gc.callbacks.append(collector[dashboard])
                 try:
-                    results[dashboard] = r = asyncio.run(
-                        _run(opts, stream if dashboard else None, lags[dashboard], own_total, reader)
-                    )
+                    r, used, took = _timed_run(opts, stream if dashboard else None, lags[dashboard], own_total, reader)
                 finally:
                     gc.callbacks.remove(collector[dashboard])
-                    if reader is not None and reader.poll() is None:
-                        reader.kill()
-                used, took = _cpu() - c0, time.monotonic() - w0
+                results[dashboard] = r
                 own = (own_total.state - s0) + (own_total.reader - r0) + (own_total.writes - x0)
                 if dashboard:
                     own_shares.append(own / used)
