@@ -93,6 +93,10 @@ class _Ctx:
     stop_after: int = 400
     drawn: dict[tuple[str, int], int] = field(default_factory=dict)
 
+    @property
+    def text_salt(self) -> str:
+        return self.run_id
+
     def should_stop(self) -> bool:
         return len(self.backend.records) >= self.stop_after
 

@@ -66,6 +66,10 @@ class Level:
     sizing: TokenSizing = SIMULATOR_SIZING
     drawn: dict[tuple[str, int], int] = field(default_factory=dict)
 
+    @property
+    def text_salt(self) -> str:
+        return self.run_id
+
     def should_stop(self) -> bool:
         return self.clock.now() >= self.stop_at or len(self.backend.records) >= self.stop_after_requests
 

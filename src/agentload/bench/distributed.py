@@ -64,6 +64,7 @@ class LevelSpec:
     pin_slots: int | None
     grace_s: float
     stagger_s: float
+    text_salt: str | None = None  # the text's salt beside the seed (None: the run id)
 
 
 @dataclass
@@ -123,7 +124,7 @@ class LevelWorker(ClockedActor):
             else None  # fmt: skip
         backend = RecordingBackend(self._conn.backend, self._records, None, gate=gate,
                                    fields=fields.add if fields is not None else None)  # fmt: skip
-        self._ctx = LevelContext(backend, spec.model, spec.run_id, spec.level, data, spec.sizing)
+        self._ctx = LevelContext(backend, spec.model, spec.run_id, spec.level, data, spec.sizing, spec.text_salt)
         self._stop = asyncio.Event()
         self._launch(list(range(self.index, spec.agents, self.count)), {}, spec.stagger_s, adopted=False)
         return self._agents

@@ -14,12 +14,20 @@ class LevelContext:
     """The LoadContext a level gives its agents; the level ends when the runner says so."""
 
     def __init__(
-        self, backend: ChatBackend, model: str, run_id: str, level: int, data: LevelData, sizing: TokenSizing
+        self,
+        backend: ChatBackend,
+        model: str,
+        run_id: str,
+        level: int,
+        data: LevelData,
+        sizing: TokenSizing,
+        text_salt: str | None = None,
     ) -> None:
         self.backend = backend
         self.clock = LoopClock()
         self.model = model
         self.run_id = run_id
+        self.text_salt = run_id if text_salt is None else text_salt
         self.level = level
         self.sizing = sizing
         self.stop = StopSignal()  # set by the runner (``load.runner``) when the level's time is up

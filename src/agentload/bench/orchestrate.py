@@ -49,6 +49,10 @@ class BenchWatch(Protocol):
     def step(self, step: SearchStep) -> None: ...
 
 
+# What ``--same-text`` salts every run's text with in place of its run id: a constant, so the seed alone decides it.
+SAME_TEXT_SALT = "same-text"
+
+
 @dataclass
 class BenchPlan:
     make_target: Callable[[], Target]  # a fresh simulated server per level; the same real server every time
@@ -67,6 +71,7 @@ class BenchPlan:
     max_agents: int = 1024
     synthetic: Workload | None = None  # the matched arm, run at the knee (or the last level) for the ratio
     seed: int = 0
+    same_text: bool = False  # the text from the seed alone, not salted with the run (``--same-text``)
     # Ask the engine for exactly each request's max_tokens (``endpoint.output``); False: the model decides
     # (``--natural-output``).
     exact_output: bool = True
@@ -248,6 +253,7 @@ async def run_bench(
                 context=context,
                 level=len(levels),
                 run_id=run_id,
+                text_salt=SAME_TEXT_SALT if plan.same_text else run_id,
                 run_t0=t0,
                 warmup_s=warmup_s,
                 window_s=plan.window_s,

@@ -61,6 +61,7 @@ async def run_level(
     level: int,
     run_id: str,
     run_t0: float,
+    text_salt: str | None = None,
     warmup_s: float,
     window_s: float,
     min_window_s: float | None = None,
@@ -78,6 +79,7 @@ async def run_level(
 
     ``exact_output_engine``: ask that engine for exactly each request's ``max_tokens`` (None: the model decides).
     ``pin_slots``: a slot server's slot count; each agent's turns go to its own slot (None: the server chooses).
+    ``text_salt``: what the workload's text is salted with beside the seed (default: the run id).
     ``cluster``: run the agents on its Ray actors (``bench.distributed``); the window, edges and samples stay here.
     """
     clock = LoopClock()
@@ -99,12 +101,13 @@ async def run_level(
         fields = EngineFields(exact_output_engine, pin_slots) if exact_output_engine or pin_slots else None
         backend = RecordingBackend(conn.backend, data.records, sink, gate=gate,
                                    fields=fields.add if fields is not None else None)  # fmt: skip
-        ctx = LevelContext(backend, target.model, run_id, level, data, sizing)
+        ctx = LevelContext(backend, target.model, run_id, level, data, sizing, text_salt)
     else:
         # The agents run on the actors, each with its own connection; this one only watches the server.
         gate = remote = RemoteLevel(cluster, data, sink)
         spec = LevelSpec(target.model, target.engine, workload, agents, context, level, run_id,
-                         seed + 7919 * level, sizing, exact_output_engine, pin_slots, grace_s, STAGGER_S)  # fmt: skip
+                         seed + 7919 * level, sizing, exact_output_engine, pin_slots, grace_s, STAGGER_S,
+                         text_salt)  # fmt: skip
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()
     unwatch = on_connect(conn) if on_connect is not None else None

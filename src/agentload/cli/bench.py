@@ -151,6 +151,15 @@ def bench(
     out: OutOption = None,
     json_out: JsonOption = False,
     seed: Annotated[int, typer.Option(help="Seed for workload sizes.")] = 0,
+    same_text: Annotated[
+        bool,
+        typer.Option(
+            "--same-text",
+            help="Draw the workload's text from --seed alone (default: salted with the run, so a rerun against the "
+            "same server does not find its prefixes cached): two runs with the same seed send the same words, to "
+            "compare two servers, or a server and its calibrated simulator, on identical prompts.",
+        ),
+    ] = False,
     natural_output: Annotated[
         bool,
         typer.Option(
@@ -213,8 +222,8 @@ def bench(
 # the run's but the invocation's.
 INVOCATION_FLAGS = (
     "url", "model", "api_key_env", "sim", "workload", "context", "sweep", "find_knee", "slo", "soak", "agents",
-    "warmup", "window", "tolerance", "max_agents", "compare_synthetic", "seed", "natural_output", "min_turns",
-    "no_pin_slots", "wait_ready",
+    "warmup", "window", "tolerance", "max_agents", "compare_synthetic", "seed", "same_text", "natural_output",
+    "min_turns", "no_pin_slots", "wait_ready",
 )  # fmt: skip
 
 
@@ -241,6 +250,7 @@ class StoredFlags(BaseModel):
     max_agents: int = 1024
     compare_synthetic: bool = False
     seed: int = 0
+    same_text: bool = False
     natural_output: bool = False
     min_turns: int | None = None
     no_pin_slots: bool = False
@@ -316,6 +326,7 @@ def run(
     max_agents: int,
     compare_synthetic: bool,
     seed: int,
+    same_text: bool,
     natural_output: bool,
     min_turns: int | None,
     no_pin_slots: bool,
@@ -424,6 +435,7 @@ def run(
         max_agents=max_agents,
         synthetic=synthetic,
         seed=seed,
+        same_text=same_text,
         exact_output=not natural_output,
         min_turns=min_turns,
         pin_slots=not no_pin_slots,

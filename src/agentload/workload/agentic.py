@@ -179,7 +179,7 @@ class AgenticDriver:
     def text_rng(self, ctx: LoadContext, session: int) -> np.random.Generator:
         # Salted with the run and level: the same agent in the next level (or run) must not find its previous
         # session's prefix still cached — only the system prompt is meant to be shared.
-        return np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.run_id), session])
+        return np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.text_salt), session])
 
     def request(
         self, ctx: LoadContext, messages: list[dict[str, Any]], max_tokens: int, session: int, turn: int

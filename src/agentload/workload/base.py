@@ -41,6 +41,13 @@ class LoadContext(Protocol):
     def run_id(self) -> str: ...
 
     @property
+    def text_salt(self) -> str:
+        """What the workload's text is salted with beside its seed: the run id, so the same agent in another run
+        (or a rerun against the same server) does not find its session's prefix still cached; a constant under
+        ``bench --same-text``, so two runs with the same seed send the same words."""
+        ...
+
+    @property
     def level(self) -> int: ...
 
     def should_stop(self) -> bool:

@@ -54,7 +54,8 @@ class SyntheticDriver:
         sizes = SizeStreams(self.shape, self.seed, self.index)
         turns = grow_turn_sizes(self.shape, sizes)
         # Salted with the run and level so no prompt of this level was ever sent before (see agentic's text).
-        rng = np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.run_id), stable_int("synthetic")])
+        salt = [stable_int(ctx.text_salt), stable_int("synthetic")]
+        rng = np.random.default_rng([self.seed, self.index, ctx.level, *salt])
         n = 0
         while not ctx.should_stop():
             prompt, out = next(turns)

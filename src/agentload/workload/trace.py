@@ -330,7 +330,7 @@ class MooncakeDriver:
 
     def conversations(self, ctx: LoadContext) -> Steps:
         origin = self.origin.at(ctx.clock.now())
-        salt = (self.seed, ctx.level, stable_int(ctx.run_id))
+        salt = (self.seed, ctx.level, stable_int(ctx.text_salt))
 
         def ended(end: Ending) -> None:
             if end.reason != STOPPED:  # the level ended mid-session: not a finished session
@@ -452,14 +452,14 @@ class SessionReplayDriver:
 
     def _shared(self, ctx: LoadContext, n: int) -> str:
         # One text for the level; a session sharing fewer tokens takes its beginning, so all share a prefix.
-        return words(np.random.default_rng([self.seed, ctx.level, stable_int(ctx.run_id), stable_int("shared")]), n)
+        return words(np.random.default_rng([self.seed, ctx.level, stable_int(ctx.text_salt), stable_int("shared")]), n)
 
     def _session(self, ctx: LoadContext, session: SessionTrace, rounds: int) -> _SessionTurns:
         """One session's replay, as a conversation."""
         name = f"{self.agent_id}/s{self.replayed}"
         self.replayed += 1
         rng = np.random.default_rng(
-            [self.seed, ctx.level, stable_int(ctx.run_id), stable_int(session.session_id), rounds]
+            [self.seed, ctx.level, stable_int(ctx.text_salt), stable_int(session.session_id), rounds]
         )
         shared = session.shared_prefix_tokens
         system = [{"role": "system", "content": self._shared(ctx, shared)}] if shared > 0 else []
