@@ -177,8 +177,9 @@ class AgenticDriver:
                 ctx.session_done(self.agent_id, ok=True)
 
     def text_rng(self, ctx: LoadContext, session: int) -> np.random.Generator:
-        # Salted with the run and level: the same agent in the next level (or run) must not find its previous
-        # session's prefix still cached — only the system prompt is meant to be shared.
+        # Salted with the run (``ctx.text_salt``: its id, or a constant under ``bench --same-text``) and level: the
+        # same agent in the next level (or run) must not find its previous session's prefix still cached — only the
+        # system prompt is meant to be shared.
         return np.random.default_rng([self.seed, self.index, ctx.level, stable_int(ctx.text_salt), session])
 
     def request(
