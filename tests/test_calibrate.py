@@ -11,14 +11,16 @@ even on a loaded two-core machine (a 40 ms overhead came out 10-15% high there).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import itertools
 import json
+import random
 import statistics
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,8 @@ from agentload.cli.calibrate import summary
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServedModel, ServerPool, ServerProbe, StopRule, StreamTiming
 from agentload.errors import ConfigError, EndpointResponseError
+from agentload.sim.chat import TemplatePads
+from agentload.sim.server import SimConfig, SimServer
 from agentload.sim.tokens import Tokenizer
 from agentload.workload.words import WORDS
 from tests.simserver import running_sim, sim_process
@@ -168,6 +172,16 @@ class ModelledServer:
     async def count_tokens(self, model: str, text: str) -> int | None:
         return None if self.tokenizer is None else len(self.tokenizer.tokenize(text))
 
+    async def count_chat_tokens(self, model: str, messages: Sequence[Mapping[str, str]]) -> int | None:
+        """A Llama-3-style template (not the simulator's ChatML): a BOS, each message's role between header
+        markers and its text followed by an end marker, the assistant's header as the generation prompt."""
+        if self.tokenizer is None:
+            return None
+        text = "<|begin_of_text|> " + "".join(
+            f"<|start_header_id|> {m['role']} <|end_header_id|>\n\n{m['content']} <|eot_id|> " for m in messages
+        )
+        return len(self.tokenizer.tokenize(text + "<|start_header_id|> assistant <|end_header_id|>\n\n"))
+
     async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming:
         group = self._group
         group.append(1)
@@ -225,6 +239,49 @@ async def test_calibration_measures_how_the_servers_tokenizer_splits_agentloads_
     assert written.word_pieces == pytest.approx([counts.count(k) / len(WORDS) for k in (1, 2, 3)], abs=1e-4)
     assert 1.3 < statistics.mean(counts) < 1.8
     assert result.tokens_per_word == pytest.approx(statistics.mean(counts), abs=1e-3)
+
+
+async def test_the_calibrated_simulator_counts_a_conversation_as_the_servers_chat_template_does() -> None:
+    """The server's template (Llama-3-style, a dozen tokens an opening) costs what the simulator's ChatML does not;
+    calibrated, the simulator pads its own, so every prompt of a conversation has the server's length."""
+    server_split = Tokenizer((0.6, 0.25, 0.15))
+    target = ModelledServer(load_profile("laptop"), served="m", tokenizer=server_split)
+    result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048), words=WORDS))
+    assert result.chat_template is not None
+    calibrated = parse_profile(result.profile_toml, "calibrated")
+    assert calibrated.chat_template == result.chat_template
+    simulated = SimServer(SimConfig(profile=calibrated))
+    uncalibrated = SimServer(SimConfig(profile=dataclasses.replace(calibrated, chat_template=None)))
+    rng = random.Random(7)
+
+    def words(n: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    messages = [{"role": "system", "content": words(rng.randint(20, 300))}]
+    misses = []
+    for turn in range(8):
+        messages.append({"role": "user", "content": words(rng.randint(5, 400))})
+        server = await target.count_chat_tokens("m", messages)
+        assert server is not None
+        body = json.dumps({"messages": messages}).encode()
+        assert simulated.tokenize_body(body)["count"] == server, turn
+        misses.append(server - uncalibrated.tokenize_body(body)["count"])
+        messages.append({"role": "assistant", "content": words(rng.randint(1, 200))})
+    # Without the pads the simulator counts every prompt shorter, by more each turn (the check has teeth).
+    assert all(m > 0 for m in misses), misses
+    assert misses[-1] > misses[0], misses
+
+
+async def test_a_server_whose_tokenize_takes_no_messages_keeps_the_simulators_template() -> None:
+    class NoChatTokenize(ModelledServer):
+        async def count_chat_tokens(self, model: str, messages: Sequence[Mapping[str, str]]) -> int | None:
+            return None
+
+    target = NoChatTokenize(load_profile("laptop"), served="m", tokenizer=Tokenizer((0.6, 0.25, 0.15)))
+    result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048), words=WORDS))
+    assert result.chat_template is None
+    assert parse_profile(result.profile_toml, "calibrated").chat_template is None
+    assert any("takes no messages" in note for note in result.notes)
 
 
 async def test_without_tokenize_the_split_comes_from_the_measured_tokens_per_word() -> None:
@@ -425,3 +482,6 @@ def test_cli_calibrates_a_running_simulator_and_writes_a_profile_sim_can_serve(t
     counts = [split.pieces(w) for w in WORDS]
     assert dict(written.word_tokens) == dict(zip(WORDS, counts, strict=True))
     assert written.word_pieces == pytest.approx([counts.count(k) / len(WORDS) for k in (1, 2, 3)], abs=1e-4)
+    # Its chat template was counted too; served again, the simulator needs no pads to match itself.
+    assert written.chat_template is not None
+    assert TemplatePads.fit(*written.chat_template, plain=False).none, written.chat_template

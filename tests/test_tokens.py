@@ -77,6 +77,16 @@ def test_words_the_server_counted_cost_what_it_counted_and_others_follow_the_sha
     assert Tokenizer((1.0,), {"the": 1}).plain
 
 
+def test_a_templates_special_tokens_are_one_token_and_an_end_marker_is_counted_apart() -> None:
+    tok = Tokenizer((0.0, 0.0, 1.0), {"alpha": 2})  # every other word three tokens
+    assert len(tok.tokenize("<|im_start|>assistant\n")) == 1
+    assert len(tok.tokenize("<|pad|> <|pad|> ")) == 2
+    # A message's last word and its end marker share a piece of text; they cost the word and one token.
+    assert len(tok.tokenize("alpha<|im_end|>\n")) == 3
+    assert len(tok.tokenize("beta<|im_end|>\n")) == 4
+    assert len(tok.tokenize("<|im_start|>user\nalpha beta<|im_end|>\n")) == 1 + 2 + 3 + 1
+
+
 def test_a_split_tokenizer_counts_a_generated_reply_longer_when_it_is_sent_back() -> None:
     """The simulator generates a token a word; a server whose tokenizer splits words counts the reply longer when
     the next prompt carries it, as real replies re-tokenise."""

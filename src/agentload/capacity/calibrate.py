@@ -56,7 +56,7 @@ from scipy.optimize import nnls
 from agentload.capacity import catalog
 from agentload.capacity.kv import parse_kv_dtype
 from agentload.capacity.models import ModelSpec
-from agentload.capacity.profile import MAX_WORD_PIECES, StepSpec, mean_word_tokens, parse_profile
+from agentload.capacity.profile import MAX_TEMPLATE_TOKENS, MAX_WORD_PIECES, StepSpec, mean_word_tokens, parse_profile
 from agentload.capacity.steptime import StepCoefficients, StepTimeModel
 from agentload.endpoint.scrape import ServedModel, ServerPool, StopRule, StreamTiming
 from agentload.errors import CalibrationError, ConfigError, EndpointResponseError, ServerCapabilityError
@@ -95,6 +95,8 @@ class CalibrationTarget(Protocol):
     async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming: ...
 
     async def count_tokens(self, model: str, text: str) -> int | None: ...
+
+    async def count_chat_tokens(self, model: str, messages: Sequence[Mapping[str, str]]) -> int | None: ...
 
 
 class ProgressSink(Protocol):
@@ -192,6 +194,9 @@ class CalibrationResult(BaseModel):
     profile_toml: str
     word_pieces: tuple[float, ...] = Field(default=(1.0,), description="shares of words made 1, 2, 3… tokens")
     word_pieces_source: str = ""
+    chat_template: tuple[int, int] | None = Field(
+        default=None, description="the chat template's tokens beyond the words: an opening's, an exchange's"
+    )
 
     @property
     def tokens_per_word(self) -> float:
@@ -226,6 +231,7 @@ class _Measurements:
     notes: list[str] = field(default_factory=list)
     sizes: list[tuple[int, int]] = field(default_factory=list)  # (words sent, prompt tokens the server counted)
     word_tokens: dict[str, int] = field(default_factory=dict)  # each of agentload's words, as the server counts it
+    template: tuple[int, int] | None = None  # the chat template's tokens beyond the words: an opening's, an exchange's
 
     def line(self) -> tuple[float, float]:
         """(tokens at zero words, tokens per word), from the counts the server reported; one per word before any."""
@@ -421,6 +427,42 @@ class _Session:
             return
         self.m.word_tokens = counts
 
+    async def template(self) -> None:
+        """What the server's chat template adds beyond the words: to an opening (a system and a user message and the
+        generation prompt) and to one more exchange (an assistant and a user message), from its chat ``/tokenize``.
+
+        The messages are agentload's words, whose counts the word split just measured, so what is left of a count is
+        the template's: headers, end markers, a BOS, and how the first word of a message (no space before it) is
+        counted. The simulator pads its own template to it (``sim.chat.TemplatePads``), so a prompt's length lands
+        against the KV block edges where the server's does.
+        """
+        counts = self.m.word_tokens
+        if not counts:
+            return  # no word split: the words' share of a count is unknown
+        vocabulary = sorted(counts)
+
+        def text(n: int) -> tuple[str, int]:
+            words = [self.rng.choice(vocabulary) for _ in range(n)]
+            return " ".join(words), sum(counts[w] for w in words)
+
+        (system, ns), (user, nu), (reply, nr), (tool, nt) = text(60), text(120), text(40), text(80)
+        opening = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        exchange = [*opening, {"role": "assistant", "content": reply}, {"role": "user", "content": tool}]
+        try:
+            first = await self.target.count_chat_tokens(self.model, opening)
+            both = await self.target.count_chat_tokens(self.model, exchange) if first is not None else None
+        except EndpointResponseError as exc:
+            self.m.notes.append(f"the server's chat /tokenize failed ({exc}); the simulator keeps its own template")
+            return
+        if first is None or both is None:
+            self.m.notes.append("the server's /tokenize takes no messages: the simulator keeps its own chat template")
+            return
+        found = (first - ns - nu, both - first - nr - nt)
+        if not all(0 <= n <= MAX_TEMPLATE_TOKENS for n in found):
+            self.m.notes.append(f"the chat template's counts {found} are not a template's; not used")
+            return
+        self.m.template = found
+
     def tokenizer_table(self) -> dict[str, Any]:
         """The profile's ``[tokenizer]``: each of agentload's words as the server counts it, the shares of words made
         1, 2, 3… tokens (for any other word), and where they came from."""
@@ -430,7 +472,13 @@ class _Session:
             return {
                 "word_pieces": [round(float(x), 4) for x in np.bincount(counts, minlength=2)[1:] / len(counts)],
                 "word_tokens": dict(self.m.word_tokens),
-                "source": f"/tokenize on {len(counts)} of agentload's words: {mean:.3f} tokens a word",
+                "source": f"/tokenize on {len(counts)} of agentload's words: {mean:.3f} tokens a word"
+                + ("" if self.m.template is None else "; the chat template's tokens counted there too"),
+                **(
+                    {}
+                    if self.m.template is None
+                    else {"template_opening": self.m.template[0], "template_exchange": self.m.template[1]}
+                ),
             }
         # No /tokenize: the mean from the prompts' usage, as a mix of its two neighbouring whole counts.
         _, per_word = self.m.line()
@@ -545,6 +593,7 @@ async def calibrate(
     await session.warm_up()
     progress.advance()
     await session.words()
+    await session.template()
 
     await session.ttft(_ttft_lengths(plan, max_model_len, pool.tokens))
     fastest = fastest_per_length(m.ttft)
@@ -590,6 +639,7 @@ async def calibrate(
         profile_toml=text,
         word_pieces=tuple(doc["tokenizer"]["word_pieces"]),
         word_pieces_source=doc["tokenizer"]["source"],
+        chat_template=m.template,
     )
 
 

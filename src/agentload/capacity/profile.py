@@ -113,6 +113,7 @@ class StepSpec(BaseModel):
 
 
 MAX_WORD_PIECES = 16  # a word of plain English split into more tokens than this is not text
+MAX_TEMPLATE_TOKENS = 4096  # a chat template that adds more than this around two messages is not a template
 
 
 def mean_word_tokens(word_pieces: Sequence[float]) -> float:
@@ -137,12 +138,27 @@ class TokenizerSpec(BaseModel):
         description="tokens the server makes of each of agentload's words, counted by /tokenize (other words: "
         "word_pieces)",
     )
+    template_opening: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TEMPLATE_TOKENS,
+        description="tokens the server's chat template adds to an opening (a system and a user message and the "
+        "generation prompt) beyond its words, counted by /tokenize; none: the simulator's own ChatML",
+    )
+    template_exchange: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TEMPLATE_TOKENS,
+        description="tokens the template adds for one more exchange (an assistant and a user message) beyond its words",
+    )
     source: str = ""
 
     @model_validator(mode="after")
     def _shares(self) -> TokenizerSpec:
         if any(w < 0 for w in self.word_pieces) or sum(self.word_pieces) <= 0:
             raise ValueError("word_pieces are shares: none negative, and not all zero")
+        if (self.template_opening is None) != (self.template_exchange is None):
+            raise ValueError("template_opening and template_exchange are measured together: give both or neither")
         bad = sorted(w for w, n in self.word_tokens.items() if not 1 <= n <= MAX_WORD_PIECES)
         if bad:
             raise ValueError(f"word_tokens counts from 1 to {MAX_WORD_PIECES} tokens a word; not {', '.join(bad[:5])}")
@@ -212,6 +228,8 @@ class ServingProfile:
     slots: int | None = None  # slot-based serving (llama.cpp): this many slots, each its own prompt cache
     word_pieces: tuple[float, ...] = (1.0,)  # shares of words the tokenizer makes 1, 2, 3… tokens (sim.tokens)
     word_tokens: tuple[tuple[str, int], ...] = ()  # tokens of each of agentload's words, as the server counted
+    # The server's chat template beyond the words: (an opening's, one more exchange's) tokens; None: the simulator's.
+    chat_template: tuple[int, int] | None = None
 
     @property
     def block_size(self) -> int:
@@ -378,6 +396,9 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         slots=spec.slots,
         word_pieces=tuple(w / sum(spec.tokenizer.word_pieces) for w in spec.tokenizer.word_pieces),
         word_tokens=tuple(sorted(spec.tokenizer.word_tokens.items())),
+        chat_template=None
+        if spec.tokenizer.template_opening is None or spec.tokenizer.template_exchange is None
+        else (spec.tokenizer.template_opening, spec.tokenizer.template_exchange),
     )
 
 

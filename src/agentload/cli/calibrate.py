@@ -97,6 +97,12 @@ def summary(result: CalibrationResult, out: Console = console) -> None:
         f"{shares}; {result.word_pieces_source or 'not measured'})",
         markup=False,
     )
+    if result.chat_template is not None:
+        opening, exchange = result.chat_template
+        out.print(
+            f"Chat template: {opening} tokens around an opening's words (system, user, generation prompt), "
+            f"{exchange} around each further exchange's (assistant, user); the simulator pads its own to match"
+        )
     for note in result.notes:
         out.print(f"[dim]note: {note}[/]")
 

@@ -30,7 +30,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -560,6 +560,27 @@ class ServerProbe:
                 return len(tokens)
             # llama.cpp answers a body without "content" with no tokens: ask it in its own form.
         raise EndpointResponseError(f"{where}: the answer holds neither a token count nor tokens")
+
+    async def count_chat_tokens(self, model: str, messages: Sequence[Mapping[str, str]]) -> int | None:
+        """The tokens of ``messages`` as the server's chat template renders them, with the generation prompt, from
+        its ``POST /tokenize`` (vLLM's chat form); None when it has no such endpoint or takes no messages there."""
+        where = f"POST /tokenize on {self.url}"
+        body = {"model": model, "messages": list(messages), "add_generation_prompt": True}
+        status, raw = await self.post_json("/tokenize", body)
+        if status in (400, 404, 405, 422):
+            return None
+        _raise_for_status(where, status, raw)
+        try:
+            answer = loads(raw)
+        except MalformedField as exc:
+            raise EndpointResponseError(f"{where}: the body is {exc}") from exc
+        count = answer.get("count") if isinstance(answer, Mapping) else None
+        tokens = answer.get("tokens") if isinstance(answer, Mapping) else None
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            return count
+        if isinstance(tokens, list) and tokens:
+            return len(tokens)
+        return None  # an answer without a count (llama.cpp ignores "messages"): not this server's chat form
 
     async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming:
         """POST a streamed ``/v1/completions`` request and time every chunk that carries text.

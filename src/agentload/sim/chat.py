@@ -8,6 +8,7 @@ to the very same text — and so the same tokens and cached blocks — every tim
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -162,16 +163,59 @@ def _tool_listing(tools: list[Tool]) -> str:
         raise BadRequestError("tools: a parameters schema nested too deeply to render", param="tools") from exc
 
 
-def render_chat(req: ChatRequest) -> str:
+PAD = "<|pad|> "  # one token on any tokenizer of the simulator's (sim.tokens: a special token is one)
+
+
+@dataclass(frozen=True)
+class TemplatePads:
+    """One-token pieces that make the simulator's ChatML cost what a calibrated server's chat template does.
+
+    A real template's headers and end markers cost a dozen or more tokens per opening on a real vocabulary, where
+    the simulator's cost three to five; that offset moves every prompt's length against the KV block edges, so which
+    block of a held conversation is full and cached differs from the server's. Pads go where the server's cost is:
+    ``start`` at the prompt's start (a BOS, a default system text), ``header`` after the system and assistant headers
+    and the generation prompt (which is the assistant header, so a reply's prefix stays cached), ``user`` after each
+    user and tool header.
+    """
+
+    start: int = 0
+    header: int = 0
+    user: int = 0
+
+    @classmethod
+    def fit(cls, opening: int, exchange: int, *, plain: bool) -> TemplatePads:
+        """Pads for a server whose template adds ``opening`` tokens to a system and a user message and the
+        generation prompt, and ``exchange`` to one more assistant and user message (beyond their words).
+
+        The simulator's own cost is one token a header, and one an end marker except on the one-token-a-word
+        tokenizer, which folds it into the message's last word: an opening ``3 + 2·end``, an exchange ``2 + 2·end``.
+        A server whose template costs less than that cannot be matched (nothing is taken away): the pads are 0."""
+        end = 0 if plain else 1
+        per_message = max(0, exchange - 2 - 2 * end)  # the exchange's two headers' pads
+        header = per_message // 2
+        user = per_message - header
+        start = max(0, opening - (3 + 2 * end) - 2 * header - user)
+        return cls(start, header, user)
+
+    @property
+    def none(self) -> bool:
+        return not (self.start or self.header or self.user)
+
+
+NO_PADS = TemplatePads()
+
+
+def render_chat(req: ChatRequest, pads: TemplatePads = NO_PADS) -> str:
     """The prompt text the model would see, ending with the assistant generation prompt."""
-    return "".join(render_chat_parts(req))
+    return "".join(render_chat_parts(req, pads))
 
 
-def render_chat_parts(req: ChatRequest) -> list[str]:
-    """The prompt as one piece per message. Every piece starts with ``<|im_start|>`` and the ones before the last
-    end with a newline, so each boundary is also a token boundary: tokenizing piece by piece gives exactly the
-    tokens of the joined text (which lets the server cache a conversation's earlier messages)."""
-    parts: list[str] = []
+def render_chat_parts(req: ChatRequest, pads: TemplatePads = NO_PADS) -> list[str]:
+    """The prompt as one piece per message. Every piece starts with ``<|im_start|>`` (or the start's pads) and the
+    ones before the last end with a newline, so each boundary is also a token boundary: tokenizing piece by piece
+    gives exactly the tokens of the joined text (which lets the server cache a conversation's earlier messages)."""
+    header, user = PAD * pads.header, PAD * pads.user
+    parts: list[str] = [PAD * pads.start] if pads.start else []
     messages = list(req.messages)
     system = ""
     if messages and messages[0].role in ("system", "developer"):
@@ -184,17 +228,18 @@ def render_chat_parts(req: ChatRequest) -> list[str]:
             "<tool_call></tool_call> XML tags."
         )
     if system:
-        parts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
+        parts.append(f"<|im_start|>system\n{header}{system}<|im_end|>\n")
     for m in messages:
         if m.role == "assistant":
             body = m.text()
             for call in m.tool_calls or []:
                 body += ("\n" if body else "") + render_tool_call(call.function.name, call.function.arguments)
-            parts.append(f"<|im_start|>assistant\n{body}<|im_end|>\n")
+            parts.append(f"<|im_start|>assistant\n{header}{body}<|im_end|>\n")
         elif m.role in ("tool", "function"):
-            parts.append(f"<|im_start|>user\n<tool_response>\n{m.text()}\n</tool_response><|im_end|>\n")
+            parts.append(f"<|im_start|>user\n{user}<tool_response>\n{m.text()}\n</tool_response><|im_end|>\n")
+        elif m.role == "user":
+            parts.append(f"<|im_start|>user\n{user}{m.text()}<|im_end|>\n")
         else:
-            role = "system" if m.role == "developer" else m.role
-            parts.append(f"<|im_start|>{role}\n{m.text()}<|im_end|>\n")
-    parts.append("<|im_start|>assistant\n")
+            parts.append(f"<|im_start|>system\n{header}{m.text()}<|im_end|>\n")
+    parts.append(f"<|im_start|>assistant\n{header}")
     return parts

@@ -35,9 +35,11 @@ from agentload.errors import BadRequestError, ConfigError, ContextLengthError, M
 from agentload.sim import llamacpp
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, Piece, Turn, guarded, hold_eos, truncate
 from agentload.sim.chat import (
+    NO_PADS,
     ChatRequest,
     CompletionRequest,
     Message,
+    TemplatePads,
     _Common,
     load_json,
     parse_body,
@@ -151,6 +153,9 @@ class SimServer:
         self._ids = itertools.count(1)
         # The profile's word granularity (calibrated from a real server's tokenizer; one token a word by default).
         self.tokenizer = Tokenizer(config.profile.word_pieces, dict(config.profile.word_tokens))
+        # ... and its chat template's cost, where calibration counted it (else the simulator's own ChatML).
+        template = config.profile.chat_template
+        self.pads = NO_PADS if template is None else TemplatePads.fit(*template, plain=self.tokenizer.plain)
         self._token_cache: OrderedDict[str, list[int]] = OrderedDict()
         self._created = int(time.time())
 
@@ -279,7 +284,7 @@ class SimServer:
             return {"tokens": self.tokenizer.tokenize(data["content"])}
         if "messages" in data:
             chat = parse_body(ChatRequest, raw)
-            text = render_chat(chat)
+            text = render_chat(chat, self.pads)
         elif isinstance(data.get("prompt"), str):
             text = data["prompt"]
         else:
@@ -413,7 +418,7 @@ class SimServer:
             cbody: ChatRequest = parse_body(ChatRequest, raw)
             body: _Common = cbody
             self._check_model(body)
-            req, pieces, _ = self._plan(body, render_chat_parts(cbody), cbody.messages, cbody)
+            req, pieces, _ = self._plan(body, render_chat_parts(cbody, self.pads), cbody.messages, cbody)
         else:
             pbody: CompletionRequest = parse_body(CompletionRequest, raw)
             body = pbody

@@ -11,7 +11,9 @@ agentload's workloads write, and the shares of words it makes 1, 2, 3… tokens 
 from those shares by its hash). A text then costs what it costs on the real server, and its count scatters as it
 does there: a prompt sized in words lands a few dozen tokens either side of a KV block edge, which decides
 whether its last partial block is recomputed every turn. A reply, generated as one token a word, is counted longer
-when it is sent back, as real replies re-tokenise.
+when it is sent back, as real replies re-tokenise. A chat template's special tokens (``<|im_start|>user``,
+``<|im_end|>``, the pads of ``sim.chat.TemplatePads``) are one token each on such a tokenizer, and an end marker
+is counted apart from the word it follows, so a message costs its words plus a fixed template.
 
 Block hashes chain like vLLM's: ``hash(parent_hash, block_token_ids)`` over full blocks only. Hashing a tuple of
 ints is deterministic across processes (PYTHONHASHSEED only salts str and bytes).
@@ -84,6 +86,14 @@ class Tokenizer:
         word = piece.rstrip()
         if self.plain or not word:
             return 1
+        special = word.find("<|")
+        if special == 0:
+            return 1  # a chat template's special token (``<|im_start|>user``): one token, as on a real vocabulary
+        if special > 0:  # a message's last word and the template's end marker: counted apart, as a server does
+            return self._word(word[:special]) + 1
+        return self._word(word)
+
+    def _word(self, word: str) -> int:
         known = self.word_tokens.get(word)
         if known is not None:
             return known
