@@ -127,7 +127,7 @@ class OwnTime:
     runs, whose client CPU moves by up to 14 % between identical runs on a shared machine.
 
     Timed with ``time.perf_counter`` (a vDSO read, ~50 ns), not ``time.process_time`` (a system call, ~600 ns here):
-    the hooks are called ~20,000 times a run, and the CPU clock's own cost, twice a call, was itself a measurable
+    the hooks were called ~20,000 times a run, and the CPU clock's own cost, twice a call, was itself a measurable
     part of the "with" arm. The timed code never blocks or awaits, so its wall time is its CPU time but for the
     moments the OS gives its core to another process (which only overstates the share).
 
@@ -135,8 +135,7 @@ class OwnTime:
     refresh, delta and encoding, outermost call only. ``reader``: the event-stream reader's parsing when it runs in
     this process (``--reader-in-process``); ``reader_process``: the CPU of the reader's own process otherwise (a
     browser's, not the client's). ``writes``: aiohttp writing the stream's events to the socket. Not in any: the event
-    loop waking the flusher and the stream's task four times a second, and the one extra coroutine frame
-    (``WatchedBackend``) each agent's request passes through as it resumes.
+    loop waking the flusher and the stream's task four times a second, and the pause check each turn makes.
     """
 
     state: float = 0.0
@@ -152,9 +151,8 @@ class OwnTime:
     def install(self, ages: bool = False) -> None:
         """Time every hook of the live state and the flusher's encoding (class-wide, once per process); with
         ``ages``, also how long each change waits to be sent (a wrapper on every change: off for the CPU figures)."""
-        hooks = ("agent", "turn", "limiter_changed", "stream_started", "request_done",
-                 "request_abandoned", "agent_control", "touch", "record", "control_changed", "on_scrape", "refresh",
-                 "snapshot", "delta")  # fmt: skip
+        hooks = ("agent", "turn", "limiter_changed", "stream_started", "agent_control", "touch", "record",
+                 "control_changed", "on_scrape", "refresh", "snapshot", "delta")  # fmt: skip
         flushing = {"refresh", "snapshot", "delta", "encoded_delta"}
         for owner, names in ((LiveState, hooks), (Flusher, ("encoded_delta",))):
             for name in names:

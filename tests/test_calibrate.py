@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,20 @@ def test_streams_whose_chunks_came_in_bursts_are_read_from_burst_to_burst() -> N
 
 
 # -- the whole calibration against a modelled server (no HTTP, no wall time) ----------------------------------
+def _llama3(messages: Sequence[Mapping[str, str]]) -> str:
+    """A Llama-3-style template (not the simulator's ChatML): a BOS, each message's role between header markers and
+    its text followed by an end marker, the assistant's header as the generation prompt."""
+    text = "".join(f"<|start_header_id|> {m['role']} <|end_header_id|>\n\n{m['content']} <|eot_id|> " for m in messages)
+    return f"<|begin_of_text|> {text}<|start_header_id|> assistant <|end_header_id|>\n\n"
+
+
+def _costly_messages(messages: Sequence[Mapping[str, str]]) -> str:
+    """ChatML as a BPE vocabulary counts it when a message's first word costs more than in running text: every
+    message costs several tokens more than the generation prompt, and there is no BOS."""
+    text = "".join(f"<|im_start|> {m['role']} \n<|w|> <|w|> <|w|> {m['content']} <|im_end|> <|nl|> " for m in messages)
+    return f"{text}<|im_start|> assistant \n"
+
+
 class ModelledServer:
     """A ``CalibrationTarget`` whose timings come straight from a profile's step model.
 
@@ -149,10 +163,16 @@ class ModelledServer:
     """
 
     def __init__(
-        self, profile: ServingProfile, served: str, round_trip_s: float = 0.0004, tokenizer: Tokenizer | None = None
+        self,
+        profile: ServingProfile,
+        served: str,
+        round_trip_s: float = 0.0004,
+        tokenizer: Tokenizer | None = None,
+        template: Callable[[Sequence[Mapping[str, str]]], str] | None = None,
     ) -> None:
         self.profile = profile
         self.tokenizer = tokenizer  # its /tokenize; None: it has none
+        self.template = template or _llama3  # its chat template (not the simulator's ChatML)
         self.served = served
         self.rtt = round_trip_s
         self._group: list[int] = []
@@ -173,14 +193,9 @@ class ModelledServer:
         return None if self.tokenizer is None else len(self.tokenizer.tokenize(text))
 
     async def count_chat_tokens(self, model: str, messages: Sequence[Mapping[str, str]]) -> int | None:
-        """A Llama-3-style template (not the simulator's ChatML): a BOS, each message's role between header
-        markers and its text followed by an end marker, the assistant's header as the generation prompt."""
         if self.tokenizer is None:
             return None
-        text = "<|begin_of_text|> " + "".join(
-            f"<|start_header_id|> {m['role']} <|end_header_id|>\n\n{m['content']} <|eot_id|> " for m in messages
-        )
-        return len(self.tokenizer.tokenize(text + "<|start_header_id|> assistant <|end_header_id|>\n\n"))
+        return len(self.tokenizer.tokenize(self.template(messages)))
 
     async def stream_completion(self, body: Mapping[str, Any], stop: StopRule | None = None) -> StreamTiming:
         group = self._group
@@ -241,11 +256,16 @@ async def test_calibration_measures_how_the_servers_tokenizer_splits_agentloads_
     assert result.tokens_per_word == pytest.approx(statistics.mean(counts), abs=1e-3)
 
 
-async def test_the_calibrated_simulator_counts_a_conversation_as_the_servers_chat_template_does() -> None:
-    """The server's template (Llama-3-style, a dozen tokens an opening) costs what the simulator's ChatML does not;
-    calibrated, the simulator pads its own, so every prompt of a conversation has the server's length."""
-    server_split = Tokenizer((0.6, 0.25, 0.15))
-    target = ModelledServer(load_profile("laptop"), served="m", tokenizer=server_split)
+@pytest.mark.parametrize("template", [_llama3, _costly_messages], ids=["llama3", "costly-messages"])
+@pytest.mark.parametrize("plain", [False, True], ids=["split-words", "one-token-a-word"])
+async def test_the_calibrated_simulator_counts_a_conversation_as_the_servers_chat_template_does(
+    template: Callable[[Sequence[Mapping[str, str]]], str], plain: bool
+) -> None:
+    """The server's template (a BOS and big headers; or messages that cost more than the generation prompt) costs
+    what the simulator's ChatML does not; calibrated, the simulator pads its own, so every prompt of a conversation
+    has the server's length, on a tokenizer that splits words and on one that makes a token of each."""
+    server_split = Tokenizer((1.0,) if plain else (0.6, 0.25, 0.15))
+    target = ModelledServer(load_profile("laptop"), served="m", tokenizer=server_split, template=template)
     result = await calibrate(target, url="http://model", plan=CalibrationPlan(itl_contexts=(256, 2048), words=WORDS))
     assert result.chat_template is not None
     calibrated = parse_profile(result.profile_toml, "calibrated")

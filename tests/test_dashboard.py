@@ -25,7 +25,7 @@ from agentload.clock import LoopClock
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
 from agentload.dashboard.state import Cursor, LiveState, Tee
-from agentload.endpoint.records import RequestRecord, ToolCallRecord
+from agentload.endpoint.records import RequestIds, RequestRecord, ToolCallRecord
 from agentload.endpoint.scrape import parse_metrics
 from agentload.endpoint.signals import ServerSignals
 from agentload.errors import ConfigError
@@ -33,7 +33,7 @@ from agentload.fleet.checkpoint import LOG, CheckpointLog, load_log
 from agentload.fleet.config import expand, load_fleet
 from agentload.fleet.limiter import AdaptiveWidth, FixedWidth, Limiter, Mode, make_policy
 from agentload.fleet.results import FleetResult
-from agentload.fleet.turns import AgentState, FleetProgress
+from agentload.fleet.turns import AgentState, AgentStopped, FleetProgress
 
 FAST = "llama-8b-h100"
 TOKEN = "t0ken"
@@ -422,14 +422,20 @@ class _Stream:
     t_first_token: float | None = None
     content: list[str] = field(default_factory=list)
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    record: RequestRecord | None = None  # the request is over
+
+
+def _sent(state: LiveState, agent: str, stream: _Stream | None = None) -> _Stream:
+    """A request of ``agent`` sent, as the chat client hands it to the dashboard (``stream_watch``)."""
+    stream = stream or _Stream()
+    state.stream_started(RequestIds(agent=agent), stream)
+    return stream
 
 
 async def test_a_card_follows_its_turns(board: Board) -> None:
     _, state, *_ = board
     state.agent("w.0", AgentState.RUNNING, rounds=0)
-    stream = _Stream()
-    state.stream_started("w.0", stream)
-    assert state.cards["w.0"].phase == "prefilling"
+    stream = _sent(state, "w.0")
     state.refresh()
     assert state.cards["w.0"].phase == "prefilling"  # no token yet
     stream.t_first_token = 1.0
@@ -437,7 +443,9 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
     state.refresh()
     assert state.cards["w.0"].phase == "streaming"
     assert state.cards["w.0"].preview == "x" * 100 + "y" * 100  # the last 200 characters
-    state.request_done("w.0", _turn(0, 0.05, 7, "the answer").records)
+    stream.record = _turn(0, 0.05, 7, "the answer").final
+    state.refresh()
+    assert (state.cards["w.0"].phase, state.cards["w.0"].public()["preview"]) == ("think", "the answer")
     state.turn("w.0", _turn(0, 0.05, 7, "the answer"))
     card = state.cards["w.0"]
     shown = card.public()  # what the page is sent: a finished reply's preview is made then
@@ -456,8 +464,7 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
 async def test_a_reply_of_tool_calls_streams_its_calls_as_they_grow(board: Board) -> None:
     _, state, *_ = board
     state.turn("w.0", _turn(0, 0.05, 7, "the last answer"))
-    stream = _Stream()
-    state.stream_started("w.0", stream)
+    stream = _sent(state, "w.0")
     stream.t_first_token = 1.0  # a reasoning token: no text, no call yet
     state.refresh()
     card = state.cards["w.0"]
@@ -478,8 +485,8 @@ async def test_a_reply_of_tool_calls_streams_its_calls_as_they_grow(board: Board
     state.refresh()
     assert state.version == version
     call = ToolCallRecord(id="c0", name="search", arguments=stream.calls[0]["arguments"])
-    done = RequestRecord(t_sent=1.0, t_first_token=1.5, t_done=2.0, completion_tokens=9, tool_calls=[call])
-    state.request_done("w.0", [done])
+    stream.record = RequestRecord(t_sent=1.0, t_first_token=1.5, t_done=2.0, completion_tokens=9, tool_calls=[call])
+    state.refresh()
     assert (card.public()["phase"], card.public()["preview"]) == ("tool", '→ search({"query": "lo' + "n" * 47 + ")")
 
 
@@ -490,7 +497,8 @@ async def test_a_delta_carries_the_agents_changed_since_its_own_cursor(board: Bo
     state.agent("w.1", AgentState.RUNNING, rounds=0)
     _, late = state.snapshot()  # a second page, opened now
     state.agent("w.0", AgentState.RUNNING, rounds=0)
-    state.stream_started("w.3", _Stream())
+    _sent(state, "w.3")
+    state.refresh()  # a flush: the request is seen (prefilling)
     state.agent("ghost", AgentState.RUNNING, rounds=0)  # an agent the plans did not name: shown, and counted
     late_delta, early_delta = state.delta(late), state.delta(early)
     assert late_delta is not None
@@ -519,30 +527,37 @@ async def test_an_unknown_charset_is_a_400(board: Board) -> None:
 
 
 async def test_a_resume_and_a_new_pause_before_the_turn_wakes_keep_it_waiting(board: Board) -> None:
-    from agentload.dashboard.control import WatchedBackend
-    from agentload.endpoint.records import RequestIds
-
-    _, state, control, _ = board
+    _, _, control, _ = board
     sent: list[str] = []
 
-    class _Inner:
-        async def complete(self, body: Any, ids: RequestIds) -> list[RequestRecord]:
-            sent.append(ids.agent)
-            return [RequestRecord(ids=ids, t_sent=1.0, t_done=2.0)]
+    async def turn(agent: str) -> None:  # a turn as the fleet's backend sends it: held while paused
+        if control.paused:
+            await control.hold(agent)
+        sent.append(agent)
 
-    backend = WatchedBackend(_Inner(), state, control)
     control.pause()
-    turn = asyncio.create_task(backend.complete({}, RequestIds(agent="a0")))
+    waiting = asyncio.create_task(turn("w.0"))
     await asyncio.sleep(0.01)
     # Two requests handled in one pass of the loop: the waiting turn's wake-up is scheduled but has not run.
     control.resume()
     control.pause()
     await asyncio.sleep(0.05)
     assert sent == []  # paused again: the turn has not been sent
-    assert not turn.done()
+    assert not waiting.done()
     control.resume()
-    await asyncio.wait_for(turn, 5)
-    assert sent == ["a0"]
+    await asyncio.wait_for(waiting, 5)
+    assert sent == ["w.0"]
+
+
+async def test_an_agent_stopped_while_its_turn_waits_at_the_pause_is_not_sent(board: Board) -> None:
+    _, _, control, run = board
+    control.pause()
+    waiting = asyncio.create_task(control.hold("w.1"))
+    await asyncio.sleep(0.01)
+    run.stopping.add("w.1")
+    control.resume()
+    with pytest.raises(AgentStopped):
+        await asyncio.wait_for(waiting, 5)
 
 
 async def test_a_failed_checkpoint_write_leaves_the_width_unchanged(board: Board) -> None:
@@ -644,8 +659,7 @@ async def test_restart_one_agent_on_a_real_run_completes_every_turn_once(tmp_pat
 
 async def test_a_card_that_only_streamed_since_the_cursor_is_sent_as_its_phase_and_preview(board: Board) -> None:
     _, state, *_ = board
-    stream = _Stream()
-    state.stream_started("w.0", stream)
+    stream = _sent(state, "w.0")
     _, old = state.snapshot()  # a page that saw the request start, not its stream
     stream.t_first_token = 1.0
     stream.content.append("hello")
@@ -661,7 +675,7 @@ async def test_a_card_that_only_streamed_since_the_cursor_is_sent_as_its_phase_a
     assert delta["agents"] == [{"id": "w.0", "phase": "streaming", "preview": "hello world"}]
     # A turn's progress since a page's cursor: that page gets the card's state, turn and figures too.
     _, before_done = state.snapshot()
-    state.request_done("w.0", _turn(0, 0.05, 7, "hello world!").records)
+    stream.record = _turn(0, 0.05, 7, "hello world!").final
     done = state.delta(before_done)
     assert done is not None
     (card,) = done["agents"]
@@ -682,12 +696,13 @@ async def test_a_delta_sends_as_much_of_a_card_as_changed_and_the_whole_card_for
 
     # A turn's life: admitted, sent, answered, committed: its progress, never the static fields again.
     state.agent("w.0", AgentState.RUNNING, rounds=0)
-    state.stream_started("w.0", _Stream())
+    stream = _sent(state, "w.0")
     assert sent() == {"w.0": progress}
-    state.request_done("w.0", _turn(0, 0.05, 7, "ok").records)
+    stream.record = _turn(0, 0.05, 7, "ok").final
+    assert sent() == {"w.0": progress}  # answered
     state.turn("w.0", _turn(0, 0.05, 7, "ok"))
     assert sent() == {"w.0": progress}
-    state.stream_started("w.0", _Stream())  # the next turn's request: its phase only
+    _sent(state, "w.0")  # the next turn's request: its phase only
     assert sent() == {"w.0": {"id", "phase", "preview"}}
     # Rare changes send the whole card: an error, a stop asked from the page and then taken, an agent never planned.
     state.agent("w.1", AgentState.FAILED, detail="boom")

@@ -9,6 +9,7 @@ display. ``run_fleet`` does the work and returns the compiled result; the comman
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -320,11 +321,10 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             progress = LineProgress(ids, display)
         if board is not None:
             board.connect(conn.monitor, conn.watchdog.statistics, manifest.run_id)
-        chat: ChatBackend = backend if board is None else board.backend(backend)
         progress = progress if board is None else board.progress(progress)
         runner = FleetRunner(
             plans,
-            backend=chat,
+            backend=backend,
             limiter=limiter,
             log=log,
             state=state,
@@ -337,10 +337,12 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             progress=progress,
             stop_after_s=opts.stop_after_s,
             stop=board.control.stop if board is not None else None,
+            pause=board.control if board is not None else None,
         )
         if board is not None:
             board.start(runner)
-        outcome = await runner.run()
+        with board.watching() if board is not None else contextlib.nullcontext():
+            outcome = await runner.run()
         if turns is not None:
             warnings = [*warnings, *turns.warnings]
     final_state = load_log(run_dir / LOG, repair=False)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
-from agentload.agent.loop import ChatBackend
 from agentload.clock import Clock
-from agentload.dashboard.control import FleetControl, Run, WatchedBackend
+from agentload.dashboard.control import FleetControl, Run
 from agentload.dashboard.server import Dashboard
 from agentload.dashboard.state import LiveState, Tee, WatchdogView
+from agentload.endpoint.client import stream_watch
 from agentload.endpoint.signals import SignalPoller
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.turns import FleetProgress
@@ -18,8 +18,9 @@ from agentload.fleet.turns import FleetProgress
 
 @dataclass
 class Board:
-    """A dashboard for one run, serving from the start: ``connect`` the server's monitor, wrap the run's backend
-    and progress, then ``start`` it with the runner (controls that need the runner answer 400 until then)."""
+    """A dashboard for one run, serving from the start: ``connect`` the server's monitor, wrap the run's progress,
+    ``start`` it with the runner (controls that need the runner answer 400 until then; the runner's ``pause`` is
+    the board's ``control``), and run the runner ``watching``."""
 
     state: LiveState
     control: FleetControl
@@ -33,8 +34,15 @@ class Board:
         self.state.watchdog = watchdog
         self.state.run_id = run_id
 
-    def backend(self, inner: ChatBackend) -> WatchedBackend:
-        return WatchedBackend(inner, self.state, self.control)
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """For the run inside the block: every request its agents send is handed to the live state as it starts
+        (``endpoint.client.stream_watch``, set once here and inherited by the agents' tasks)."""
+        token = stream_watch.set(self.state.stream_started)
+        try:
+            yield
+        finally:
+            stream_watch.reset(token)
 
     def progress(self, inner: FleetProgress | None) -> Tee:
         return Tee(self.state, inner)

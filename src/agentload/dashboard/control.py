@@ -1,15 +1,15 @@
 """What the dashboard's buttons do to a running fleet, each through the path the fleet already has for it.
 
-* **pause / resume** — ``WatchedBackend`` sits between each agent's turn and the shared backend: while paused, a
-  turn waits there before its request is sent, so no new turn starts and the turns in flight finish (and are
-  committed) as usual. Nothing is checkpointed by a pause because nothing is lost by one.
+* **pause / resume** — while paused, each agent's next turn waits in ``FleetControl.hold`` (the fleet's backend
+  asks it before a request is sent), so no new turn starts and the turns in flight finish (and are committed) as
+  usual. Nothing is checkpointed by a pause because nothing is lost by one.
 * **stop** — sets the event ``FleetRunner`` races its load against (``stop=``): the load is cancelled as
   ``--stop-after`` cancels it, the turns cut short are not committed, and ``agentload run --resume`` sends them
   again — the same checkpointed path as a kill.
 * **stop / restart one agent** — ``FleetRunner.stop_agent`` (it ends at its next turn boundary: the turn in
   flight is committed, the agent gets no outcome line and stays resumable) and ``restart_agent`` (its turn in
   flight is cancelled uncommitted and it runs again from its last committed turn); an agent waiting at the pause
-  is stopped here, before its turn is sent.
+  is stopped there, before its turn is sent.
 * **width** — replaces the limiter's policy (``fleet.limiter.make_policy``: sequential, parallel N, auto from
   the current width) and moves its gate, logged as a ``LimitLine`` like any change the limiter makes; a
   narrower width parks agents at their next turn boundary as the adaptive limiter's own narrowing does.
@@ -18,14 +18,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
-from agentload.agent.loop import ChatBackend
 from agentload.clock import Clock
 from agentload.dashboard.state import LiveState
-from agentload.endpoint.client import stream_watch
-from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import CheckpointLog, LimitLine
 from agentload.fleet.limiter import LimitChange, Limiter, Mode, make_policy
@@ -101,8 +97,15 @@ class FleetControl:
         self._run_for(agent).restart_agent(agent)
         self.state.agent_control(agent, restarted=True)
 
-    def agent_stopping(self, agent: str) -> bool:
-        return self.run is not None and agent in self.run.stopping
+    async def hold(self, agent: str) -> None:
+        """Where a turn waits while paused, before its request is sent (``fleet.turns.FleetBackend`` calls it when
+        ``paused``): the turn has not started, so nothing is lost. A loop, not one wait: a resume and a new pause
+        handled before this task wakes leave the run paused again, and the turn must keep waiting. An agent stopped
+        meanwhile is stopped here (``AgentStopped``), its turn not sent."""
+        while self.paused:
+            await self.running.wait()
+        if self.run is not None and agent in self.run.stopping:
+            raise AgentStopped(agent)
 
     async def set_width(self, mode: Mode, width: int | None) -> LimitChange:
         """Switch the limiter to ``mode`` (at ``width`` for parallel; from ``width`` or the current one for auto)."""
@@ -134,37 +137,3 @@ class FleetControl:
         limiter.gate.set_limit(new)
         run.progress.limiter(limiter.statistics())
         return change
-
-
-class WatchedBackend:
-    """The shared backend as the dashboard sees it: a turn waits here while paused, and is watched as it streams."""
-
-    def __init__(self, inner: ChatBackend, state: LiveState, control: FleetControl) -> None:
-        self.inner = inner
-        self.state = state
-        self.control = control
-
-    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
-        agent = ids.agent
-        # The pause: this turn has not started, so nothing is lost. A loop, not one wait: a resume and a new pause
-        # handled before this task wakes leave the run paused again, and the turn must keep waiting.
-        while self.control.paused:
-            await self.control.running.wait()
-        if self.control.agent_stopping(agent):  # stopped while it waited at the pause: the turn is not sent
-            raise AgentStopped(agent)
-
-        def watch(view: Any) -> None:
-            self.state.stream_started(agent, view)
-
-        # Set in this agent's task only (a context variable): every attempt of this turn hands its stream over as it
-        # is sent, which makes the card ``prefilling`` (one call per attempt, nothing per chunk).
-        token = stream_watch.set(watch)
-        try:
-            records = await self.inner.complete(body, ids)
-        except asyncio.CancelledError:  # a restart (or the run's end) abandoned the turn: no reply to show
-            self.state.request_abandoned(agent)
-            raise
-        finally:
-            stream_watch.reset(token)
-        self.state.request_done(agent, records)
-        return records

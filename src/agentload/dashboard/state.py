@@ -1,8 +1,9 @@
 """The dashboard's live state: accumulated from the run's events, compiled into snapshots and deltas on demand.
 
 Nothing here feeds back into the run. The fleet reports through its ``FleetProgress`` calls (agent states, turns,
-width changes), the dashboard's backend wrapper (``dashboard.control.WatchedBackend``: a turn sent, its stream,
-its reply) and the connection's one server monitor (``SignalPoller.subscribe``: no second poller). Each change
+width changes), the chat client hands over each request as it is sent (``endpoint.client.stream_watch``: its
+stream, and its reply when it is over), and the connection's one server monitor reports each scrape
+(``SignalPoller.subscribe``: no second poller). Each change
 bumps a version; a page's stream asks for what changed since the version it last saw (``delta``), so an agent
 that changed ten times between two flushes is sent once (coalesced per agent), and only as much of its card as
 changed, in three tiers (the page merges each into the card it has): a reply that only streamed on, its phase and
@@ -14,10 +15,13 @@ moves its card to the end of a recency list (``OrderedDict.move_to_end``), so a 
 the end only as far as the cursor's version; the per-state counts (the header, the *live agents* timeline) are
 kept as agents change state instead of being counted over every card at each flush and each scrape.
 
-A streaming reply is not followed chunk by chunk: the chat client hands the request's accumulator over once
-(``endpoint.client.stream_watch``) and ``refresh`` reads it at the page's rate — the first token's arrival
-(text, reasoning or a tool call's) makes the phase ``streaming``, and the preview follows the reply: its tool
-calls as their arguments stream, else the last ~200 characters of its text.
+A request is not followed chunk by chunk, nor even event by event: the chat client hands its accumulator over once,
+as it is sent, and ``refresh`` reads it at the page's rate — not answered yet, the phase is ``prefilling``; the
+first token's arrival (text, reasoning or a tool call's) makes it ``streaming``, and the preview follows the reply:
+its tool calls as their arguments stream, else the last ~200 characters of its text; once the request is over (its
+record is in the accumulator) the card shows its reply and ``tool`` or ``think`` until the turn is committed. So a
+turn costs the run one call as its request starts and one as it is committed; most requests start and end between
+two flushes, and a page sees only the last state anyway.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, Protocol
 
 from agentload.agent.loop import TurnLog
 from agentload.clock import Clock
-from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.scrape import MetricsSnapshot
 from agentload.endpoint.signals import ServerSignals
 from agentload.fleet.config import AgentPlan
@@ -50,6 +54,7 @@ class StreamView(Protocol):
     t_first_token: float | None
     content: list[str]
     calls: dict[int, dict[str, str]]  # the tool calls so far, by index: their name and arguments as they stream
+    record: RequestRecord | None  # set when the request is over (its reply: tool calls, text or error)
 
 
 class WatchdogView(Protocol):
@@ -81,7 +86,7 @@ class Card:
     vt: int = 0  # ... when its state, turn or figures last changed (a delta sends those: ``progress``)
     vf: int = 0  # ... when anything else last changed (a delta sends it whole)
     # The last reply, its preview not made yet: made once when the card is next read (an agent's reply is seen by
-    # request_done and again by turn, and several can pass between two flushes; a page shows only the last).
+    # refresh and again by turn, and several can pass between two flushes; a page shows only the last).
     reply: RequestRecord | None = None
 
     def settle(self) -> None:
@@ -167,14 +172,15 @@ def reply_preview(record: RequestRecord) -> str:
 
 
 class _Watch:
-    """A request in flight as ``refresh`` reads it: its accumulator, how many text pieces were seen, its card."""
+    """A request in flight as ``refresh`` reads it: its accumulator, how much of its reply was seen (-1: nothing
+    yet, not even that it was sent), its card."""
 
     __slots__ = ("card", "seen", "view")
 
     def __init__(self, view: StreamView, card: Card) -> None:
         self.view = view
         self.card = card
-        self.seen = 0
+        self.seen = -1
 
 
 _ENDED = frozenset({AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED})
@@ -268,6 +274,7 @@ class LiveState:
         self._bump(card, tier)
 
     def turn(self, agent: str, turn: TurnLog) -> None:
+        self._streams.pop(agent, None)  # the turn's last request: its reply is the turn's (shown from the turn)
         card = self._card(agent)
         final = turn.final
         out = sum(r.completion_tokens for r in turn.records)
@@ -278,7 +285,7 @@ class LiveState:
         if final.ttft is not None:
             self._ttfts.append(final.ttft)
         self.out_tokens += out
-        card.reply = final  # its preview is made when the card is next sent (request_done has usually set it)
+        card.reply = final  # its preview is made when the card is next sent
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
         self._bump(card, TURN)
@@ -289,30 +296,15 @@ class LiveState:
             self.decisions.append(change.model_dump(mode="json"))
         self._bump()
 
-    def stream_started(self, agent: str, view: StreamView) -> None:
-        """A request is sent (each attempt of a turn): the card is ``prefilling`` until ``refresh`` sees its first
-        token in ``view``."""
-        card = self._card(agent)
+    def stream_started(self, ids: RequestIds | None, view: StreamView) -> None:
+        """A request is sent (each attempt of a turn; ``endpoint.client.stream_watch``): kept, and read by ``refresh``
+        at the page's rate — ``prefilling``, ``streaming`` from its first token, ``tool`` or ``think`` once it is
+        over. Nothing else here: most requests start and end between two flushes, and a page sees only the last."""
+        if ids is None or not ids.agent:
+            return  # not an agent's request (a probe, the sizing): no card
+        agent = ids.agent
+        card = self.cards.get(agent) or self._card(agent)
         self._streams[agent] = _Watch(view, card)
-        card.phase = "prefilling"
-        self._bump(card, STREAM)
-
-    def request_done(self, agent: str, records: Sequence[RequestRecord]) -> None:
-        self._streams.pop(agent, None)
-        card = self._card(agent)
-        final = records[-1]
-        card.phase = "tool" if final.tool_calls and final.ok else "think"
-        if final.ttft is not None:
-            card.ttft = final.ttft
-        card.reply = final
-        self._bump(card, TURN)
-
-    def request_abandoned(self, agent: str) -> None:
-        """The turn in flight was cancelled (a restart, the run's end): it will not be committed."""
-        self._streams.pop(agent, None)
-        card = self._card(agent)
-        card.phase = ""
-        self._bump(card, STREAM)
 
     def agent_control(self, agent: str, *, stopping: bool = False, restarted: bool = False) -> None:
         card = self._card(agent)
@@ -320,6 +312,8 @@ class LiveState:
             card.stopping = True
         if restarted:
             card.restarts += 1
+            self._streams.pop(agent, None)  # its turn in flight is cancelled, not committed: no reply to show
+            card.phase = ""
         self._bump(card)
 
     def touch(self) -> None:
@@ -385,14 +379,30 @@ class LiveState:
 
     # -- compiling ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Read the streams in flight: their first token makes the phase ``streaming``; the preview is the reply so
-        far as a finished turn's shows it — its tool calls (the arguments grow as they stream), else its text's
-        tail. A reply still thinking (reasoning only) streams with the preview it had."""
-        for watch in self._streams.values():
+        """Read the requests kept since they were sent: one not answered yet makes the phase ``prefilling``, its
+        first token ``streaming``; the preview is the reply so far as a finished turn's shows it — its tool calls
+        (the arguments grow as they stream), else its text's tail. A reply still thinking (reasoning only) streams
+        with the preview it had. One that is over shows its reply and the phase until the next turn: ``tool`` (its
+        calls run) or ``think``, and is no longer read."""
+        over: list[str] = []
+        for agent, watch in self._streams.items():
             view = watch.view
-            if view.t_first_token is None:
-                continue
             card = watch.card
+            record = view.record
+            if record is not None:
+                over.append(agent)
+                card.phase = "tool" if record.tool_calls and record.ok else "think"
+                if record.ttft is not None:
+                    card.ttft = record.ttft
+                card.reply = record
+                self._bump(card, TURN)
+                continue
+            if view.t_first_token is None:
+                if watch.seen < 0:
+                    watch.seen = 0
+                    card.phase = "prefilling"
+                    self._bump(card, STREAM)
+                continue
             card.settle()  # the previous reply's preview, which a reply still thinking keeps showing
             calls = view.calls
             # How far the reply got: text pieces, or tool calls and their arguments' length (both only grow).
@@ -409,6 +419,8 @@ class LiveState:
             card.preview = preview
             card.phase = "streaming"
             self._bump(card, STREAM)
+        for agent in over:
+            del self._streams[agent]
 
     def _summary(self) -> dict[str, Any]:
         counts = {s.value: n for s in AgentState if (n := self._counts.get(s.value))}

@@ -103,9 +103,10 @@ _KIND = {
 }
 
 
-# Who watches a request's stream as it arrives (the fleet dashboard's live preview), set per agent task. It is
-# handed the accumulator once, when the request starts, and reads it on its own schedule: nothing per chunk.
-stream_watch: ContextVar[Callable[[_Acc], None] | None] = ContextVar("stream_watch", default=None)
+# Who watches a request's stream as it arrives (the fleet dashboard's live preview), set once for a run (its agents'
+# tasks inherit it). It is handed the request's ids and accumulator once, when the request starts, and reads the
+# accumulator on its own schedule — its text, its tool calls, ``done`` at the end: nothing per chunk or per reply.
+stream_watch: ContextVar[Callable[[RequestIds | None, _Acc], None] | None] = ContextVar("stream_watch", default=None)
 
 
 class _Guard:
@@ -183,6 +184,7 @@ class _Acc:
         self.http_status: int | None = None
         self.retry_after: float | None = None
         self.done = False
+        self.record: RequestRecord | None = None  # compiled at the end (not for a request cancelled on the way)
 
     def fail(self, outcome: Outcome, error: ErrorKind, message: str) -> None:
         if self.outcome is Outcome.OK:
@@ -264,7 +266,7 @@ class ChatClient:
         raw = wire.dumps(payload)
         acc = _Acc(self.clock.now())
         if (watch := stream_watch.get()) is not None:
-            watch(acc)
+            watch(ids, acc)
         guard = _Guard(policy)
         guard.start_total(policy.total_s)
         guard.arm(Phase.CONNECT, policy.budget(Phase.CONNECT, prompt_tokens_hint))
@@ -300,6 +302,7 @@ class ChatClient:
             if resp is not None:
                 resp.close()
         record = self._compile(acc, payload, ids or RequestIds(), stream)
+        acc.record = record  # for a watcher (``stream_watch``): the request is over, and this is what it was
         policy.observe(record)
         return record
 

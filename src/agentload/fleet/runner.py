@@ -54,7 +54,7 @@ from agentload.fleet.handoff import hand_over
 from agentload.fleet.limiter import Limiter, LimiterStatistics, ServerGauges
 from agentload.fleet.toolbox import ToolSettings, build_registry
 from agentload.fleet.turns import AgentState as AgentState  # re-exported: progress and the CLI name it here
-from agentload.fleet.turns import AgentStopped, CheckpointHook, FleetBackend, FleetContext, NoProgress
+from agentload.fleet.turns import AgentStopped, CheckpointHook, FleetBackend, FleetContext, NoProgress, Pause
 from agentload.fleet.turns import FleetProgress as FleetProgress
 from agentload.load.runner import End, LoadOutcome, run_load
 from agentload.load.strategy import Gated
@@ -103,6 +103,7 @@ class FleetRunner:
         stop_after_s: float | None = None,
         control_interval_s: float = CONTROL_INTERVAL_S,
         stop: asyncio.Event | None = None,
+        pause: Pause | None = None,
     ) -> None:
         self.plans = list(plans)
         self.backend = backend
@@ -119,6 +120,7 @@ class FleetRunner:
         self.stop_after_s = stop_after_s
         self.control_interval_s = control_interval_s
         self.stop = stop  # set from outside (the dashboard's Stop): ends the segment as --stop-after does
+        self.pause = pause  # the dashboard's Pause: each turn asks it before its request is sent
         self.t0 = clock.now()
         self.by_task: dict[str, list[AgentPlan]] = {}
         self.plans_by_id = {p.agent_id: p for p in self.plans}

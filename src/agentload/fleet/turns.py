@@ -73,6 +73,17 @@ class FleetRun(Protocol):
     log: CheckpointLog
     segment: int
     stopping: set[str]  # agents asked to stop at their next turn boundary (``FleetRunner.stop_agent``)
+    pause: Pause | None  # the dashboard's pause, asked before each request is sent; None: a run without one
+
+
+class Pause(Protocol):
+    """A run-wide pause (``dashboard.control.FleetControl`` fits): while ``paused``, a turn about to be sent waits
+    in ``hold``, which raises ``AgentStopped`` for an agent stopped meanwhile."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    async def hold(self, agent: str) -> None: ...
 
 
 def is_server_failure(record: RequestRecord) -> bool:
@@ -125,7 +136,10 @@ class FleetBackend:
             r.progress.agent(aid, AgentState.PARKED, rounds=ids.turn)
             parked = await r.limiter.gate.yield_if_over(aid, (0, a.plan.wave, a.plan.index))
             r.progress.agent(aid, AgentState.RUNNING, rounds=ids.turn)
-        if aid in r.stopping:  # stopped while parked (or just before this turn): it is not sent
+        pause = r.pause
+        if pause is not None and pause.paused:
+            await pause.hold(aid)
+        if aid in r.stopping:  # stopped while parked or paused (or just before this turn): it is not sent
             raise AgentStopped(aid)
         # A cold turn prefills what no warm cache holds: an agent's first turn, its first turn in this process
         # (the server's cache may have gone with the last one), its first turn after being parked (evicted

@@ -172,15 +172,17 @@ class TemplatePads:
 
     A real template's headers and end markers cost a dozen or more tokens per opening on a real vocabulary, where
     the simulator's cost three to five; that offset moves every prompt's length against the KV block edges, so which
-    block of a held conversation is full and cached differs from the server's. Pads go where the server's cost is:
-    ``start`` at the prompt's start (a BOS, a default system text), ``header`` after the system and assistant headers
-    and the generation prompt (which is the assistant header, so a reply's prefix stays cached), ``user`` after each
-    user and tool header.
+    block of a held conversation is full and cached differs from the server's. Pads go where a real template's cost
+    is: ``start`` at the prompt's start (a BOS, a default system text), ``header`` after every header (the generation
+    prompt is the assistant's header, so a reply's prefix stays cached), ``end`` after a system or assistant
+    message's end marker and ``end_user`` after a user or tool message's (a message's first word, with no space
+    before it, often costs a real tokenizer more than in running text: that is a cost per message, not per prompt).
     """
 
     start: int = 0
     header: int = 0
-    user: int = 0
+    end: int = 0
+    end_user: int = 0
 
     @classmethod
     def fit(cls, opening: int, exchange: int, *, plain: bool) -> TemplatePads:
@@ -188,18 +190,20 @@ class TemplatePads:
         generation prompt, and ``exchange`` to one more assistant and user message (beyond their words).
 
         The simulator's own cost is one token a header, and one an end marker except on the one-token-a-word
-        tokenizer, which folds it into the message's last word: an opening ``3 + 2·end``, an exchange ``2 + 2·end``.
-        A server whose template costs less than that cannot be matched (nothing is taken away): the pads are 0."""
-        end = 0 if plain else 1
-        per_message = max(0, exchange - 2 - 2 * end)  # the exchange's two headers' pads
-        header = per_message // 2
-        user = per_message - header
-        start = max(0, opening - (3 + 2 * end) - 2 * header - user)
-        return cls(start, header, user)
+        tokenizer, which folds it into the message's last word: an opening ``3 + 2·m``, an exchange ``2 + 2·m``. Padded,
+        ``opening − exchange = start + 1 + header``: the header pads take that difference (as much as the exchange's
+        two messages leave room for), ``start`` the rest, and the exchange's remainder goes to the end pads. A server
+        whose template costs less than the simulator's own cannot be matched (nothing is taken away)."""
+        marker = 0 if plain else 1
+        base = 2 + 2 * marker  # an exchange's own cost; an opening's is one more (the generation prompt)
+        spare = opening - exchange - 1
+        header = max(0, min(spare, (exchange - base) // 2))
+        rest = max(0, exchange - base - 2 * header)
+        return cls(start=max(0, spare - header), header=header, end=rest // 2, end_user=rest - rest // 2)
 
     @property
     def none(self) -> bool:
-        return not (self.start or self.header or self.user)
+        return not (self.start or self.header or self.end or self.end_user)
 
 
 NO_PADS = TemplatePads()
@@ -214,7 +218,7 @@ def render_chat_parts(req: ChatRequest, pads: TemplatePads = NO_PADS) -> list[st
     """The prompt as one piece per message. Every piece starts with ``<|im_start|>`` (or the start's pads) and the
     ones before the last end with a newline, so each boundary is also a token boundary: tokenizing piece by piece
     gives exactly the tokens of the joined text (which lets the server cache a conversation's earlier messages)."""
-    header, user = PAD * pads.header, PAD * pads.user
+    header, end, end_user = PAD * pads.header, PAD * pads.end, PAD * pads.end_user
     parts: list[str] = [PAD * pads.start] if pads.start else []
     messages = list(req.messages)
     system = ""
@@ -228,18 +232,19 @@ def render_chat_parts(req: ChatRequest, pads: TemplatePads = NO_PADS) -> list[st
             "<tool_call></tool_call> XML tags."
         )
     if system:
-        parts.append(f"<|im_start|>system\n{header}{system}<|im_end|>\n")
+        parts.append(f"<|im_start|>system\n{header}{system}<|im_end|>\n{end}")
     for m in messages:
         if m.role == "assistant":
             body = m.text()
             for call in m.tool_calls or []:
                 body += ("\n" if body else "") + render_tool_call(call.function.name, call.function.arguments)
-            parts.append(f"<|im_start|>assistant\n{header}{body}<|im_end|>\n")
+            parts.append(f"<|im_start|>assistant\n{header}{body}<|im_end|>\n{end}")
         elif m.role in ("tool", "function"):
-            parts.append(f"<|im_start|>user\n{user}<tool_response>\n{m.text()}\n</tool_response><|im_end|>\n")
+            text = m.text()
+            parts.append(f"<|im_start|>user\n{header}<tool_response>\n{text}\n</tool_response><|im_end|>\n{end_user}")
         elif m.role == "user":
-            parts.append(f"<|im_start|>user\n{user}{m.text()}<|im_end|>\n")
+            parts.append(f"<|im_start|>user\n{header}{m.text()}<|im_end|>\n{end_user}")
         else:
-            parts.append(f"<|im_start|>system\n{header}{m.text()}<|im_end|>\n")
+            parts.append(f"<|im_start|>system\n{header}{m.text()}<|im_end|>\n{end}")
     parts.append(f"<|im_start|>assistant\n{header}")
     return parts
