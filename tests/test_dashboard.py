@@ -461,6 +461,27 @@ async def test_a_card_follows_its_turns(board: Board) -> None:
     assert (state.cards["w.0"].state, state.cards["w.0"].phase) == ("done", "")
 
 
+async def test_a_request_cut_short_by_a_restart_or_the_runs_end_is_no_longer_shown_in_flight(board: Board) -> None:
+    _, state, *_ = board
+    restarted, cut, answered = _sent(state, "w.0"), _sent(state, "w.1"), _sent(state, "w.2")
+    restarted.t_first_token = cut.t_first_token = 1.0
+    restarted.content.append("half a reply")
+    state.refresh()
+    assert [state.cards[a].phase for a in ("w.0", "w.1", "w.2")] == ["streaming", "streaming", "prefilling"]
+    state.agent_control("w.0", restarted=True)  # its turn is cancelled, uncommitted
+    restarted.content.append(" and more")  # the cancelled request's accumulator is no longer read
+    state.refresh()
+    assert state.cards["w.0"].phase == ""
+    answered.record = _turn(0, 0.05, 7, "in time").final
+    _, cursor = state.snapshot()
+    state.finish()  # the run ended (stopped): w.1 was never answered
+    delta = state.delta(cursor)
+    assert delta is not None
+    assert {a["id"]: a["phase"] for a in delta["agents"]} == {"w.1": ""}
+    assert (state.cards["w.2"].phase, state.cards["w.2"].public()["preview"]) == ("think", "in time")
+    assert delta["summary"]["finished"] is True
+
+
 async def test_a_reply_of_tool_calls_streams_its_calls_as_they_grow(board: Board) -> None:
     _, state, *_ = board
     state.turn("w.0", _turn(0, 0.05, 7, "the last answer"))

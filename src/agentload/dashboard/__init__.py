@@ -67,6 +67,6 @@ async def open_board(
     finally:
         if board._unsubscribe is not None:
             board._unsubscribe()
-        state.finished = True
+        state.finish()
         state.control_changed(paused=False)
         await board.server.close()

@@ -316,6 +316,16 @@ class LiveState:
             card.phase = ""
         self._bump(card)
 
+    def finish(self) -> None:
+        """The run is over: a request still kept was cut short by its end (cancelled, never answered) and will not
+        be committed, so its card stops showing it as in flight."""
+        self.refresh()  # the replies that did arrive are shown first
+        for watch in self._streams.values():
+            watch.card.phase = ""
+            self._bump(watch.card, STREAM)
+        self._streams.clear()
+        self.finished = True
+
     def touch(self) -> None:
         """Something outside the cards changed (a bench's level or step): the next delta carries the summary."""
         self._bump()
