@@ -323,3 +323,29 @@ async def test_count_tokens_asks_vllm_and_llamacpp_in_their_own_forms() -> None:
     async with fake_server({"POST /tokenize": json_route({"error": "boom"}, 500)}) as url, ServerProbe(url) as probe:
         with pytest.raises(EndpointResponseError, match="HTTP 500"):
             await probe.count_tokens("m", "one")
+
+
+async def test_count_chat_tokens_asks_vllms_chat_form_and_says_none_where_it_is_not_taken() -> None:
+    async def llamacpp_tokenize(request: web.Request) -> web.Response:
+        body = await request.json()  # llama.cpp tokenizes "content" and answers no tokens without it
+        return web.json_response({"tokens": list(range(len(body.get("content", "").split())))})
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two three"}]
+    async with running_sim("laptop") as (_, url), ServerProbe(url) as probe:
+        # The simulator's ChatML on its one-token-a-word tokenizer: a header a message, the end marker folded into
+        # the last word, and the generation prompt.
+        assert await probe.count_chat_tokens("m", messages) == (1 + 2) + (1 + 3) + 1
+    async with fake_server({"POST /tokenize": llamacpp_tokenize}) as url, ServerProbe(url) as probe:
+        assert await probe.count_chat_tokens("m", messages) is None
+    async with fake_server({"POST /tokenize": json_route({"error": "no messages"}, 400)}) as url, ServerProbe(url) as p:
+        assert await p.count_chat_tokens("m", messages) is None
+    async with fake_server({"POST /tokenize": json_route({"error": "boom"}, 500)}) as url, ServerProbe(url) as probe:
+        with pytest.raises(EndpointResponseError, match="HTTP 500"):
+            await probe.count_chat_tokens("m", messages)
+
+    async def not_json(_: web.Request) -> web.Response:
+        return web.Response(body=b"{not json")
+
+    async with fake_server({"POST /tokenize": not_json}) as url, ServerProbe(url) as p:
+        with pytest.raises(EndpointResponseError, match="the body is"):
+            await p.count_chat_tokens("m", messages)

@@ -378,6 +378,20 @@ def _llamacpp_pool(props: Mapping[str, Any]) -> ServerPool | None:
     )
 
 
+def _tokenize_answer(where: str, raw: bytes) -> tuple[int | None, list[Any] | None]:
+    """A ``/tokenize`` answer's ``count`` (vLLM, SGLang) and ``tokens`` (all of them; llama.cpp's only), each None
+    where the answer has none of that shape; a body that is not JSON is an ``EndpointResponseError``."""
+    try:
+        answer = loads(raw)
+    except MalformedField as exc:
+        raise EndpointResponseError(f"{where}: the body is {exc}") from exc
+    if not isinstance(answer, Mapping):
+        return None, None
+    count, tokens = answer.get("count"), answer.get("tokens")
+    valid = isinstance(count, int) and not isinstance(count, bool) and count >= 0
+    return (count if valid else None), (tokens if isinstance(tokens, list) else None)
+
+
 class ServerProbe:
     """One server's models, pool, metrics and timed streams through the ``Transport`` seam.
 
@@ -548,15 +562,10 @@ class ServerProbe:
             if status in (400, 422) and "content" not in body:
                 continue  # llama.cpp's server wants "content"
             _raise_for_status(where, status, raw)
-            try:
-                answer = loads(raw)
-            except MalformedField as exc:
-                raise EndpointResponseError(f"{where}: the body is {exc}") from exc
-            count = answer.get("count") if isinstance(answer, Mapping) else None
-            tokens = answer.get("tokens") if isinstance(answer, Mapping) else None
-            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            count, tokens = _tokenize_answer(where, raw)
+            if count is not None:
                 return count
-            if isinstance(tokens, list) and (tokens or not text):
+            if tokens is not None and (tokens or not text):
                 return len(tokens)
             # llama.cpp answers a body without "content" with no tokens: ask it in its own form.
         raise EndpointResponseError(f"{where}: the answer holds neither a token count nor tokens")
@@ -570,15 +579,10 @@ class ServerProbe:
         if status in (400, 404, 405, 422):
             return None
         _raise_for_status(where, status, raw)
-        try:
-            answer = loads(raw)
-        except MalformedField as exc:
-            raise EndpointResponseError(f"{where}: the body is {exc}") from exc
-        count = answer.get("count") if isinstance(answer, Mapping) else None
-        tokens = answer.get("tokens") if isinstance(answer, Mapping) else None
-        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        count, tokens = _tokenize_answer(where, raw)
+        if count:
             return count
-        if isinstance(tokens, list) and tokens:
+        if tokens:
             return len(tokens)
         return None  # an answer without a count (llama.cpp ignores "messages"): not this server's chat form
 
