@@ -216,8 +216,9 @@ def render_chat(req: ChatRequest, pads: TemplatePads = NO_PADS) -> str:
 
 def render_chat_parts(req: ChatRequest, pads: TemplatePads = NO_PADS) -> list[str]:
     """The prompt as one piece per message. Every piece starts with ``<|im_start|>`` (or the start's pads) and the
-    ones before the last end with a newline, so each boundary is also a token boundary: tokenizing piece by piece
-    gives exactly the tokens of the joined text (which lets the server cache a conversation's earlier messages)."""
+    ones before the last end with white space (a newline, or a pad's space), so each boundary is also a token
+    boundary: tokenizing piece by piece gives exactly the tokens of the joined text (which lets the server cache a
+    conversation's earlier messages)."""
     header, end, end_user = PAD * pads.header, PAD * pads.end, PAD * pads.end_user
     parts: list[str] = [PAD * pads.start] if pads.start else []
     messages = list(req.messages)
