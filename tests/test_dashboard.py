@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agentload.agent.loop import TurnLog
 from agentload.cli.run import RunOptions, run_fleet
-from agentload.clock import LoopClock
+from agentload.clock import Clock, LoopClock
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
 from agentload.dashboard.state import Cursor, LiveState, Tee
@@ -30,10 +30,10 @@ from agentload.endpoint.scrape import parse_metrics
 from agentload.endpoint.signals import ServerSignals
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import LOG, CheckpointLog, load_log
-from agentload.fleet.config import expand, load_fleet
+from agentload.fleet.config import AgentPlan, expand, load_fleet
 from agentload.fleet.limiter import AdaptiveWidth, FixedWidth, Limiter, Mode, make_policy
 from agentload.fleet.results import FleetResult
-from agentload.fleet.turns import AgentState, AgentStopped, FleetProgress
+from agentload.fleet.turns import AgentState, AgentStopped, FleetBackend, FleetProgress, Pause
 
 FAST = "llama-8b-h100"
 TOKEN = "t0ken"
@@ -79,6 +79,9 @@ class _Run:
     t0: float = 0.0
     stopping: set[str] = field(default_factory=set)
     restarted: list[str] = field(default_factory=list)
+    clock: Clock = field(default_factory=LoopClock)
+    pause: Pause | None = None  # the fleet's backend asks it before each request (set by the fixture)
+    plans: list[AgentPlan] = field(default_factory=list)
 
     def stop_agent(self, agent: str) -> None:
         self.stopping.add(agent)
@@ -95,6 +98,7 @@ async def board(tmp_path: Path) -> AsyncIterator[tuple[TestClient[Any, Any], Liv
     control = FleetControl(state, clock, max_width=len(plans))
     run = _Run(Limiter(make_policy(Mode.AUTO, 3, max_width=len(plans))), CheckpointLog(tmp_path / LOG), Tee(state))
     control.attach(run)
+    run.pause, run.plans = control, plans
     state.limiter_changed(run.limiter.statistics())
     client = TestClient(TestServer(make_app(state, control, TOKEN, interval_s=0.05)))
     await client.start_server()
@@ -547,38 +551,50 @@ async def test_an_unknown_charset_is_a_400(board: Board) -> None:
     assert not control.paused
 
 
+def _fleet_backend(run: _Run, sent: list[str]) -> FleetBackend:
+    """The fleet's own backend over a run without one running: its agents' turns reach ``sent`` when sent."""
+
+    class _Inner:
+        async def complete(self, body: Any, ids: RequestIds) -> list[RequestRecord]:
+            sent.append(ids.agent)
+            return [RequestRecord(ids=ids, t_sent=1.0, t_done=2.0)]
+
+    backend = FleetBackend(_Inner(), run)
+    for plan in run.plans:
+        backend.begin(plan, None)
+    return backend
+
+
 async def test_a_resume_and_a_new_pause_before_the_turn_wakes_keep_it_waiting(board: Board) -> None:
-    _, _, control, _ = board
+    _, _, control, run = board
     sent: list[str] = []
-
-    async def turn(agent: str) -> None:  # a turn as the fleet's backend sends it: held while paused
-        if control.paused:
-            await control.hold(agent)
-        sent.append(agent)
-
+    backend = _fleet_backend(run, sent)
     control.pause()
-    waiting = asyncio.create_task(turn("w.0"))
+    turn = asyncio.create_task(backend.complete({}, RequestIds(agent="w.0")))
     await asyncio.sleep(0.01)
     # Two requests handled in one pass of the loop: the waiting turn's wake-up is scheduled but has not run.
     control.resume()
     control.pause()
     await asyncio.sleep(0.05)
     assert sent == []  # paused again: the turn has not been sent
-    assert not waiting.done()
+    assert not turn.done()
     control.resume()
-    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(turn, 5)
     assert sent == ["w.0"]
 
 
 async def test_an_agent_stopped_while_its_turn_waits_at_the_pause_is_not_sent(board: Board) -> None:
     _, _, control, run = board
+    sent: list[str] = []
+    backend = _fleet_backend(run, sent)
     control.pause()
-    waiting = asyncio.create_task(control.hold("w.1"))
+    waiting = asyncio.create_task(backend.complete({}, RequestIds(agent="w.1")))
     await asyncio.sleep(0.01)
     run.stopping.add("w.1")
     control.resume()
     with pytest.raises(AgentStopped):
         await asyncio.wait_for(waiting, 5)
+    assert sent == []
 
 
 async def test_a_failed_checkpoint_write_leaves_the_width_unchanged(board: Board) -> None:

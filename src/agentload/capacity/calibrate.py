@@ -469,17 +469,15 @@ class _Session:
         counts = list(self.m.word_tokens.values())
         if counts:
             mean = float(np.mean(counts))
-            return {
+            table: dict[str, Any] = {
                 "word_pieces": [round(float(x), 4) for x in np.bincount(counts, minlength=2)[1:] / len(counts)],
                 "word_tokens": dict(self.m.word_tokens),
-                "source": f"/tokenize on {len(counts)} of agentload's words: {mean:.3f} tokens a word"
-                + ("" if self.m.template is None else "; the chat template's tokens counted there too"),
-                **(
-                    {}
-                    if self.m.template is None
-                    else {"template_opening": self.m.template[0], "template_exchange": self.m.template[1]}
-                ),
+                "source": f"/tokenize on {len(counts)} of agentload's words: {mean:.3f} tokens a word",
             }
+            if self.m.template is not None:
+                table["template_opening"], table["template_exchange"] = self.m.template
+                table["source"] += "; the chat template's tokens counted there too"
+            return table
         # No /tokenize: the mean from the prompts' usage, as a mix of its two neighbouring whole counts.
         _, per_word = self.m.line()
         per_word = min(max(per_word, 1.0), float(MAX_WORD_PIECES))

@@ -25,7 +25,7 @@ from agentload.dashboard.state import LiveState
 from agentload.errors import ConfigError
 from agentload.fleet.checkpoint import CheckpointLog, LimitLine
 from agentload.fleet.limiter import LimitChange, Limiter, Mode, make_policy
-from agentload.fleet.turns import AgentStopped, FleetProgress
+from agentload.fleet.turns import FleetProgress
 
 
 class Run(Protocol):
@@ -99,13 +99,11 @@ class FleetControl:
 
     async def hold(self, agent: str) -> None:
         """Where a turn waits while paused, before its request is sent (``fleet.turns.FleetBackend`` calls it when
-        ``paused``): the turn has not started, so nothing is lost. A loop, not one wait: a resume and a new pause
-        handled before this task wakes leave the run paused again, and the turn must keep waiting. An agent stopped
-        meanwhile is stopped here (``AgentStopped``), its turn not sent."""
+        ``paused``, and stops an agent stopped meanwhile right after): the turn has not started, so nothing is lost.
+        A loop, not one wait: a resume and a new pause handled before this task wakes leave the run paused again,
+        and the turn must keep waiting."""
         while self.paused:
             await self.running.wait()
-        if self.run is not None and agent in self.run.stopping:
-            raise AgentStopped(agent)
 
     async def set_width(self, mode: Mode, width: int | None) -> LimitChange:
         """Switch the limiter to ``mode`` (at ``width`` for parallel; from ``width`` or the current one for auto)."""

@@ -78,7 +78,7 @@ class FleetRun(Protocol):
 
 class Pause(Protocol):
     """A run-wide pause (``dashboard.control.FleetControl`` fits): while ``paused``, a turn about to be sent waits
-    in ``hold``, which raises ``AgentStopped`` for an agent stopped meanwhile."""
+    in ``hold`` (an agent stopped meanwhile is then stopped by the backend, its turn not sent)."""
 
     @property
     def paused(self) -> bool: ...
