@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentload.capacity.profile import ServingProfile, load_profile, parse_profile
+from agentload.sim import poolkernel
 from agentload.sim.virtual import SessionShape, VirtualRunResult, run_sessions
 
 QWEN_4X_GB300 = """
@@ -143,6 +144,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print a cProfile summary of each run")
     args = parser.parse_args()
     chosen = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
+    print(f"KV pool: {poolkernel.describe(poolkernel.load())}", flush=True)
     for sc in chosen:
         prof = sc.profile()
         profiler = cProfile.Profile() if args.profile else None

@@ -37,7 +37,9 @@ import numpy.typing as npt
 
 from agentload.capacity.kv import KVLayout
 from agentload.errors import SimulationError
+from agentload.sim import poolkernel
 from agentload.sim.hashchain import hash_array
+from agentload.sim.poolkernel import PoolKernel
 
 BlockIds = npt.NDArray[np.int32]
 
@@ -48,20 +50,28 @@ def _one_by_one(array: npt.NDArray[Any]) -> memoryview:
 
 
 _NO_BLOCKS: BlockIds = np.zeros(0, dtype=np.int32)
+_NO_BLOCKS_AT: int = _NO_BLOCKS.ctypes.data
+
+
+def _at(array: npt.NDArray[Any]) -> int:
+    """The address of a C-contiguous array's first element, for the pool kernel."""
+    address: int = array.ctypes.data
+    return address
 
 
 class BlockList:
     """One request's blocks in one KV cache group, oldest first: a growable array of block ids.
 
     ``_one`` is a memoryview of the same buffer: it reads and writes one id at half the cost of array indexing
-    (the decode path appends one block at a time).
+    (the decode path appends one block at a time); ``_p`` is the buffer's address, for the pool kernel.
     """
 
-    __slots__ = ("_buf", "_n", "_one")
+    __slots__ = ("_buf", "_n", "_one", "_p")
 
     def __init__(self) -> None:
         self._buf = _NO_BLOCKS
         self._one = _one_by_one(self._buf)
+        self._p = _NO_BLOCKS_AT
         self._n = 0
 
     def __len__(self) -> int:
@@ -95,6 +105,7 @@ class BlockList:
             grown[: self._n] = self._buf[: self._n]
             self._buf = grown
             self._one = _one_by_one(grown)
+            self._p = _at(grown)
 
     def append(self, block: int) -> None:
         if self._n == len(self._buf):
@@ -165,7 +176,8 @@ class _HashIndex:
     their hash comes back or dropped when the table is rebuilt.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, kernel: PoolKernel | None = None) -> None:
+        self._kernel = kernel
         self._min_bits = max(10, (_SLOTS_PER_BLOCK * num_blocks - 1).bit_length())
         self._resize(self._min_bits)
 
@@ -177,6 +189,8 @@ class _HashIndex:
         # the cache misses of its random reads, and this halves them for every key found.
         table = np.zeros((1 << bits, 2), dtype=np.int64)
         table[:, 0] = _EMPTY
+        self.table = table
+        self.table_p = _at(table)
         self.keys = table[:, 0]
         self.blocks = table[:, 1]
         # Memoryviews of the same arrays, for the one-key paths (scalar reads at half numpy's cost).
@@ -193,6 +207,10 @@ class _HashIndex:
         while _SLOTS_PER_BLOCK * (len(hashes) + 1) > 1 << bits:
             bits += 1
         self._resize(bits)
+        if self._kernel is not None:
+            hashes, blocks = np.ascontiguousarray(hashes), np.ascontiguousarray(blocks)
+            self.used += self._kernel.al_insert(self.table_p, bits, _at(hashes), _at(blocks), len(hashes))
+            return
         slots, _ = self.place(hashes)
         self.blocks[slots] = blocks
 
@@ -314,6 +332,7 @@ class KVCacheManager:
         prefix_caching: bool = True,
         offload_blocks: int = 0,
         remember_walks: bool = True,
+        use_kernel: bool = True,
     ):
         if num_blocks <= 0:
             raise SimulationError("the KV pool needs at least one block")
@@ -344,10 +363,18 @@ class KVCacheManager:
         # pairs, fleet 4-8 %).
         counts = np.zeros((num_blocks, 4), dtype=np.int64)
         keyed = counts[:, 2:]
+        # The compiled loops over the same arrays (sim/poolkernel.py), or None: the numpy code below, same results.
+        self._k = poolkernel.load() if use_kernel else None
+        self._rows = counts
+        self._rows_p = _at(counts)
+        self._scratch = np.empty(1024, dtype=np.int32)  # the kernel's blocks freed by a release
+        self._evicted = np.zeros(1, dtype=np.int64)  # the kernel's count of blocks a take evicted
+        self._evicted_p = _at(self._evicted)
         self._ref = counts[:, 0]
         # The free queue: live entries are queue[head:tail] whose block is unreferenced and stamped there.
         self._queue = np.empty(4 * num_blocks + 1024, dtype=np.int32)
         self._queue[:num_blocks] = np.arange(num_blocks, dtype=np.int32)
+        self._queue_p = _at(self._queue)
         self._stamp = counts[:, 1]
         self._stamp[:] = np.arange(num_blocks)
         self._head = 0
@@ -363,7 +390,7 @@ class KVCacheManager:
         self._queue_one = _one_by_one(self._queue)
         self._key_group_one = _one_by_one(self._key_group)
         self._key_hash_one = _one_by_one(self._key_hash)
-        self._index = {gi: _HashIndex(num_blocks) for gi in self.full_groups}
+        self._index = {gi: _HashIndex(num_blocks, self._k) for gi in self.full_groups}
         # One offload entry stands for a logical block across all full groups.
         self._offload_capacity = offload_blocks // max(1, len(self.full_groups))
         self._offload: OrderedDict[int, None] = OrderedDict()
@@ -419,20 +446,38 @@ class KVCacheManager:
         out: BlockIds = entries[live]
         return out
 
+    def _set_queue(self, queue: BlockIds) -> None:
+        self._queue = queue
+        self._queue_one = _one_by_one(queue)
+        self._queue_p = _at(queue)
+
+    def _make_room(self, n: int) -> None:
+        """Compact the free queue to its live entries if ``n`` more would not fit behind its tail."""
+        if self._tail + n <= len(self._queue):
+            return
+        # Room for four times the live entries: each compaction goes over the whole queue (tens of milliseconds for
+        # a million-block pool in numpy), so it should come rarely.
+        if self._k is not None:
+            count = self._k.al_compact(self._rows_p, self._queue_p, self._head, self._tail, self._queue_p)
+            size = max(len(self._queue), 4 * (count + n) + 1024)
+            if size > len(self._queue):
+                grown = np.empty(size, dtype=np.int32)
+                grown[:count] = self._queue[:count]
+                self._set_queue(grown)
+        else:
+            live = self._live_entries(self._head, self._tail)
+            count = len(live)
+            size = max(len(self._queue), 4 * (count + n) + 1024)
+            if size > len(self._queue):
+                self._set_queue(np.empty(size, dtype=np.int32))
+            self._queue[:count] = live
+            self._stamp[live] = np.arange(count)
+        self._head, self._tail = 0, count
+
     def _enqueue(self, blocks: BlockIds) -> None:
         """Append blocks whose last reference just went, in the order they should be evicted."""
         n = len(blocks)
-        if self._tail + n > len(self._queue):
-            live = self._live_entries(self._head, self._tail)
-            # Room for four times the live entries: each compaction gathers over the whole queue (tens of
-            # milliseconds for a million-block pool), so it should come rarely.
-            size = max(len(self._queue), 4 * (len(live) + n) + 1024)
-            if size > len(self._queue):
-                self._queue = np.empty(size, dtype=np.int32)
-                self._queue_one = _one_by_one(self._queue)
-            self._queue[: len(live)] = live
-            self._stamp[live] = np.arange(len(live))
-            self._head, self._tail = 0, len(live)
+        self._make_room(n)
         t = self._tail
         self._queue[t : t + n] = blocks
         self._stamp[blocks] = np.arange(t, t + n)
@@ -465,6 +510,12 @@ class KVCacheManager:
         """Take ``count`` blocks from the front of the free queue, evicting whatever they cached."""
         if count > self._num_free:
             raise SimulationError("allocated from an empty pool; the caller must check num_free first")
+        if self._k is not None and not self._offload_capacity:  # (an offload tier needs the evicted hashes: numpy)
+            taken = np.empty(count, dtype=np.int32)
+            self._head = self._k.al_take(self._rows_p, self._queue_p, self._head, count, _at(taken), self._evicted_p)
+            self._num_free -= count
+            self.stats.evicted_blocks += int(self._evicted[0])
+            return taken
         head = self._head
         entries = self._queue[head : head + count]
         clean = (self._ref[entries] == 0) & (self._stamp[entries] == np.arange(head, head + len(entries)))
@@ -520,9 +571,29 @@ class KVCacheManager:
         while len(tier) > self._offload_capacity:
             tier.popitem(last=False)
 
+    def _scratch_for(self, n: int) -> int:
+        """The address of a buffer for ``n`` block ids (the kernel's freed blocks)."""
+        if len(self._scratch) < n:
+            self._scratch = np.empty(max(n, 2 * len(self._scratch)), dtype=np.int32)
+        return _at(self._scratch)
+
+    def _enqueue_scratch(self, n: int) -> None:
+        """The kernel's ``_enqueue`` of the first ``n`` blocks of the scratch buffer."""
+        assert self._k is not None
+        self._make_room(n)
+        self._k.al_enqueue(self._rows_p, self._queue_p, self._tail, _at(self._scratch), n)
+        self._tail += n
+        self._num_free += n
+
     def _release(self, blocks: BlockIds) -> None:
         """Drop one reference from each block; those left unreferenced join the back of the free queue."""
         if len(blocks) == 0:
+            return
+        if self._k is not None:
+            blocks = np.ascontiguousarray(blocks)
+            freed = self._k.al_release(self._rows_p, _at(blocks), len(blocks), 0, self._scratch_for(len(blocks)))
+            if freed:
+                self._enqueue_scratch(freed)
             return
         left = self._ref[blocks] - 1  # one gather instead of two (``-=`` then a read back)
         self._ref[blocks] = left
@@ -546,7 +617,16 @@ class KVCacheManager:
         if memo is not None:
             before, n, known, walked = memo
             k = min(n, limit)
-            if before is hashes or before[:k] == hashes[:k]:
+            if (before is hashes or before[:k] == hashes[:k]) and self._k is not None:
+                # Up to the first block that no longer holds its hash, in any group: one pass each.
+                i = k
+                at = _at(known)
+                for g, remembered in zip(groups, walked, strict=True):
+                    i = self._k.al_check(self._rows_p, _at(remembered), at, i, g)
+                hit_hashes.append(known[:i])
+                for column, remembered in zip(columns, walked, strict=True):
+                    column.append(remembered[:i])
+            elif before is hashes or before[:k] == hashes[:k]:
                 # Up to the first block that no longer holds its hash, checked in doubling pieces: past the knee
                 # that comes early (a quarter of the way in, on the fleet benchmark), and each block checked is a
                 # cache miss.
@@ -572,6 +652,14 @@ class KVCacheManager:
             piece = hash_array(hashes, i, min(i + step, limit))
             stop = len(piece)
             for column, g in zip(columns, groups, strict=True):
+                if self._k is not None:
+                    index = self._index[g]
+                    found = np.empty(stop, dtype=np.int32)
+                    stop = self._k.al_find_live(
+                        index.table_p, index._bits, self._rows_p, _at(piece), stop, g, _at(found)
+                    )
+                    column.append(found[:stop])
+                    continue
                 candidates = self._index[g].find(piece[:stop])
                 safe = np.maximum(candidates, 0)
                 live = (candidates >= 0) & (self._key_group[safe] == g) & (self._key_hash[safe] == piece[:stop])
@@ -599,26 +687,25 @@ class KVCacheManager:
 
     def blocks_needed(self, held: BlockTable, target_tokens: int, lookup: Lookup | None = None) -> int:
         """Free blocks an allocation to ``target_tokens`` would consume (hits taken out of the free queue too)."""
-        hit_refs = None if lookup is None else [self._ref[blocks] for blocks in lookup.hit_blocks]
-        return self._blocks_needed(held, target_tokens, lookup, hit_refs)
+        hit_free = None if lookup is None else [int(np.count_nonzero(self._ref[b] == 0)) for b in lookup.hit_blocks]
+        return self._blocks_needed(held, target_tokens, lookup, hit_free)
 
     def _blocks_needed(
         self,
         held: BlockTable,
         target_tokens: int,
         lookup: Lookup | None,
-        hit_refs: list[npt.NDArray[np.int64]] | None,
+        hit_free: list[int] | None,
     ) -> int:
-        """``blocks_needed``, given the hit blocks' reference counts (read once by ``allocate``, which then sets
-        them: each read of a long hit is a cache miss per block)."""
+        """``blocks_needed``, given how many of each group's hit blocks have no reference (read once by
+        ``allocate``, which then sets them: each read of a long hit is a cache miss per block)."""
         bs = self.block_size
         logical = -(-target_tokens // bs)
         need = 0
         hits = 0
-        if lookup is not None and hit_refs is not None:
+        if lookup is not None and hit_free is not None:
             hits = lookup.num_hit_blocks
-            for refs in hit_refs:
-                need += int(np.count_nonzero(refs == 0))
+            need += sum(hit_free)
         for gi in self.full_groups:
             need += max(0, logical - len(held[gi]) - hits)
         if self._mixed:
@@ -668,15 +755,27 @@ class KVCacheManager:
             if total > self._num_free:
                 return False
         else:
-            hit_refs = [self._ref[blocks] for blocks in lookup.hit_blocks]
-            if self._blocks_needed(held, target_tokens, lookup, hit_refs) > self._num_free:
-                return False
-            for gi, hit, refs in zip(self.full_groups, lookup.hit_blocks, hit_refs, strict=True):
-                if len(hit):
-                    was_free = int(np.count_nonzero(refs == 0))
-                    self._ref[hit] = refs + 1  # a chain names each block once
-                    self._num_free -= was_free
-                    held[gi].extend(hit)
+            if self._k is not None:
+                k, rows = self._k, self._rows_p
+                hit_free = [k.al_count_free(rows, _at(hit), len(hit)) for hit in lookup.hit_blocks]
+                if self._blocks_needed(held, target_tokens, lookup, hit_free) > self._num_free:
+                    return False
+                for gi, hit in zip(self.full_groups, lookup.hit_blocks, strict=True):
+                    if len(hit):
+                        self._num_free -= k.al_acquire(rows, _at(hit), len(hit))  # a chain names each block once
+                        held[gi].extend(hit)
+            else:
+                hit_refs = [self._ref[blocks] for blocks in lookup.hit_blocks]
+                hit_free = [int(np.count_nonzero(refs == 0)) for refs in hit_refs]
+                if self._blocks_needed(held, target_tokens, lookup, hit_free) > self._num_free:
+                    return False
+                for gi, hit, refs, was_free in zip(
+                    self.full_groups, lookup.hit_blocks, hit_refs, hit_free, strict=True
+                ):
+                    if len(hit):
+                        self._ref[hit] = refs + 1  # a chain names each block once
+                        self._num_free -= was_free
+                        held[gi].extend(hit)
             wants = [(gi, logical - len(held[gi])) for gi in self.full_groups]
             if self._mixed:
                 wants += [
@@ -722,6 +821,12 @@ class KVCacheManager:
             mine = chain
             if not index.room_for(len(mine)):
                 self._rebuild(gi)
+            if self._k is not None:
+                n = stop - start
+                index.used += self._k.al_register(
+                    index.table_p, index._bits, self._rows_p, held[gi]._p + 4 * start, _at(chain), n, gi
+                )
+                continue
             slots, existed = index.place(mine)
             if existed.any():
                 # The first block cached under a hash keeps it; stale entries (evicted blocks) are taken over.
@@ -781,6 +886,17 @@ class KVCacheManager:
 
     def free(self, held: BlockTable) -> None:
         """Release a request's blocks, tail first, so its shared head stays cached longest."""
+        if self._k is not None:
+            # Group by group into one scratch buffer, then one append: the numpy code's order and queue.
+            at = self._scratch_for(sum(blocks._n for blocks in held))
+            freed = 0
+            for blocks in held:
+                if blocks._n:
+                    freed += self._k.al_release(self._rows_p, blocks._p, blocks._n, 1, at + 4 * freed)
+                blocks.clear()
+            if freed:
+                self._enqueue_scratch(freed)
+            return
         parts = [blocks.view()[::-1] for blocks in held if len(blocks)]
         if parts:
             self._release(parts[0] if len(parts) == 1 else np.concatenate(parts))

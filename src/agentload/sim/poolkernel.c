@@ -1,0 +1,170 @@
+/* The KV pool's bookkeeping loops (sim/kvcache.py), one C pass each instead of a dozen numpy passes.
+ *
+ * Compiled on first use by sim/poolkernel.py and called through ctypes; sim/kvcache.py keeps its numpy code as the
+ * fallback and the reference: tests/test_poolkernel.py runs both on the same operations and compares every array and
+ * result. Each function does, element by element and in the same order, what the numpy code does over the whole
+ * array, so the two agree exactly (the hash index's slot placement may differ; which block a hash finds may not).
+ *
+ * Layouts (all C-contiguous, owned by numpy):
+ *   rows   int64[num_blocks][4]: reference count, free-queue stamp, cached hash, cache group (-1: none)
+ *   queue  int32[capacity]: the free queue; an entry at position p is live while its block has no reference and
+ *          its stamp is p
+ *   table  int64[1 << bits][2]: the hash index, key (-1: empty) and block, linear probing from the key's home slot
+ */
+#include <stdint.h>
+
+#define REF 0
+#define STAMP 1
+#define HASH 2
+#define GROUP 3
+#define EMPTY (-1)
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+
+static inline int64_t home(int64_t h, int bits) { return (int64_t)(((uint64_t)h * GOLDEN) >> (64 - bits)); }
+
+/* How many leading hashes find a live block of group g; their blocks go to out. */
+int64_t al_find_live(const int64_t *table, int bits, const int64_t *rows, const int64_t *hashes, int64_t n, int64_t g,
+                     int32_t *out) {
+    const int64_t mask = ((int64_t)1 << bits) - 1;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t h = hashes[i];
+        int64_t slot = home(h, bits);
+        for (;;) {
+            const int64_t k = table[2 * slot];
+            if (k == h) break;
+            if (k == EMPTY) return i;
+            slot = (slot + 1) & mask;
+        }
+        const int64_t b = table[2 * slot + 1];
+        if (rows[4 * b + GROUP] != g || rows[4 * b + HASH] != h) return i;
+        out[i] = (int32_t)b;
+    }
+    return n;
+}
+
+/* How many leading blocks still hold their hash in group g. */
+int64_t al_check(const int64_t *rows, const int32_t *blocks, const int64_t *hashes, int64_t n, int64_t g) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t b = blocks[i];
+        if (rows[4 * b + GROUP] != g || rows[4 * b + HASH] != hashes[i]) return i;
+    }
+    return n;
+}
+
+/* Cache blocks[i] under chain[i] in group g: a live entry keeps its block (the first block cached under a hash
+ * keeps it), a stale one (its block evicted) is taken over, a new hash claims an empty slot. Returns the slots
+ * newly claimed. */
+int64_t al_register(int64_t *table, int bits, int64_t *rows, const int32_t *blocks, const int64_t *chain, int64_t n,
+                    int64_t g) {
+    const int64_t mask = ((int64_t)1 << bits) - 1;
+    int64_t claimed = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t h = chain[i];
+        int64_t slot = home(h, bits);
+        for (;;) {
+            const int64_t k = table[2 * slot];
+            if (k == h || k == EMPTY) break;
+            slot = (slot + 1) & mask;
+        }
+        if (table[2 * slot] == h) {
+            const int64_t owner = table[2 * slot + 1];
+            if (rows[4 * owner + GROUP] == g && rows[4 * owner + HASH] == h) continue;
+        } else {
+            table[2 * slot] = h;
+            claimed++;
+        }
+        const int64_t b = blocks[i];
+        table[2 * slot + 1] = b;
+        rows[4 * b + GROUP] = g;
+        rows[4 * b + HASH] = h;
+    }
+    return claimed;
+}
+
+/* Put n distinct keys and their blocks into a table (a rebuild); returns the slots claimed. */
+int64_t al_insert(int64_t *table, int bits, const int64_t *keys, const int32_t *blocks, int64_t n) {
+    const int64_t mask = ((int64_t)1 << bits) - 1;
+    int64_t claimed = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t h = keys[i];
+        int64_t slot = home(h, bits);
+        while (table[2 * slot] != h && table[2 * slot] != EMPTY) slot = (slot + 1) & mask;
+        if (table[2 * slot] == EMPTY) {
+            table[2 * slot] = h;
+            claimed++;
+        }
+        table[2 * slot + 1] = blocks[i];
+    }
+    return claimed;
+}
+
+/* Take the first `need` live entries from the free queue at head (the caller checked there are that many): each
+ * referenced once, its cached hash evicted. Writes them to out, the evicted count to *evicted; returns the new
+ * head (just past the last entry taken). */
+int64_t al_take(int64_t *rows, const int32_t *queue, int64_t head, int64_t need, int32_t *out, int64_t *evicted) {
+    int64_t k = 0, gone = 0, p = head;
+    while (k < need) {
+        const int64_t b = queue[p];
+        int64_t *row = rows + 4 * b;
+        if (row[REF] == 0 && row[STAMP] == p) {
+            row[REF] = 1;
+            if (row[GROUP] >= 0) {
+                row[GROUP] = -1;
+                gone++;
+            }
+            out[k++] = (int32_t)b;
+        }
+        p++;
+    }
+    *evicted = gone;
+    return p;
+}
+
+/* Drop one reference from each block (last first when reverse is set); those left unreferenced are written to
+ * freed, in that order. Returns how many. */
+int64_t al_release(int64_t *rows, const int32_t *blocks, int64_t n, int reverse, int32_t *freed) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t b = blocks[reverse ? n - 1 - j : j];
+        if (--rows[4 * b + REF] == 0) freed[f++] = (int32_t)b;
+    }
+    return f;
+}
+
+/* Append blocks to the free queue at tail, each stamped with its position. */
+void al_enqueue(int64_t *rows, int32_t *queue, int64_t tail, const int32_t *blocks, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t b = blocks[i];
+        queue[tail + i] = (int32_t)b;
+        rows[4 * b + STAMP] = tail + i;
+    }
+}
+
+/* Copy the live entries of src[head:tail] to the front of dst (which may be src), restamped; returns how many. */
+int64_t al_compact(int64_t *rows, const int32_t *src, int64_t head, int64_t tail, int32_t *dst) {
+    int64_t k = 0;
+    for (int64_t p = head; p < tail; p++) {
+        const int64_t b = src[p];
+        int64_t *row = rows + 4 * b;
+        if (row[REF] == 0 && row[STAMP] == p) {
+            dst[k] = (int32_t)b;
+            row[STAMP] = k;
+            k++;
+        }
+    }
+    return k;
+}
+
+/* How many of the blocks have no reference. */
+int64_t al_count_free(const int64_t *rows, const int32_t *blocks, int64_t n) {
+    int64_t f = 0;
+    for (int64_t i = 0; i < n; i++) f += rows[4 * (int64_t)blocks[i] + REF] == 0;
+    return f;
+}
+
+/* Add a reference to each block (a prefix hit); returns how many had none. */
+int64_t al_acquire(int64_t *rows, const int32_t *blocks, int64_t n) {
+    int64_t f = 0;
+    for (int64_t i = 0; i < n; i++) f += rows[4 * (int64_t)blocks[i] + REF]++ == 0;
+    return f;
+}

@@ -1,0 +1,142 @@
+"""The KV pool's loops compiled from C (poolkernel.c) on first use and called through ctypes — or nothing.
+
+A virtual-time run of an agent fleet spends about two thirds of its time in the pool's bookkeeping (sim/kvcache.py):
+each operation is a dozen numpy passes over a request's thousands of blocks, each pass a call with its own fixed
+cost and temporaries. poolkernel.c does each operation in one loop. It is optional: where no C compiler is at hand
+(a fresh machine with Python alone), or ``AGENTLOAD_POOL_KERNEL=0`` is set, ``load`` gives None and the pool runs its
+numpy code, which gives the same results (tests/test_poolkernel.py compares the two operation by operation).
+
+The shared library is built with ``$CC`` (default ``cc``) into ``$AGENTLOAD_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/agentload`` or ``~/.cache/agentload``), named by a hash of the source and the flags, so an edited
+source is rebuilt and concurrent processes (pytest-xdist) each write their own temporary file and rename it in place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable
+from ctypes import c_int, c_int64, c_void_p
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("agentload.sim")
+
+ENV_SWITCH = "AGENTLOAD_POOL_KERNEL"
+_SOURCE = Path(__file__).with_name("poolkernel.c")
+_FLAGS = ("-O2", "-std=c99", "-shared", "-fPIC")
+_COMPILE_TIMEOUT_S = 120.0
+
+# name: (argument types, result type), as poolkernel.c declares them (pointers as addresses).
+_SIGNATURES: dict[str, tuple[list[type], type | None]] = {
+    "al_find_live": ([c_void_p, c_int, c_void_p, c_void_p, c_int64, c_int64, c_void_p], c_int64),
+    "al_check": ([c_void_p, c_void_p, c_void_p, c_int64, c_int64], c_int64),
+    "al_register": ([c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_int64, c_int64], c_int64),
+    "al_insert": ([c_void_p, c_int, c_void_p, c_void_p, c_int64], c_int64),
+    "al_take": ([c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_void_p], c_int64),
+    "al_release": ([c_void_p, c_void_p, c_int64, c_int, c_void_p], c_int64),
+    "al_enqueue": ([c_void_p, c_void_p, c_int64, c_void_p, c_int64], None),
+    "al_compact": ([c_void_p, c_void_p, c_int64, c_int64, c_void_p], c_int64),
+    "al_count_free": ([c_void_p, c_void_p, c_int64], c_int64),
+    "al_acquire": ([c_void_p, c_void_p, c_int64], c_int64),
+}
+
+
+class PoolKernel:
+    """The compiled functions, typed (the pool calls them as attributes: ``kernel.al_take(...)``)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        for name, (args, result) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = result
+            setattr(self, name, fn)
+
+    # Declared for the type checker; set in __init__.
+    al_find_live: Callable[..., Any]
+    al_check: Callable[..., Any]
+    al_register: Callable[..., Any]
+    al_insert: Callable[..., Any]
+    al_take: Callable[..., Any]
+    al_release: Callable[..., Any]
+    al_enqueue: Callable[..., Any]
+    al_compact: Callable[..., Any]
+    al_count_free: Callable[..., Any]
+    al_acquire: Callable[..., Any]
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("AGENTLOAD_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "agentload"
+
+
+def _compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC") or "cc")
+
+
+def library_path(directory: Path | None = None) -> Path:
+    """Where the library for this source, compiler and flags lives (built or not)."""
+    key = hashlib.sha256()
+    key.update(_SOURCE.read_bytes())
+    key.update(repr((_compiler(), _FLAGS, platform.machine(), platform.system())).encode())
+    return (directory or cache_dir()) / f"poolkernel-{key.hexdigest()[:16]}.so"
+
+
+def build(directory: Path | None = None) -> Path:
+    """Compile poolkernel.c unless already built; the library's path. OSError or CalledProcessError if it cannot."""
+    target = library_path(directory)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem, suffix=".so.tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [*_compiler(), *_FLAGS, "-o", tmp, str(_SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=_COMPILE_TIMEOUT_S,
+        )
+        os.replace(tmp, target)  # atomic: another process loading it sees a whole file or none
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+_loaded: dict[Path | None, PoolKernel | None] = {}
+
+
+def load(directory: Path | None = None) -> PoolKernel | None:
+    """The kernel, built if need be; None when switched off or when it cannot be built or loaded (then the pool's
+    numpy code runs, with the same results). Tried once per process and directory."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "no", "false"}:
+        return None
+    if directory in _loaded:
+        return _loaded[directory]
+    kernel: PoolKernel | None = None
+    try:
+        path = build(directory)
+        kernel = PoolKernel(ctypes.CDLL(str(path)), path)
+    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+        detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) else ""
+        log.info(
+            "the KV pool's C kernel is not available (%s%s); using its numpy code", exc, f": {detail}" * bool(detail)
+        )
+    _loaded[directory] = kernel
+    return kernel
+
+
+def describe(kernel: PoolKernel | None) -> str:
+    """One line for benchmark output: which code ran the pool."""
+    return f"C kernel ({kernel.path})" if kernel is not None else "numpy (no C kernel)"
