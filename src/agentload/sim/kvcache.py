@@ -22,6 +22,11 @@ handful of array operations instead of 6,000 list updates. The hash → block in
 too (``_HashIndex``), and a long prefix walk is remembered so that a session's next turn re-checks the blocks
 it found instead of probing for them again. One-block operations (a decoding request's next block) go
 through memoryviews of the same arrays, which index at about half numpy's per-element cost.
+
+Where a C compiler is at hand, the many-block operations (a prefix walk's probes and checks, caching a run of
+blocks, taking from and returning to the free queue, its compaction, an index rebuild) run in sim/poolkernel.c
+instead: one loop over the same arrays in place of a dozen numpy passes, element by element in the numpy code's
+order, so both give the same results (tests/test_poolkernel.py checks them against each other).
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ _NO_BLOCKS_AT: int = _NO_BLOCKS.ctypes.data
 
 
 def _at(array: npt.NDArray[Any]) -> int:
-    """The address of a C-contiguous array's first element, for the pool kernel."""
+    """The address of a C-contiguous array's first element, for the pool kernel (which reads it as one)."""
+    assert array.flags.c_contiguous, "the pool kernel reads arrays element after element"
     address: int = array.ctypes.data
     return address
 
