@@ -3,6 +3,7 @@ and leave the same state, block for block; and without a compiler the pool runs 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import random
 import shutil
@@ -14,7 +15,7 @@ import pytest
 from agentload.capacity.profile import load_profile, parse_profile
 from agentload.sim import poolkernel
 from agentload.sim.kvcache import BlockTable, KVCacheManager
-from agentload.sim.tokens import block_hashes
+from agentload.sim.tokens import VOCAB_SIZE, block_hashes, extend_block_hashes, extend_block_hashes_array
 from agentload.sim.virtual import SessionShape, run_sessions
 
 BS = 16
@@ -251,3 +252,34 @@ def test_a_built_library_is_reused(built: poolkernel.PoolKernel) -> None:
     assert poolkernel.load(built.path.parent) is built
     assert "C kernel" in poolkernel.describe(built)
     assert np.dtype(np.int32).itemsize == 4  # the kernel's block ids are int32, its rows int64
+
+
+def test_block_hashes_from_an_array_are_pythons_own(
+    built: poolkernel.PoolKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversation's tokens hashed in C, from any covered point and offset, give ``extend_block_hashes``'s
+    Python values, which every prefix lookup compares; the same without the kernel."""
+    assert built.hashes_like_python
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, VOCAB_SIZE, 3_000)
+    for kernel in (built, None):
+        monkeypatch.setattr(poolkernel, "load", lambda directory=None, kernel=kernel: kernel)
+        for covered_blocks, offset, stop in [(0, 0, 3_000), (5, 80, 2_999), (5, 40, 95), (7, 0, 127), (0, 0, 15)]:
+            start = block_hashes(tokens[:stop].tolist(), BS)[:covered_blocks]
+            expected = extend_block_hashes(list(start), tokens[offset:stop].tolist(), BS, offset=offset)
+            got = extend_block_hashes_array(list(start), tokens[offset:stop], BS, offset=offset)
+            assert got == expected
+            assert len(got) == max(covered_blocks, stop // BS)
+
+
+def test_a_c_hash_unlike_pythons_is_not_used(built: poolkernel.PoolKernel) -> None:
+    """The load-time check catches a C hash that differs from this Python's (say, a future tuple hash)."""
+    kernel = poolkernel.PoolKernel(ctypes.CDLL(str(built.path)), built.path)
+    assert kernel.hashes_like_python
+    chain = kernel.al_chain_hashes
+
+    def off_by_one(tokens: int, count: int, block_size: int, parent: int, out: int) -> None:
+        chain(tokens, count, block_size, parent + 1, out)
+
+    kernel.al_chain_hashes = off_by_one
+    assert not kernel._hash_check()

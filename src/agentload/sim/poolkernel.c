@@ -168,3 +168,43 @@ int64_t al_acquire(int64_t *rows, const int32_t *blocks, int64_t n) {
     for (int64_t i = 0; i < n; i++) f += rows[4 * (int64_t)blocks[i] + REF]++ == 0;
     return f;
 }
+
+/* Block hashes as sim/tokens.py's chain_hash computes them, hash((parent, tuple(block))), for blocks of int64
+ * tokens: CPython's hash of an int (|x| mod 2^61 - 1, with x's sign, -1 becoming -2) and of a tuple (the xxHash-style
+ * lanes of Objects/tupleobject.c, unchanged since Python 3.8). sim/poolkernel.py checks the result against Python's
+ * own hash when it loads the library and leaves this function unused if they ever differ. */
+#define XXPRIME_1 11400714785074694791ULL
+#define XXPRIME_2 14029467366897019727ULL
+#define XXPRIME_5 2870177450012600261ULL
+#define MODULUS ((1ULL << 61) - 1)
+
+static inline uint64_t int_hash(int64_t x) {
+    const uint64_t magnitude = x < 0 ? (uint64_t)(-(x + 1)) + 1 : (uint64_t)x;
+    const int64_t m = (int64_t)(magnitude % MODULUS);
+    const int64_t h = x < 0 ? -m : m;
+    return (uint64_t)(h == -1 ? -2 : h);
+}
+
+static inline uint64_t lane(uint64_t acc, uint64_t hash) {
+    acc += hash * XXPRIME_2;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * XXPRIME_1;
+}
+
+static inline uint64_t tuple_end(uint64_t acc, uint64_t len) {
+    acc += len ^ (XXPRIME_5 ^ 3527539ULL);
+    return acc == (uint64_t)-1 ? 1546275796ULL : acc;
+}
+
+void al_chain_hashes(const int64_t *tokens, int64_t blocks, int64_t block_size, int64_t parent, int64_t *out) {
+    for (int64_t b = 0; b < blocks; b++) {
+        uint64_t inner = XXPRIME_5;
+        const int64_t *t = tokens + b * block_size;
+        for (int64_t i = 0; i < block_size; i++) inner = lane(inner, int_hash(t[i]));
+        inner = tuple_end(inner, (uint64_t)block_size);
+        uint64_t outer = lane(XXPRIME_5, int_hash(parent));
+        outer = tuple_end(lane(outer, inner), 2);
+        parent = (int64_t)outer;
+        out[b] = parent;
+    }
+}

@@ -26,6 +26,8 @@ from ctypes import c_int, c_int64, c_void_p
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger("agentload.sim")
 
 ENV_SWITCH = "AGENTLOAD_POOL_KERNEL"
@@ -45,6 +47,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "al_compact": ([c_void_p, c_void_p, c_int64, c_int64, c_void_p], c_int64),
     "al_count_free": ([c_void_p, c_void_p, c_int64], c_int64),
     "al_acquire": ([c_void_p, c_void_p, c_int64], c_int64),
+    "al_chain_hashes": ([c_void_p, c_int64, c_int64, c_int64, c_void_p], None),
 }
 
 
@@ -58,6 +61,27 @@ class PoolKernel:
             fn.argtypes = args
             fn.restype = result
             setattr(self, name, fn)
+        # Whether al_chain_hashes gives Python's own hash((parent, tuple(block))) here: it copies CPython's int and
+        # tuple hashing, which a future Python could change.
+        self.hashes_like_python = self._hash_check()
+
+    def _hash_check(self) -> bool:
+        edges = [0, 1, 7, 151_935, 2**61 - 2, 2**61 - 1, 2**61, 2**62 + 5, 2**63 - 1, -1, -2, -(2**61) + 1, -(2**63)]
+        rng = np.random.default_rng(2026)
+        tokens = np.concatenate((np.array(edges * 4, dtype=np.int64), rng.integers(-(2**63), 2**63 - 1, 204)))
+        tokens = np.concatenate((tokens, rng.integers(0, 200_000, 512)))
+        for block_size, parent in [(16, 0x5EED_0F_A6E17), (4, -2), (1, 2**63 - 1), (16, -(2**63)), (64, 12345)]:
+            count = len(tokens) // block_size
+            out = np.empty(count, dtype=np.int64)
+            self.al_chain_hashes(tokens.ctypes.data, count, block_size, parent, out.ctypes.data)
+            expected = []
+            for b in range(count):
+                parent = hash((parent, tuple(tokens[b * block_size : (b + 1) * block_size].tolist())))
+                expected.append(parent)
+            if out.tolist() != expected:
+                log.info("the C block hash differs from this Python's hash(); block hashes stay in Python")
+                return False
+        return True
 
     # Declared for the type checker; set in __init__.
     al_find_live: Callable[..., Any]
@@ -70,6 +94,7 @@ class PoolKernel:
     al_compact: Callable[..., Any]
     al_count_free: Callable[..., Any]
     al_acquire: Callable[..., Any]
+    al_chain_hashes: Callable[..., Any]
 
 
 def cache_dir() -> Path:

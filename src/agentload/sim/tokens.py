@@ -28,7 +28,11 @@ import re
 import zlib
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from agentload.capacity.profile import mean_word_tokens
+from agentload.sim import poolkernel
 
 VOCAB_SIZE = 151_936  # Qwen2's vocabulary size; any fixed size works
 ROOT_HASH = 0x5EED_0F_A6E17  # parent of a sequence's first block
@@ -156,6 +160,27 @@ def extend_block_hashes(
     for block in zip(*[span] * block_size, strict=True):
         parent = hash((parent, block))
         append(parent)
+    return hashes
+
+
+def extend_block_hashes_array(
+    hashes: list[int], tokens: npt.NDArray[np.int64], block_size: int, *, offset: int
+) -> list[int]:
+    """``extend_block_hashes`` of an int64 array of tokens that starts at position ``offset`` (at or before the first
+    position ``hashes`` does not cover): in C where the pool kernel is built and hashes as this Python does (the
+    same values; no token becomes a Python int), else in Python."""
+    first = len(hashes) * block_size
+    count = (offset + len(tokens) - first) // block_size
+    if count <= 0:
+        return hashes
+    span = tokens[first - offset : first - offset + count * block_size]
+    kernel = poolkernel.load()
+    if kernel is None or not kernel.hashes_like_python:
+        return extend_block_hashes(hashes, span.tolist(), block_size, offset=first)
+    span = np.ascontiguousarray(span, dtype=np.int64)
+    out = np.empty(count, dtype=np.int64)
+    kernel.al_chain_hashes(span.ctypes.data, count, block_size, hashes[-1] if hashes else ROOT_HASH, out.ctypes.data)
+    hashes.extend(out.tolist())
     return hashes
 
 

@@ -32,7 +32,7 @@ from agentload.clock import PRIORITY_ENGINE, VirtualClock
 from agentload.errors import ConfigError, SimulationError
 from agentload.sim.engine import Engine, EngineStats, SimRequest, StepResult
 from agentload.sim.hashchain import HashChain
-from agentload.sim.tokens import VOCAB_SIZE, extend_block_hashes
+from agentload.sim.tokens import VOCAB_SIZE, extend_block_hashes, extend_block_hashes_array
 
 Tokens = npt.NDArray[np.int64]
 
@@ -183,8 +183,8 @@ class _Session:
         """Append to ``hashes`` the hashes of the full blocks of ``tokens[:n]`` it does not have yet."""
         covered = len(hashes) * self.bs
         if covered <= n - self.bs:
-            # Only the new span becomes Python ints, and only until it is hashed.
-            extend_block_hashes(hashes, tokens[covered:n].tolist(), self.bs, offset=covered)
+            # Only the new span is read (in C where the pool kernel is built, else as Python ints until hashed).
+            extend_block_hashes_array(hashes, tokens[covered:n], self.bs, offset=covered)
 
     def restart(self) -> None:
         """Start a new conversation (first turn, or after a compaction)."""
