@@ -21,7 +21,12 @@ separate process (``simproc``: only the client is in this process), three times:
    core against the one simulator, so the machine's drift falls on both alike (a block's noise about ±3 %, checked
    with ``--null``, where neither process has the dashboard and the figure should read 0). It reads lower than the
    arms in turn (4 December 2026: +3.0 and +3.8 % against +8.4 %, each with a narrow interval): two processes taking
-   turns on a core may hide the cost a lone client pays in its caches, so it does not replace the arms in turn;
+   turns on a core may hide the cost a lone client pays in its caches, so it does not replace the arms in turn.
+   ``--callgrind`` counts instead of timing: each arm's client runs alone in a process of its own under valgrind's
+   callgrind, which counts the run's instructions and simulates its L1 and last-level caches (what a hardware
+   counter would give; this machine's VM has none). The counts do not move with the machine's drift; the run is
+   ~50-100× slower, so the dashboard's flush schedule is stretched by the slowdown measured on the same fleet (its
+   flush count is printed beside a plain run's);
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
@@ -42,6 +47,7 @@ first change after the previous delta) — within one flush (250 ms) when the sc
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --default-gc
     .venv/bin/python benchmarks/bench_dashboard.py --width 300 --blocks 12 --side-by-side --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --width 300 --side-by-side --null --blocks 12 --no-browser
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --callgrind --blocks 2 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --change-ages   # ages, the browser
 """
 
@@ -54,6 +60,7 @@ import gc
 import math
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -468,8 +475,10 @@ def _child_main(args: argparse.Namespace) -> None:
     prints this process's client CPU for the run and, with the dashboard, its own CPU timed in place."""
     dashboard = args.child == "with"
     own = OwnTime()
-    if dashboard:
+    if dashboard and not args.counted:
         own.install()
+    if args.flush_scale != 1.0:
+        _scale_flushes(args.flush_scale)
     opts = _opts(args.fleet, args.out, args.url, args.width, dashboard=dashboard)
     reader = _start_reader(off_core=not args.reader_on_client_core) if dashboard else None
     stream = Stream() if dashboard else None
@@ -481,8 +490,24 @@ def _child_main(args: argparse.Namespace) -> None:
     result = {"cpu": used, "wall": took, "turns": r.totals.turns, "done": r.totals.done,
               "failure": None if r.server_failure is None else str(r.server_failure),
               "own": own.state + own.writes + own.reader, "flushes": own.flushes, "writes": own.writes,
-              "changed": stream.changed if stream is not None else 0}  # fmt: skip
+              "changed": stream.changed if stream is not None else 0,
+              "sent": stream.changed + stream.other + stream.empty if stream is not None else 0,
+              "kib": stream.bytes / 1024 if stream is not None else 0.0}  # fmt: skip
     sys.stdout.buffer.write(orjson.dumps(result) + b"\n")
+    sys.stdout.buffer.flush()
+    if args.counted:
+        sys.stdin.readline()  # the parent stops counting first: the interpreter's exit is not the run's
+
+
+def _scale_flushes(scale: float) -> None:
+    """Stretch the dashboard's flush schedule by ``scale`` (``--callgrind``: a run under valgrind is that much slower,
+    so the same run's page gets about as many flushes as at full speed, each carrying as much)."""
+    init = Flusher.__init__
+
+    def scaled(flusher: Flusher, state: LiveState, interval_s: float) -> None:
+        init(flusher, state, interval_s * scale)
+
+    setattr(Flusher, "__init__", scaled)  # noqa: B010  (patched for the benchmark's child process)
 
 
 def _side_by_side(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, width: int) -> None:
@@ -545,6 +570,141 @@ def _side_by_side(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, wi
           f"{min(base):.2f} to {max(base):.2f} s a run")  # fmt: skip
 
 
+_CYCLES = "Ir + 10 × L1 misses + 100 × LL misses"  # KCachegrind's cycle estimate, from callgrind's counts
+
+
+@dataclass
+class Counted:
+    """One run's counts from callgrind (``--cache-sim=yes``), from the run's start to its result."""
+
+    instructions: int
+    l1_misses: int  # instruction and data, reads and writes
+    ll_misses: int
+    wall: float
+    result: dict[str, Any]
+
+    @property
+    def cycles(self) -> float:
+        return self.instructions + 10 * self.l1_misses + 100 * self.ll_misses
+
+
+def _counted_run(
+    args: argparse.Namespace, arm: str, fleet: Path, out: Path, url: str, width: int, scale: float, valgrind: bool
+) -> Counted | dict[str, Any]:
+    """One arm's run in a child process: under callgrind (counts only from ``go`` to the result line), or plain
+    (its result only: the wall time the flush schedule is scaled to)."""
+    counts = out.with_suffix(".callgrind")
+    cmd = [sys.executable, __file__, "--child", arm, "--url", url, "--fleet", str(fleet), "--out", str(out),
+           "--width", str(width), "--flush-scale", repr(scale), "--counted"]  # fmt: skip
+    if valgrind:
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes",
+               f"--callgrind-out-file={counts}", *cmd]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        if proc.stdout.readline() != b"ready\n":
+            raise SystemExit(f"the run {arm} the dashboard did not start")
+        if valgrind:
+            subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+        t0 = time.monotonic()
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        wall = time.monotonic() - t0
+        if not line:
+            raise SystemExit(f"the run {arm} the dashboard ended without a result")
+        if valgrind:
+            subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+        proc.stdin.write(b"exit\n")
+        proc.stdin.flush()
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result: dict[str, Any] = orjson.loads(line)
+    if not valgrind:
+        return result
+    names: list[str] = []
+    totals: list[int] = []
+    for text in counts.read_text().splitlines():
+        if text.startswith("events:"):
+            names = text.split()[1:]
+        elif text.startswith("totals:"):
+            totals = [int(v) for v in text.split()[1:]]
+    got = dict(zip(names, totals, strict=True))
+    return Counted(
+        instructions=got["Ir"],
+        l1_misses=got["I1mr"] + got["D1mr"] + got["D1mw"],
+        ll_misses=got["ILmr"] + got["DLmr"] + got["DLmw"],
+        wall=wall,
+        result=result,
+    )
+
+
+def _callgrind(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, width: int) -> None:
+    """``--callgrind``: each arm's client in a process of its own under valgrind's callgrind, counting the run's
+    instructions and its simulated L1 / last-level cache misses (what a hardware counter would give, which this
+    machine's VM does not expose): the same run gives the same counts within a fraction of a percent whatever the
+    machine does meanwhile, where two timed runs differ by up to 15 %.
+
+    A run under callgrind is ~50-100× slower, and the dashboard flushes on a wall-clock schedule (4 a second), so
+    the dashboard's child stretches that schedule by the slowdown measured on the same run without it (plain ÷
+    counted wall): its page then gets about as many flushes as at full speed (printed, against the plain run's).
+    The agents' think time is not stretched: under callgrind the run is busy throughout, so more of its flushes
+    carry changes than at full speed — which overstates the dashboard's share, never understates it. Blocks run the
+    arms as without-with, then with-without."""
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"--callgrind needs {tool} (Debian's valgrind package)")
+    print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, simulator step "
+          f"{args.step:g} s; each arm counted under callgrind, {args.blocks} block(s) of two runs")  # fmt: skip
+    plain = _counted_run(args, "with", fleet, tmp / "plain", url, width, 1.0, valgrind=False)
+    assert isinstance(plain, dict)
+    print(f"  plain run with the dashboard (not counted): {plain['wall']:.1f} s wall, {plain['cpu']:.2f} s client CPU, "
+          f"{plain['sent']} flushes, {plain['changed']} of them with agents' changes")  # fmt: skip
+    walls: list[float] = []
+    shares: dict[str, list[float]] = {"instructions": [], "L1 misses": [], "LL misses": [], "cycle estimate": []}
+    for block in range(args.blocks):
+        got: dict[str, Counted] = {}
+        for arm in ("without", "with") if block % 2 == 0 else ("with", "without"):
+            scale = 1.0
+            if arm == "with":
+                scale = (statistics.fmean(walls) if walls else 60.0 * plain["wall"]) / plain["wall"]
+            for attempt in range(3):
+                out = tmp / f"runs-{block}-{arm}-{attempt}"
+                run = _counted_run(args, arm, fleet, out, url, width, scale, valgrind=True)
+                assert isinstance(run, Counted)
+                r = run.result
+                if r["failure"] is None and r["done"] == args.agents:
+                    break
+                # A client ~50× slower can fall behind its own watchdog (a connect that its busy loop completes
+                # late reads as a server that went quiet): the fleet then stops, and the run is counted again.
+                print(f"  block {block + 1}, {arm} the dashboard: the run stopped early ({r['done']} agents done, "
+                      f"{r['turns']} turns; {r['failure']}): counted again")  # fmt: skip
+            else:
+                raise SystemExit("three counted runs in a row stopped early")
+            got[arm] = run
+            if arm == "without":
+                walls.append(run.wall)
+            extra = ""
+            if arm == "with":
+                extra = (f"; flushes stretched {scale:.0f}×: {r['sent']} flushes, {r['changed']} with changes "
+                         f"({r['kib'] / max(1, r['changed']):.1f} KiB each)")  # fmt: skip
+            print(f"  block {block + 1}, {arm} the dashboard: {run.instructions / 1e9:.2f} G instructions, "
+                  f"{run.l1_misses / 1e6:.1f} M L1 misses, {run.ll_misses / 1e6:.2f} M LL misses, {run.wall:.0f} s "
+                  f"wall under callgrind, {r['turns']} turns{extra}")  # fmt: skip
+        w, wo = got["with"], got["without"]
+        for name, a, b in (("instructions", w.instructions, wo.instructions), ("L1 misses", w.l1_misses,
+                           wo.l1_misses), ("LL misses", w.ll_misses, wo.ll_misses),
+                           ("cycle estimate", w.cycles, wo.cycles)):  # fmt: skip
+            shares[name].append((a - b) / b)
+    for name, values in shares.items():
+        label = f"{name} ({_CYCLES})" if name == "cycle estimate" else name
+        print(f"  added by the dashboard, {label}: " + ", ".join(f"{v:+.2%}" for v in values)
+              + f" (mean {statistics.fmean(values):+.2%})")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=1000)
@@ -585,7 +745,15 @@ def main() -> None:
         help="with --side-by-side: the run 'with' has no dashboard either, so the figure shows what the design alone "
         "reads (an A/A check: it should be near 0)",
     )
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="count each arm's instructions and simulated cache misses under valgrind's callgrind, in a process of "
+        "its own, instead of timing CPU: counts do not drift with the machine (each run takes minutes)",
+    )
     ap.add_argument("--child", choices=("with", "without"), help=argparse.SUPPRESS)  # one arm of --side-by-side
+    ap.add_argument("--flush-scale", type=float, default=1.0, help=argparse.SUPPRESS)  # a child's flush schedule
+    ap.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # a child under callgrind
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--fleet", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -601,6 +769,8 @@ def main() -> None:
     if args.child:
         _child_main(args)
         return
+    if args.callgrind and (args.side_by_side or args.default_gc or args.reader_in_process):
+        ap.error("--callgrind runs neither --side-by-side, --default-gc nor --reader-in-process")
     if args.null and not args.side_by_side:
         ap.error("--null is a check of --side-by-side")
     if args.side_by_side and (args.default_gc or args.reader_in_process):
@@ -617,6 +787,9 @@ def main() -> None:
         out = Path(tmp) / "runs"
         if args.side_by_side:
             _side_by_side(args, fleet, Path(tmp), url, width)
+            return
+        if args.callgrind:
+            _callgrind(args, fleet, Path(tmp), url, width)
             return
 
         # In the order A B B A: drift of a shared machine (or of the server's warm cache) falls on both sides.

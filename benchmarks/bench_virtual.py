@@ -32,6 +32,14 @@ calibrated tokenizer changed them since the figures above). The goals (1,000× /
 spread over the pool's numpy passes (hash index, reference counts, free queue: memory-bound random reads), none
 above 12 %; the same modules compiled with mypyc ran 1.22-1.26× faster, not enough for the 8×B200 goal either.
 
+5 December 2026 (same machine, pinned to one core): the pool's bookkeeping loops in C (sim/poolkernel.c, compiled on
+first use; numpy where there is no compiler) and a conversation's block hashes computed in C from its buffer. Across
+runs that day, fleet 607× (numpy) → 1,217-1,527×, fleet-fits 71× → 113-146×, fleet-1gpu 1,132-1,282×, qwen-24
+1,327-1,442×, deepseek-48 398-438×; every digest unchanged. The fleet goal (1,000×) is met; fleet-fits (300×) is
+not: what is left is the engine's own Python per step and per decoded block (a block allocated and cached every 16
+tokens of every running request, 250k of each in that run) and, on this VM, the first touch of the run's ~600 MB
+(up to a second of system time, varying from run to run). The first line printed says which code ran the pool.
+
 ``--exact`` runs the step-by-step path (no fast-forwarding of decode steps) for comparison; both must print the
 same simulation figures, and the same ``digest``: a hash of every field of the result, each float by its exact
 ``repr`` and every TTFT included, so two runs that print the same digest agree to the last bit. ``--profile``
