@@ -17,28 +17,9 @@ from agentload.sim import poolkernel
 from agentload.sim.kvcache import BlockTable, KVCacheManager
 from agentload.sim.tokens import VOCAB_SIZE, block_hashes, extend_block_hashes, extend_block_hashes_array
 from agentload.sim.virtual import SessionShape, run_sessions
+from tests.test_kvcache import HYBRID
 
 BS = 16
-
-HYBRID = """
-name = "hybrid"
-gpu = "h100"
-max_model_len = 2048
-[model]
-name = "hybrid-tiny"
-num_layers = 8
-hidden_size = 512
-num_attention_heads = 8
-num_kv_heads = 2
-head_dim = 64
-attention = "hybrid"
-sliding_window = 64
-num_sliding_layers = 6
-total_params = 1e8
-active_params = 1e8
-[kv_pool]
-num_blocks = 1000
-"""
 
 DENSE = HYBRID.replace('attention = "hybrid"\nsliding_window = 64\nnum_sliding_layers = 6\n', "")
 
