@@ -214,7 +214,8 @@ class _HashIndex:
             bits += 1
         self._resize(bits)
         if self._kernel is not None:
-            hashes, blocks = np.ascontiguousarray(hashes), np.ascontiguousarray(blocks)
+            hashes = np.ascontiguousarray(hashes, dtype=np.int64)
+            blocks = np.ascontiguousarray(blocks, dtype=np.int32)
             self.used += self._kernel.al_insert(self.table_p, bits, _at(hashes), _at(blocks), len(hashes))
             return
         slots, _ = self.place(hashes)
@@ -596,7 +597,7 @@ class KVCacheManager:
         if len(blocks) == 0:
             return
         if self._k is not None:
-            blocks = np.ascontiguousarray(blocks)
+            blocks = np.ascontiguousarray(blocks, dtype=np.int32)
             freed = self._k.al_release(self._rows_p, _at(blocks), len(blocks), 0, self._scratch_for(len(blocks)))
             if freed:
                 self._enqueue_scratch(freed)
@@ -829,6 +830,8 @@ class KVCacheManager:
                 self._rebuild(gi)
             if self._k is not None:
                 n = stop - start
+                if len(held[gi]) < stop:  # the numpy code would fail on the shapes; C would read past the list
+                    raise SimulationError(f"caching blocks up to {stop} of a request that holds {len(held[gi])}")
                 index.used += self._k.al_register(
                     index.table_p, index._bits, self._rows_p, held[gi]._p + 4 * start, _at(chain), n, gi
                 )

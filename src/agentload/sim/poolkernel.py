@@ -153,7 +153,7 @@ def load(directory: Path | None = None) -> PoolKernel | None:
     try:
         path = build(directory)
         kernel = PoolKernel(ctypes.CDLL(str(path)), path)
-    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:  # RuntimeError: no home
         detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) else ""
         log.info(
             "the KV pool's C kernel is not available (%s%s); using its numpy code", exc, f": {detail}" * bool(detail)
