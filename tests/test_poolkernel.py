@@ -209,6 +209,11 @@ def test_without_a_compiler_the_pool_runs_its_numpy_code(
     assert poolkernel.describe(None) == "numpy (no C kernel)"
 
 
+def test_a_cc_that_is_not_a_command_line_leaves_the_numpy_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "gcc 'unbalanced")
+    assert poolkernel.load(tmp_path / "cache") is None
+
+
 def test_a_compiler_that_fails_leaves_the_numpy_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     failing = tmp_path / "cc"
     failing.write_text("#!/bin/sh\necho 'error: nope' >&2\nexit 1\n")

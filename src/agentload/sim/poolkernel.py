@@ -153,7 +153,8 @@ def load(directory: Path | None = None) -> PoolKernel | None:
     try:
         path = build(directory)
         kernel = PoolKernel(ctypes.CDLL(str(path)), path)
-    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:  # RuntimeError: no home
+    # RuntimeError: no home directory to cache in; ValueError: a $CC that is not a command line (unbalanced quotes)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError, AttributeError) as exc:
         detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) else ""
         log.info(
             "the KV pool's C kernel is not available (%s%s); using its numpy code", exc, f": {detail}" * bool(detail)
