@@ -624,7 +624,8 @@ class KVCacheManager:
         if memo is not None:
             before, n, known, walked = memo
             k = min(n, limit)
-            if (before is hashes or before[:k] == hashes[:k]) and self._k is not None:
+            same = before is hashes or before[:k] == hashes[:k]  # compared once: up to thousands of hashes
+            if same and self._k is not None:
                 # Up to the first block that no longer holds its hash, in any group: one pass each.
                 i = k
                 at = _at(known)
@@ -633,7 +634,7 @@ class KVCacheManager:
                 hit_hashes.append(known[:i])
                 for column, remembered in zip(columns, walked, strict=True):
                     column.append(remembered[:i])
-            elif before is hashes or before[:k] == hashes[:k]:
+            elif same:
                 # Up to the first block that no longer holds its hash, checked in doubling pieces: past the knee
                 # that comes early (a quarter of the way in, on the fleet benchmark), and each block checked is a
                 # cache miss.
