@@ -13,6 +13,8 @@ separate process (``simproc``: only the client is in this process), three times:
    figure, (2 − 1) ÷ 1. Two identical runs differ by up to 14 % in client CPU on a 2-core machine, more than
    the effect sought, so ``--blocks K`` repeats the block and the share is given as the mean of the K figures
    with a 95 % interval (bootstrap over the blocks, seeded): "≤ 5 %" is shown when the interval's top is ≤ 5 %.
+   ``--null`` runs the same blocks with no dashboard in any run (runs 2 and 3 stand for it): the A/A check of
+   the design, which should read 0 (5 December 2026, 8 blocks: −0.6 %, 95 % interval −5.7 to +4.6 %).
    The dashboard's own CPU is also timed in place in every run with it (``OwnTime``: its hooks, flushes and
    encoding, and the reader's parsing) as a share of that same run's client CPU, which the machine's drift
    moves far less. The cyclic garbage collector's passes and CPU are counted per arm (``gc.callbacks``): a load
@@ -26,7 +28,8 @@ separate process (``simproc``: only the client is in this process), three times:
    callgrind, which counts the run's instructions and simulates its L1 and last-level caches (what a hardware
    counter would give; this machine's VM has none). The counts do not move with the machine's drift; the run is
    ~50-100× slower, so the dashboard's flush schedule is stretched by the slowdown measured on the same fleet (its
-   flush count is printed beside a plain run's);
+   flush count is printed beside a plain run's). ``--last-level BYTES`` sizes the simulated last-level cache
+   (valgrind's default is the machine's L3): one core's L2 (1 MiB here) counts the misses that leave the core;
 3. with ``--dashboard`` and the page open in headless Chromium (Debian's, via Playwright; skipped when absent) —
    the deltas a second the page received and its frame times (``requestAnimationFrame`` intervals: p50, p95, max).
 
@@ -44,10 +47,12 @@ first change after the previous delta) — within one flush (250 ms) when the sc
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300   # a 2-core machine's simulator
     .venv/bin/python benchmarks/bench_dashboard.py --agents 200 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # in turn
+    .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --null  # A/A
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --default-gc
     .venv/bin/python benchmarks/bench_dashboard.py --width 300 --blocks 12 --side-by-side --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --width 300 --side-by-side --null --blocks 12 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --callgrind --blocks 2 --no-browser
+    .venv/bin/python benchmarks/bench_dashboard.py --width 300 --callgrind --last-level 1048576 --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --change-ages   # ages, the browser
 """
 
@@ -597,7 +602,8 @@ def _counted_run(
     cmd = [sys.executable, __file__, "--child", arm, "--url", url, "--fleet", str(fleet), "--out", str(out),
            "--width", str(width), "--flush-scale", repr(scale), "--counted"]  # fmt: skip
     if valgrind:
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes",
+        cache = [] if args.last_level is None else [f"--LL={args.last_level},8,64"]
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes", *cache,
                f"--callgrind-out-file={counts}", *cmd]  # fmt: skip
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdin is not None
@@ -657,8 +663,10 @@ def _callgrind(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, width
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"--callgrind needs {tool} (Debian's valgrind package)")
+    ll = "the machine's" if args.last_level is None else f"{args.last_level / 2**20:g} MiB, 8-way"
     print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, simulator step "
-          f"{args.step:g} s; each arm counted under callgrind, {args.blocks} block(s) of two runs")  # fmt: skip
+          f"{args.step:g} s; each arm counted under callgrind (last-level cache: {ll}), {args.blocks} block(s) of two "
+          "runs")  # fmt: skip
     plain = _counted_run(args, "with", fleet, tmp / "plain", url, width, 1.0, valgrind=False)
     assert isinstance(plain, dict)
     print(f"  plain run with the dashboard (not counted): {plain['wall']:.1f} s wall, {plain['cpu']:.2f} s client CPU, "
@@ -751,6 +759,15 @@ def main() -> None:
         help="count each arm's instructions and simulated cache misses under valgrind's callgrind, in a process of "
         "its own, instead of timing CPU: counts do not drift with the machine (each run takes minutes)",
     )
+    ap.add_argument(
+        "--last-level",
+        metavar="BYTES",
+        type=int,
+        default=None,
+        help="with --callgrind: the simulated last-level cache's size (8-way, 64-byte lines; default: valgrind's, the "
+        "machine's L3): the size of one core's L2 counts the misses that leave the core, where a lone client's "
+        "working set and the dashboard's compete",
+    )
     ap.add_argument("--child", choices=("with", "without"), help=argparse.SUPPRESS)  # one arm of --side-by-side
     ap.add_argument("--flush-scale", type=float, default=1.0, help=argparse.SUPPRESS)  # a child's flush schedule
     ap.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # a child under callgrind
@@ -771,12 +788,14 @@ def main() -> None:
         return
     if args.callgrind and (args.side_by_side or args.default_gc or args.reader_in_process):
         ap.error("--callgrind runs neither --side-by-side, --default-gc nor --reader-in-process")
-    if args.null and not args.side_by_side:
-        ap.error("--null is a check of --side-by-side")
+    if args.null and (args.callgrind or args.default_gc or args.reader_in_process):
+        ap.error("--null is a check of the timed designs (in turn or --side-by-side)")
     if args.side_by_side and (args.default_gc or args.reader_in_process):
         ap.error("--side-by-side runs neither --default-gc nor --reader-in-process")
     if args.blocks < 1:
         ap.error("--blocks must be at least 1")
+    if args.last_level is not None and (not args.callgrind or args.last_level < 65536 or args.last_level & 4095):
+        ap.error("--last-level is a size in bytes for --callgrind's cache (at least 64 KiB, a multiple of 4 KiB)")
     if args.default_gc:
         setattr(runner, "collector_for_load", contextlib.nullcontext)  # noqa: B010  (patched for the run: the "before")
     width = args.width or args.agents
@@ -804,18 +823,22 @@ def main() -> None:
         own_total.install(ages=args.change_ages)
         collector = {False: GcTime(), True: GcTime()}
         print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
-              f"simulator step {args.step:g} s, {args.blocks} block(s) of four runs")  # fmt: skip
+              f"simulator step {args.step:g} s, {args.blocks} block(s) of four runs"
+              + (" — the A/A check: no run has the dashboard (runs 2 and 3 of each block stand for it)" if args.null
+                 else ""))  # fmt: skip
         for block in range(args.blocks):
             used_in = {False: 0.0, True: 0.0}
             for dashboard in (False, True, True, False):
-                opts = _opts(fleet, out, url, width, dashboard=dashboard)
+                opts = _opts(fleet, out, url, width, dashboard=dashboard and not args.null)
                 reader = None
-                if dashboard and not args.reader_in_process:
+                if dashboard and not args.reader_in_process and not args.null:
                     reader = _start_reader(off_core=not args.reader_on_client_core)
                 s0, r0, x0 = own_total.state, own_total.reader, own_total.writes
                 gc.callbacks.append(collector[dashboard])
                 try:
-                    r, used, took = _timed_run(opts, stream if dashboard else None, lags[dashboard], own_total, reader)
+                    r, used, took = _timed_run(
+                        opts, stream if dashboard and not args.null else None, lags[dashboard], own_total, reader
+                    )
                 finally:
                     gc.callbacks.remove(collector[dashboard])
                 results[dashboard] = r
@@ -825,8 +848,15 @@ def main() -> None:
                 used_in[dashboard] += used
                 cpu[dashboard] += used
                 wall[dashboard] += took
-                mine = f" ({own:.3f} s of it the dashboard's own: {own / used:.2%})" if dashboard else ""
-                print(f"  block {block + 1}, run {'with' if dashboard else 'without'} the dashboard: "
+                mine = ""
+                if dashboard and not args.null:
+                    mine = f" ({own:.3f} s of it the dashboard's own: {own / used:.2%})"
+                arm = (
+                    ("B (the A/A check: no dashboard)" if args.null else "with the dashboard")
+                    if dashboard
+                    else ("A (no dashboard)" if args.null else "without the dashboard")
+                )
+                print(f"  block {block + 1}, run {arm}: "
                       f"{r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client CPU{mine}")  # fmt: skip
             shares.append((used_in[True] - used_in[False]) / used_in[False])
         base, dash = results[False], results[True]
@@ -846,6 +876,8 @@ def main() -> None:
             else "in its own process"
             + (" on the client's core" if args.reader_on_client_core else ", off the client's core")
         )
+        if args.null:
+            where += " — in this A/A check, runs 2 and 3 of each block, with no dashboard"
         print(f"  with dashboard + 1 stream reader {where} (mean of {runs}): {dash.totals.turns} turns, "
               f"{dash_wall:.1f} s wall, {dash_cpu:.2f} s client CPU "
               f"({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip

@@ -269,3 +269,52 @@ def test_a_c_hash_unlike_pythons_is_not_used(built: poolkernel.PoolKernel) -> No
 
     kernel.al_chain_hashes = off_by_one
     assert not kernel._hash_check()
+
+
+@pytest.mark.parametrize(("use_kernel", "offload"), [(False, 0), (True, 0), (False, 300), (True, 300)])
+def test_growing_many_decoders_at_once_takes_what_one_at_a_time_would(
+    built: poolkernel.PoolKernel, monkeypatch: pytest.MonkeyPatch, use_kernel: bool, offload: int
+) -> None:
+    """``grow_one_each`` (the engine's members at a block boundary, one pass over the free queue) against one
+    ``allocate`` after another: the same blocks to the same requests, the same evictions (to the offload tier in
+    the same order), the same pool, on a pool whose free queue holds cached blocks and stale entries."""
+    monkeypatch.setattr(poolkernel, "load", lambda directory=None: built)
+    layout = parse_profile(DENSE, "pool").layout
+    rng = random.Random(5)
+    pools = [KVCacheManager(layout, 400, use_kernel=use_kernel, offload_blocks=offload) for _ in range(2)]
+    assert pools[0].single_group
+    chains = [block_hashes([c * 7_919 + i for i in range(rng.randrange(4, 40) * BS)], BS) for c in range(30)]
+    decoders: list[list[BlockTable]] = [[], []]
+    grown = 0
+    for _ in range(300):
+        c = chains[rng.randrange(len(chains))]
+        free_some = rng.random() < 0.4
+        batch = rng.randrange(1, 9)
+        for kv, held in zip(pools, decoders, strict=True):
+            found = kv.lookup(c, len(c) - 1)
+            table = kv.new_table()
+            tokens = len(c) * BS
+            if kv.allocate(table, tokens, found):
+                kv.register(table, c, found.num_hit_blocks, len(c))
+                held.append(table)
+            if free_some and len(held) > 3:
+                kv.free(held.pop(0))  # its blocks stay cached, at the back of the free queue
+            # The newest decoders reach a block boundary together: each needs one block more.
+            due = held[-batch:]
+            if len(due) > kv.num_free:
+                continue
+            if kv is pools[0]:
+                for t in due:
+                    assert kv.allocate(t, len(t[0]) * BS + 1)
+            else:
+                kv.grow_one_each([t[0] for t in due])
+                grown += len(due)
+        tables = [[t[0].tolist() for t in held] for held in decoders]
+        assert tables[0] == tables[1]
+        assert _state(pools[0]) == _state(pools[1])
+    assert grown > 500
+    assert pools[0].stats.evicted_blocks > 300
+    if offload:
+        assert pools[0].stats.offload_stored_blocks > 300
+    for kv in pools:
+        kv.check_invariants()

@@ -76,6 +76,7 @@ class SimRequest:
     seq: int = -1  # admission order (the running list's order); renewed on every admission
     cohort_tick: int = -1  # fast mode: the tick the counters are valid at while in the cohort, else -1
     cohort_epoch: int = 0  # fast mode: bumped on leaving the cohort, so its pending events go stale
+    cohort_phase: int = -1  # fast mode: a member's place on the block wheel (Engine._wheel), else -1
     id_slot: int = -1  # slot mode: the slot the request named (llama.cpp's id_slot; -1 any), sim/slots.py
 
     def __post_init__(self) -> None:
@@ -159,8 +160,6 @@ class ReadUnits:
         return points
 
 
-# Cohort event kinds, in the order they act within a step.
-_ALLOC, _REGISTER, _FINISH = 0, 1, 2
 NULL_BLOCKS = 1  # of a vLLM-style pool, reserved (``Engine``)
 _by_seq = attrgetter("seq")
 
@@ -195,12 +194,20 @@ class Engine:
         self._read = ReadUnits(profile.model)
         self._admitted = 0
         # Fast mode: running[:_members] is the cohort; _tick counts steps; _units_sum is Σ units(before) over the
-        # members at the current tick and _slope_sum Σ slope(before); _events maps a tick to what is due then.
+        # members at the current tick and _slope_sum Σ slope(before); _events maps a tick to the members whose
+        # last token is due then (with the epoch they were members in).
         self._members = 0
         self._tick = 0
         self._units_sum = 0
         self._slope_sum = 0
-        self._events: dict[int, list[tuple[int, SimRequest, int]]] = {}
+        self._events: dict[int, list[tuple[SimRequest, int]]] = {}
+        # The block wheel: a member needs a new block at every tick t with t % block_size == its phase (its
+        # computed tokens a multiple of block_size), and its newest block became full in the step before (tick
+        # ≡ phase − 1). So _wheel[p] holds the members of phase p: those that allocate at ticks ≡ p and cache a
+        # block at ticks ≡ p − 1. Members join in running order, which is admission order (``seq``), so each list
+        # stays in the order the step-by-step scheduler serves them, with no sorting and no event per block.
+        self._wheel: list[list[SimRequest]] = [[] for _ in range(self.block_size)]
+        self._grow_each = self.kv.grow_one_each if self.kv.single_group else None
         self._slope_events: dict[int, list[tuple[SimRequest, int, int]]] = {}
 
     # -- intake --------------------------------------------------------------------------------------------
@@ -263,14 +270,9 @@ class Engine:
         self._slope_sum -= self._read.slope(before)
         req.cohort_tick = -1
         req.cohort_epoch += 1
+        self._wheel[req.cohort_phase].remove(req)
+        req.cohort_phase = -1
         self._members -= 1
-
-    def _at(self, tick: int, kind: int, req: SimRequest) -> None:
-        due = self._events.get(tick)
-        if due is None:
-            self._events[tick] = [(kind, req, req.cohort_epoch)]
-        else:
-            due.append((kind, req, req.cohort_epoch))
 
     def _join(self, req: SimRequest) -> None:
         """Make a decoding request (the first non-member of the running list) a cohort member."""
@@ -279,9 +281,14 @@ class Engine:
         self._units_sum += self._read.units(c)
         self._slope_sum += self._read.slope(c)
         self._members += 1
-        self._at(t + (-c) % bs, _ALLOC, req)  # before % bs == 0: the step needs a new block
-        self._at(t + (-c - 1) % bs, _REGISTER, req)  # after % bs == 0: a block just became full
-        self._at(t + len(req.output) - req.num_output - 1, _FINISH, req)
+        req.cohort_phase = (t - c) % bs  # a tick ≡ this starts with c % bs == 0: the step needs a new block
+        self._wheel[req.cohort_phase].append(req)
+        last = t + len(req.output) - req.num_output - 1
+        due = self._events.get(last)
+        if due is None:
+            self._events[last] = [(req, req.cohort_epoch)]
+        else:
+            due.append((req, req.cohort_epoch))
         for point, lost in self._read.breakpoints():
             if c < point:
                 self._slope_events.setdefault(t + point - c, []).append((req, req.cohort_epoch, lost))
@@ -308,44 +315,33 @@ class Engine:
         bs = self.block_size
         t = self._tick
 
-        # What falls due for cohort members this step (stale entries belong to members that have left).
-        allocs: list[SimRequest] = []
-        registers: list[SimRequest] = []
-        finishing: list[SimRequest] = []
+        # Members whose last token is due this step (stale entries belong to members that have left).
         due = self._events.pop(t, None)
-        if due is not None:
-            for kind, req, epoch in due:
-                if req.cohort_epoch != epoch:
-                    continue
-                if kind == _ALLOC:
-                    allocs.append(req)
-                elif kind == _REGISTER:
-                    registers.append(req)
-                else:
-                    finishing.append(req)
+        finishing = [req for req, epoch in due if req.cohort_epoch == epoch] if due is not None else []
 
         # 1. Running requests. Members come first in the running list and each take one token; only those that
-        # need a block do anything, in running order.
+        # need a block (the wheel's, in running order) do anything.
         budget -= self._members
         stopped = False
-        if len(allocs) > 1:
-            allocs.sort(key=_by_seq)
-        for req in allocs:
-            if req.cohort_tick < 0:
-                continue  # preempted earlier in this step
-            before = self._catch_up(req)
-            while not kv.allocate(req.blocks, before + 1):
-                victim = running.pop()
-                if victim.cohort_tick >= 0:
-                    budget += 1  # its token was counted above
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    stopped = True
+        allocs = self._wheel[t % bs]
+        if allocs and self._grow_each is not None and len(allocs) <= kv.num_free:
+            self._grow_each([req.blocks[0] for req in allocs])  # one block each, in order: none can fail
+        elif allocs:
+            for req in list(allocs):  # (a preemption takes its victim off the wheel)
+                if req.cohort_tick < 0:
+                    continue  # preempted earlier in this step
+                before = self._catch_up(req)
+                while not kv.allocate(req.blocks, before + 1):
+                    victim = running.pop()
+                    if victim.cohort_tick >= 0:
+                        budget += 1  # its token was counted above
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is req:
+                        stopped = True
+                        break
+                if stopped:
                     break
-            if stopped:
-                break
-            self._at(t + bs, _ALLOC, req)
 
         i = self._members
         while not stopped and i < len(running) and budget > 0:
@@ -441,11 +437,7 @@ class Engine:
         stats = self.stats
         emitted = running[:members]
         finished: list[SimRequest] = []
-        if len(registers) > 1:
-            registers.sort(key=_by_seq)
-        for req in registers:
-            if req.cohort_tick >= 0:
-                self._register_next(req, t)
+        self._register_due(t)
         if len(finishing) > 1:
             finishing.sort(key=_by_seq)
         finishing = [req for req in finishing if req.cohort_tick >= 0]
@@ -538,40 +530,31 @@ class Engine:
         layers, members = read.layers, self._members
         groups = len(self.profile.layout.groups)
         step_time = self.step_model.step_time
+        wheel, grow_each = self._wheel, self._grow_each
         steps = 0
         while now <= stop_at and now < before and self.steady():
             t = self._tick
-            allocs: list[SimRequest] = []
-            registers: list[SimRequest] = []
             due = events.get(t)
             if due is not None:
-                finishing = False
-                for kind, req, epoch in due:
-                    if req.cohort_epoch == epoch:
-                        if kind == _ALLOC:
-                            allocs.append(req)
-                        elif kind == _REGISTER:
-                            registers.append(req)
-                        else:
-                            finishing = True
-                if finishing or len(allocs) * groups > kv.num_free:
-                    break
+                if any(req.cohort_epoch == epoch for req, epoch in due):
+                    break  # a member's last token: ``step`` finishes it
                 del events[t]
-            if len(allocs) > 1:
-                allocs.sort(key=_by_seq)
-            for req in allocs:
-                grew = kv.allocate(req.blocks, self._catch_up(req) + 1)
-                assert grew, "checked above: every member's new blocks fit"
-                self._at(t + bs, _ALLOC, req)
+            allocs = wheel[t % bs]
+            if allocs:
+                if len(allocs) * groups > kv.num_free:
+                    break  # its new blocks might not all fit: ``step`` preempts
+                if grow_each is not None:
+                    grow_each([req.blocks[0] for req in allocs])
+                else:
+                    for req in allocs:
+                        grew = kv.allocate(req.blocks, self._catch_up(req) + 1)
+                        assert grew, "checked above: every member's new blocks fit"
             units_sum, slope_sum = self._units_sum, self._slope_sum
             batch = BatchShape(
                 members, members, (2 * units_sum + members * layers) / (2 * layers), (units_sum + slope_sum) / layers
             )
             duration = step_time(batch)
-            if len(registers) > 1:
-                registers.sort(key=_by_seq)
-            for req in registers:
-                self._register_next(req, t)
+            self._register_due(t)
             stats.generation_tokens += members
             stats.steps += 1
             stats.busy_seconds += duration
@@ -587,25 +570,26 @@ class Engine:
             steps += 1
         return steps, now
 
-    def _register_next(self, req: SimRequest, t: int) -> None:
-        """A member's block just became full (in the step at tick ``t``): hash and cache it."""
+    def _register_due(self, t: int) -> None:
+        """The members whose newest block became full in the step at tick ``t``: hash and cache each, in order."""
         bs = self.block_size
-        after = self._catch_up(req) + 1
-        full = after // bs
-        hashes = req.hashes
-        if len(hashes) == full - 1:
-            # The common case, without the generic walk: one block, usually all generated tokens.
+        kv = self.kv
+        for req in self._wheel[(t + 1) % bs]:
+            after = req.num_computed + (t - req.cohort_tick) + 1  # as of this step (counters written lazily)
+            full = after // bs
+            hashes = req.hashes
             a, n = after - bs, req.prompt_len
-            block = req.output[a - n : after - n] if a >= n else _Tokens(req)[a:after]
-            hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, block))
-        else:
-            extend_block_hashes(hashes, _Tokens(req), bs, after)
-        if full - req.num_hashed == 1:
-            self.kv.register_one(req.blocks, hashes[full - 1], full - 1)
-        else:
-            self.kv.register(req.blocks, hashes, req.num_hashed, full)
-        req.num_hashed = full
-        self._at(t + bs, _REGISTER, req)
+            if a >= n and len(hashes) == full - 1:
+                # The common case, without the generic walk: one block of generated tokens.
+                hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, req.output[a - n : after - n]))
+            else:
+                self._catch_up(req)  # a view of prompt and reply reads the counters
+                extend_block_hashes(hashes, _Tokens(req), bs, after)
+            if full - req.num_hashed == 1:
+                kv.register_one(req.blocks, hashes[full - 1], full - 1)
+            else:
+                kv.register(req.blocks, hashes, req.num_hashed, full)
+            req.num_hashed = full
 
     def _next_for_slot(self, slots: SlotCache) -> SimRequest | None:
         """Slot mode: the first waiting request whose slot can take it; a pinned one whose slot is busy waits."""

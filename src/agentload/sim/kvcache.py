@@ -413,6 +413,11 @@ class KVCacheManager:
         return self._num_free
 
     @property
+    def single_group(self) -> bool:
+        """One KV cache group (a dense model): a request's blocks are one list, and ``grow_one_each`` applies."""
+        return self._one_group
+
+    @property
     def usage(self) -> float:
         """vLLM's kv_cache_usage_perc: the share of blocks held by requests (cached-but-free counts as free)."""
         return 1.0 - self._num_free / self.num_blocks
@@ -808,6 +813,17 @@ class KVCacheManager:
                 # A window that shrank (never in a growing request): the oldest blocks go back at once.
                 self._release(held[gi].drop_front(-w))
         return True
+
+    def grow_one_each(self, lists: list[BlockList]) -> None:
+        """One more block for each of ``lists``, in order: ``allocate`` of a single-group model's decoding requests
+        whose computed tokens just filled their last block (the engine's members at a block boundary). The blocks
+        are taken from the free queue in one pass, the same blocks in the same order as one ``allocate`` after
+        another; the caller has checked that ``len(lists)`` blocks are free."""
+        if len(lists) == 1:
+            lists[0].append(self._take_one())
+            return
+        for blocks, block in zip(lists, self._take(len(lists)).tolist(), strict=True):
+            blocks.append(block)
 
     def _group_targets(self, target_tokens: int, logical: int) -> list[tuple[int, int]]:
         """(group, blocks it should hold at ``target_tokens``) for a mixed layout, each group on its own scale."""
