@@ -462,17 +462,32 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
     return result
 
 
+def _switches() -> tuple[int, int]:
+    """This process's context switches so far: voluntary (it waited: the event loop slept) and involuntary."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_nvcsw, r.ru_nivcsw
+
+
 def _timed_run(
-    opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime, reader: subprocess.Popen[bytes] | None
+    opts: RunOptions,
+    stream: Stream | None,
+    lags: list[float],
+    own: OwnTime,
+    reader: subprocess.Popen[bytes] | None,
+    switches: list[tuple[int, int]] | None = None,
 ) -> tuple[FleetResult, float, float]:
-    """One run of the fleet: its result, this process's CPU and the wall seconds it took; ``reader`` stopped after."""
-    c0, w0 = _cpu(), time.monotonic()
+    """One run of the fleet: its result, this process's CPU and the wall seconds it took; ``reader`` stopped after.
+    ``switches`` gets the run's context switches (voluntary, involuntary)."""
+    c0, w0, s0 = _cpu(), time.monotonic(), _switches()
     try:
         r = asyncio.run(_run(opts, stream, lags, own, reader))
     finally:
         if reader is not None and reader.poll() is None:
             reader.kill()
-    return r, _cpu() - c0, time.monotonic() - w0
+    used, took, s1 = _cpu() - c0, time.monotonic() - w0, _switches()
+    if switches is not None:
+        switches.append((s1[0] - s0[0], s1[1] - s0[1]))
+    return r, used, took
 
 
 def _child_main(args: argparse.Namespace) -> None:
@@ -817,6 +832,7 @@ def main() -> None:
         results: dict[bool, FleetResult] = {}
         stream = Stream()
         lags: dict[bool, list[float]] = {False: [], True: []}
+        switches: dict[bool, list[tuple[int, int]]] = {False: [], True: []}  # per run: voluntary, involuntary
         shares: list[float] = []  # one paired figure per block: (with − without) ÷ without, client CPU
         own_shares: list[float] = []  # per run with the dashboard: its own CPU ÷ that run's client CPU
         own_total = OwnTime()
@@ -837,7 +853,12 @@ def main() -> None:
                 gc.callbacks.append(collector[dashboard])
                 try:
                     r, used, took = _timed_run(
-                        opts, stream if dashboard and not args.null else None, lags[dashboard], own_total, reader
+                        opts,
+                        stream if dashboard and not args.null else None,
+                        lags[dashboard],
+                        own_total,
+                        reader,
+                        switches[dashboard],
                     )
                 finally:
                     gc.callbacks.remove(collector[dashboard])
@@ -856,8 +877,9 @@ def main() -> None:
                     if dashboard
                     else ("A (no dashboard)" if args.null else "without the dashboard")
                 )
-                print(f"  block {block + 1}, run {arm}: "
-                      f"{r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client CPU{mine}")  # fmt: skip
+                waits, preempted = switches[dashboard][-1]
+                print(f"  block {block + 1}, run {arm}: {r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client "
+                      f"CPU{mine}; the loop slept {waits:,} times, was preempted {preempted:,}")  # fmt: skip
             shares.append((used_in[True] - used_in[False]) / used_in[False])
         base, dash = results[False], results[True]
         runs = 2 * args.blocks
@@ -912,6 +934,11 @@ def main() -> None:
         if gaps := st.changed_gaps:
             print(f"  between deltas that carried changes: p50 {_pct(gaps, 0.5) * 1000:.0f} ms, p95 "
                   f"{_pct(gaps, 0.95) * 1000:.0f} ms, max {_pct(gaps, 1) * 1000:.0f} ms")  # fmt: skip
+        for dashboard in (False, True):
+            sw = switches[dashboard]
+            print(f"  context switches a run {'with' if dashboard else 'without'} the dashboard: the loop slept "
+                  f"{statistics.fmean(w for w, _ in sw):,.0f} times (it waited for the network), was preempted "
+                  f"{statistics.fmean(p for _, p in sw):,.0f} (mean of {len(sw)} runs)")  # fmt: skip
         for dashboard in (False, True):
             lag = lags[dashboard]
             print(f"  event loop lateness {'with' if dashboard else 'without'} the dashboard (a 50 ms sleep): p50 "

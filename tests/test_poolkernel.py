@@ -318,3 +318,16 @@ def test_growing_many_decoders_at_once_takes_what_one_at_a_time_would(
         assert pools[0].stats.offload_stored_blocks > 300
     for kv in pools:
         kv.check_invariants()
+
+
+def test_an_arrays_address_is_numpys_and_a_strided_one_is_refused() -> None:
+    from agentload.sim.kvcache import _at
+
+    blocks = np.arange(40, dtype=np.int32)
+    assert _at(blocks) == blocks.ctypes.data
+    assert _at(blocks[8:]) == blocks.ctypes.data + 32
+    empty, frozen = np.zeros(0, dtype=np.int32), np.frombuffer(b"\x01\x00\x00\x00" * 4, dtype=np.int32)
+    assert _at(empty) == empty.ctypes.data  # (no buffer to view: numpy's own way)
+    assert _at(frozen) == frozen.ctypes.data  # read-only
+    with pytest.raises(AssertionError, match="element after element"):
+        _at(blocks[::2])
