@@ -362,10 +362,25 @@ def _reader_main() -> None:
     sys.stdout.buffer.write(b"ready\n")
     sys.stdout.buffer.flush()
     url = sys.stdin.readline().strip()
+    if url == "decoy":
+        _decoy()
+        return
     stream = Stream()
     cpu0 = _cpu()  # after the imports: their start-up is not the reading's
     asyncio.run(_read_events(url, stream, OwnTime()))
     sys.stdout.buffer.write(orjson.dumps({**stream.__dict__, "cpu": _cpu() - cpu0}))
+
+
+def _decoy(per_wake_s: float = 0.0004, period_s: float = 0.25) -> None:
+    """``--decoy``: the reader's footprint without a stream — wakes at the flush rate and spends about what the
+    reader spends on a delta (0.06-0.07 s of CPU a run of ~150 flushes), on the core the reader would use, until it
+    is killed. For the runs without the dashboard: the reader's process then weighs on the simulator's core in both
+    arms, and what is left of the difference is the client's own."""
+    while True:
+        time.sleep(period_s)
+        until = time.process_time() + per_wake_s
+        while time.process_time() < until:
+            pass
 
 
 async def _lag_probe(lags: list[float], period: float = 0.05) -> None:
@@ -775,6 +790,12 @@ def main() -> None:
         "its own, instead of timing CPU: counts do not drift with the machine (each run takes minutes)",
     )
     ap.add_argument(
+        "--decoy",
+        action="store_true",
+        help="in turn: each run without the dashboard gets a process where the page's reader would be (the other "
+        "core), waking at the flush rate and spending the reader's CPU, so that only the client's own cost differs",
+    )
+    ap.add_argument(
         "--last-level",
         metavar="BYTES",
         type=int,
@@ -803,6 +824,8 @@ def main() -> None:
         return
     if args.callgrind and (args.side_by_side or args.default_gc or args.reader_in_process):
         ap.error("--callgrind runs neither --side-by-side, --default-gc nor --reader-in-process")
+    if args.decoy and (args.callgrind or args.side_by_side or args.reader_in_process):
+        ap.error("--decoy is for the arms in turn with the reader in a process of its own")
     if args.null and (args.callgrind or args.default_gc or args.reader_in_process):
         ap.error("--null is a check of the timed designs (in turn or --side-by-side)")
     if args.side_by_side and (args.default_gc or args.reader_in_process):
@@ -849,6 +872,11 @@ def main() -> None:
                 reader = None
                 if dashboard and not args.reader_in_process and not args.null:
                     reader = _start_reader(off_core=not args.reader_on_client_core)
+                elif args.decoy:
+                    reader = _start_reader(off_core=not args.reader_on_client_core)
+                    assert reader.stdin is not None
+                    reader.stdin.write(b"decoy\n")
+                    reader.stdin.flush()
                 s0, r0, x0 = own_total.state, own_total.reader, own_total.writes
                 gc.callbacks.append(collector[dashboard])
                 try:
