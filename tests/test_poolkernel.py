@@ -273,16 +273,19 @@ def test_a_c_hash_unlike_pythons_is_not_used(built: poolkernel.PoolKernel) -> No
 
 @pytest.mark.parametrize(("use_kernel", "offload"), [(False, 0), (True, 0), (False, 300), (True, 300)])
 def test_growing_many_decoders_at_once_takes_what_one_at_a_time_would(
-    built: poolkernel.PoolKernel, monkeypatch: pytest.MonkeyPatch, use_kernel: bool, offload: int
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, use_kernel: bool, offload: int
 ) -> None:
     """``grow_one_each`` (the engine's members at a block boundary, one pass over the free queue) against one
     ``allocate`` after another: the same blocks to the same requests, the same evictions (to the offload tier in
-    the same order), the same pool, on a pool whose free queue holds cached blocks and stale entries."""
+    the same order), the same pool, on a pool whose free queue holds cached blocks and stale entries. The numpy
+    pool's cases need no compiler."""
+    built = request.getfixturevalue("built") if use_kernel else None
     monkeypatch.setattr(poolkernel, "load", lambda directory=None: built)
     layout = parse_profile(DENSE, "pool").layout
     rng = random.Random(5)
     pools = [KVCacheManager(layout, 400, use_kernel=use_kernel, offload_blocks=offload) for _ in range(2)]
     assert pools[0].single_group
+    assert all(kv._k is built for kv in pools)
     chains = [block_hashes([c * 7_919 + i for i in range(rng.randrange(4, 40) * BS)], BS) for c in range(30)]
     decoders: list[list[BlockTable]] = [[], []]
     grown = 0
