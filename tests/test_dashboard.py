@@ -8,6 +8,7 @@ send times), not from the dashboard's own state.
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,10 +22,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agentload.agent.loop import TurnLog
 from agentload.cli.run import RunOptions, run_fleet
-from agentload.clock import Clock, LoopClock
+from agentload.clock import Clock, LoopClock, RealClock
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import make_app
-from agentload.dashboard.state import Cursor, LiveState, Tee
+from agentload.dashboard.state import PREVIEW_CHARS, Cursor, LiveState, Tee
 from agentload.endpoint.records import RequestIds, RequestRecord, ToolCallRecord
 from agentload.endpoint.scrape import parse_metrics
 from agentload.endpoint.signals import ServerSignals
@@ -260,9 +261,9 @@ async def test_open_streams_share_one_delta_built_once(board: Board, monkeypatch
     built: list[int] = []
     delta = state.delta
 
-    def counted(cursor: Cursor) -> dict[str, Any] | None:
+    def counted(cursor: Cursor, *, refresh: bool = True) -> dict[str, Any] | None:
         built.append(cursor.version)
-        return delta(cursor)
+        return delta(cursor, refresh=refresh)
 
     monkeypatch.setattr(state, "delta", counted)
     pages = [await client.get("/events", params={"token": TOKEN}) for _ in range(2)]
@@ -751,3 +752,24 @@ async def test_a_delta_sends_as_much_of_a_card_as_changed_and_the_whole_card_for
     assert state.cards["w.2"].stopping is False
     state.agent("w.3", AgentState.DONE, rounds=2)  # an end with nothing rare: progress
     assert sent() == {"w.3": progress}
+
+
+def test_a_streaming_preview_is_the_tail_of_everything_said_so_far(tmp_path: Path) -> None:
+    """The preview is built from the pieces that arrived since the last read; after any run of arrivals (empty
+    pieces, one long piece, many short ones, reads after every piece or after many) it is the last
+    ``PREVIEW_CHARS`` characters of the whole text, as joining it all would give."""
+    rng = random.Random(7)
+    state = LiveState(expand(load_fleet(_fleet(tmp_path))), RealClock())
+    acc = _sent(state, "w.1")
+    acc.t_first_token = 0.1
+    card = state.cards["w.1"]
+    checked = 0
+    for _ in range(300):
+        for _ in range(rng.choice([0, 1, 1, 2, 7, 40])):
+            acc.content.append(rng.choice(["", "a", "token ", "ünïcode ", "x" * 250, "\n"]) + str(rng.randrange(99)))
+        state.refresh()
+        if acc.content:
+            assert card.phase == "streaming"
+            assert card.preview == "".join(acc.content)[-PREVIEW_CHARS:]
+            checked += 1
+    assert checked > 250

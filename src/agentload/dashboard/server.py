@@ -28,7 +28,6 @@ import logging
 import math
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import astuple
 from importlib import resources
 from typing import Any
 
@@ -155,15 +154,20 @@ class Flusher:
     def encoded_delta(self, cursor: Cursor) -> bytes | None:
         """The ``delta`` event for ``cursor`` (moved on), or None when nothing changed since it."""
         self.state.refresh()
-        key = (*astuple(cursor), self.state.version)
+        key = (*_position(cursor), self.state.version)
         if self._last is not None and self._last[0] == key:
             _, event, after = self._last
             cursor.version, cursor.points, cursor.decisions, cursor.levels, cursor.steps = after
             return event
-        body = self.state.delta(cursor)
+        body = self.state.delta(cursor, refresh=False)
         event = None if body is None else b"event: delta\ndata: " + _json(body) + b"\n\n"
-        self._last = (key, event, astuple(cursor))
+        self._last = (key, event, _position(cursor))
         return event
+
+
+def _position(cursor: Cursor) -> tuple[int, int, int, int, int]:
+    """A cursor's fields as a tuple (``dataclasses.astuple`` copies each field deeply: ~10 µs a flush)."""
+    return cursor.version, cursor.points, cursor.decisions, cursor.levels, cursor.steps
 
 
 async def _events(request: web.Request) -> web.StreamResponse:

@@ -144,18 +144,6 @@ class BenchView:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _tail(pieces: Sequence[str], chars: int = PREVIEW_CHARS) -> str:
-    """The last ``chars`` characters of the joined pieces, joining only as many pieces as that takes."""
-    out: list[str] = []
-    n = 0
-    for piece in reversed(pieces):
-        out.append(piece)
-        n += len(piece)
-        if n >= chars:
-            break
-    return "".join(reversed(out))[-chars:]
-
-
 def _calls_preview(calls: Iterable[tuple[str, str]]) -> str:
     return "→ " + ", ".join(f"{name}({arguments[:60]})" for name, arguments in calls)
 
@@ -173,14 +161,29 @@ def reply_preview(record: RequestRecord) -> str:
 
 class _Watch:
     """A request in flight as ``refresh`` reads it: its accumulator, how much of its reply was seen (-1: nothing
-    yet, not even that it was sent), its card."""
+    yet, not even that it was sent), its card, and the tail of its text so far over the ``pieces`` text pieces
+    read (``text_tail``)."""
 
-    __slots__ = ("card", "seen", "view")
+    __slots__ = ("card", "pieces", "seen", "tail", "view")
 
     def __init__(self, view: StreamView, card: Card) -> None:
         self.view = view
         self.card = card
         self.seen = -1
+        self.pieces = 0
+        self.tail = ""
+
+    def text_tail(self) -> str:
+        """The last ``PREVIEW_CHARS`` characters of the text so far. Only the pieces that arrived since the last
+        read are joined: the tail of a + b is the tail of (a's tail + b), and a reply's pieces only grow, so a
+        flush costs the pieces it brings, not the whole reply's (which ``_tail`` walked back through each time)."""
+        content = self.view.content
+        n = len(content)
+        if n > self.pieces:
+            fresh = content[self.pieces] if n == self.pieces + 1 else "".join(content[self.pieces : n])
+            self.tail = (self.tail + fresh)[-PREVIEW_CHARS:]
+            self.pieces = n
+        return self.tail
 
 
 _ENDED = frozenset({AgentState.DONE, AgentState.FAILED, AgentState.SKIPPED, AgentState.INTERRUPTED, AgentState.STOPPED})
@@ -413,17 +416,19 @@ class LiveState:
                     card.phase = "prefilling"
                     self._bump(card, STREAM)
                 continue
-            card.settle()  # the previous reply's preview, which a reply still thinking keeps showing
             calls = view.calls
             # How far the reply got: text pieces, or tool calls and their arguments' length (both only grow).
             size = len(view.content) + (len(calls) + sum(len(c["arguments"]) for c in calls.values()) if calls else 0)
+            if size == watch.seen and card.phase == "streaming":
+                continue  # nothing new since the last read (most streams between two flushes of a busy fleet)
+            card.settle()  # the previous reply's preview, which a reply still thinking keeps showing
             preview = card.preview
             if size != watch.seen:
                 watch.seen = size
                 if calls:
                     preview = _calls_preview((c["name"], c["arguments"]) for c in calls.values())
                 elif view.content:
-                    preview = _tail(view.content)
+                    preview = watch.text_tail()
             if preview == card.preview and card.phase == "streaming":
                 continue  # nothing the page would show differently: not sent again
             card.preview = preview
@@ -475,9 +480,11 @@ class LiveState:
             levels, steps = len(self.bench.levels), len(self.bench.steps)
         return body, Cursor(self.version, self.dropped_points + len(self.points), len(self.decisions), levels, steps)
 
-    def delta(self, cursor: Cursor) -> dict[str, Any] | None:
-        """What changed since ``cursor`` (which is moved on), or None when nothing did."""
-        self.refresh()
+    def delta(self, cursor: Cursor, *, refresh: bool = True) -> dict[str, Any] | None:
+        """What changed since ``cursor`` (which is moved on), or None when nothing did. ``refresh=False``: the
+        caller has just refreshed (a second pass over the requests in flight would find nothing new)."""
+        if refresh:
+            self.refresh()
         if self.version == cursor.version:
             return None
         agents = []
