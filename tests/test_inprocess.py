@@ -11,8 +11,8 @@ from agentload.agent.tools import Tool, ToolRegistry
 from agentload.capacity.profile import load_profile
 from agentload.clock import LoopClock, VirtualTimeLoop, run_virtual
 from agentload.endpoint.backend import SingleAttemptBackend
-from agentload.endpoint.client import ChatClient
-from agentload.endpoint.records import Outcome
+from agentload.endpoint.client import ChatClient, stream_watch
+from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.sim.faults import parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
@@ -148,3 +148,34 @@ def test_idle_timer_expires_even_when_the_clock_lands_a_hair_short_of_it() -> No
     wall = time.monotonic()
     assert run_virtual(main()) == "idle_timeout"
     assert time.monotonic() - wall < 5
+
+
+def test_a_watcher_is_handed_the_request_and_its_reply_and_the_pieces_are_not_kept_past_the_end() -> None:
+    """``stream_watch`` gets each request's accumulator as it is sent; at the end it holds the record (the reply
+    joined), and the pieces it was joined from are dropped then, not when the watcher next looks."""
+    seen: list[tuple[RequestIds | None, Any]] = []
+    lengths: list[int] = []
+
+    async def main() -> RequestRecord:
+        client, _ = _client()
+        token = stream_watch.set(lambda ids, acc: seen.append((ids, acc)))
+        try:
+            body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 40}
+            task = asyncio.ensure_future(client.chat(body, ids=RequestIds(agent="w.1")))
+            while not task.done():  # the pieces as the reply streams
+                await asyncio.sleep(0.01)
+                if seen:
+                    lengths.append(len(seen[0][1].content))
+            return await task
+        finally:
+            stream_watch.reset(token)
+            await client.aclose()
+
+    record = run_virtual(main())
+    assert (record.outcome, record.completion_tokens, bool(record.content)) == (Outcome.OK, 40, True)
+    [(ids, acc)] = seen
+    assert ids is not None
+    assert ids.agent == "w.1"
+    assert max(lengths) > 10  # the watcher saw the reply's pieces while it streamed...
+    assert acc.record is record
+    assert (acc.content, acc.reasoning) == ([], [])  # ...and none are kept once they are joined into the record

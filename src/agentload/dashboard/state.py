@@ -64,7 +64,7 @@ class WatchdogView(Protocol):
     refused: dict[str, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class Card:
     """One agent as its card shows it."""
 
