@@ -773,3 +773,32 @@ def test_a_streaming_preview_is_the_tail_of_everything_said_so_far(tmp_path: Pat
             assert card.preview == "".join(acc.content)[-PREVIEW_CHARS:]
             checked += 1
     assert checked > 250
+
+
+def test_a_delta_sends_each_card_changed_since_its_cursor_once_in_the_order_of_their_last_changes(
+    tmp_path: Path,
+) -> None:
+    """Whatever the cursor's age — across thousands of changes, past the point where the change log drops the
+    entries later changes superseded — a delta carries every card changed since the cursor, once, ordered by its
+    latest change, and nothing else."""
+    rng = random.Random(11)
+    plans = expand(load_fleet(_fleet(tmp_path)))
+    state = LiveState(plans, RealClock())
+    ids = [p.agent_id for p in plans]
+    cursors: list[tuple[Cursor, dict[str, int]]] = []  # a cursor, and each card's last change when it was taken
+    last: dict[str, int] = {}
+    for step in range(6000):
+        agent = rng.choice(ids)
+        state.agent(agent, rng.choice([AgentState.RUNNING, AgentState.PARKED, AgentState.RUNNING]), rounds=step % 7)
+        last[agent] = state.version
+        if step % 1500 == 0:
+            cursors.append((Cursor(state.version), dict(last)))
+    assert len(state._log_v) < 6000  # the log was compacted on the way
+    for cursor, then in cursors:
+        since = cursor.version
+        expected = sorted((v, a) for a, v in last.items() if v > since)
+        delta = state.delta(cursor)
+        assert delta is not None
+        assert [a["id"] for a in delta["agents"]] == [a for _, a in expected]
+        assert all(then.get(a, 0) < v for v, a in expected)
+        assert state.delta(cursor) is None  # moved on: nothing since

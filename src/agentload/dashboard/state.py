@@ -10,10 +10,10 @@ changed, in three tiers (the page merges each into the card it has): a reply tha
 preview; a turn's progress (sent, answered, committed; a state change), those and the state, turn and token
 figures; anything else (its error, a stop or restart from the page, a card the page has not seen), the whole card.
 
-What a flush costs is O(agents changed since the cursor) plus O(requests in flight), never O(agents): a change
-moves its card to the end of a recency list (``OrderedDict.move_to_end``), so a delta walks that list back from
-the end only as far as the cursor's version; the per-state counts (the header, the *live agents* timeline) are
-kept as agents change state instead of being counted over every card at each flush and each scrape.
+What a flush costs is O(changes since the cursor) plus O(requests in flight), never O(agents): a change appends
+its card and version to a change log, so a delta walks that log back from the end only as far as the cursor's
+version, sending each card once (at its latest change); the per-state counts (the header, the *live agents*
+timeline) are kept as agents change state instead of being counted over every card at each flush and each scrape.
 
 A request is not followed chunk by chunk, nor even event by event: the chat client hands its accumulator over once,
 as it is sent, and ``refresh`` reads it at the page's rate — not answered yet, the phase is ``prefilling``; the
@@ -27,7 +27,6 @@ two flushes, and a page sees only the last state anyway.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -203,7 +202,11 @@ class LiveState:
         self.cards: dict[str, Card] = {
             p.agent_id: Card(p.agent_id, p.task_id, p.wave, list(p.depends_on)) for p in plans
         }
-        self._recent: OrderedDict[str, Card] = OrderedDict(self.cards)
+        # The change log: the card and the version of every change, in order (``_bump``; ``delta`` reads it back from
+        # the end). Appending is all a change costs: moving the card in a recency list (an ``OrderedDict``) touched
+        # its node and both neighbours, cold memory in a run of a thousand agents.
+        self._log_v: list[int] = []
+        self._log_c: list[Card] = []
         self._counts: dict[str, int] = {}  # cards by state (kept as they change; no state at 0)
         for card in self.cards.values():
             self._counts[card.state] = self._counts.get(card.state, 0) + 1
@@ -236,12 +239,22 @@ class LiveState:
             card.vt = v
             if tier == WHOLE:
                 card.vf = v
-        self._recent.move_to_end(card.id)
+        log = self._log_v
+        log.append(v)
+        self._log_c.append(card)
+        if len(log) > 4 * len(self.cards) + 4096:
+            self._compact_log()
+
+    def _compact_log(self) -> None:
+        """Keep each card's latest change only (in order): the entries a delta skips anyway, dropped for good."""
+        kept = [(v, card) for v, card in zip(self._log_v, self._log_c, strict=True) if card.v == v]
+        self._log_v = [v for v, _ in kept]
+        self._log_c = [card for _, card in kept]
 
     def _card(self, agent: str) -> Card:
         card = self.cards.get(agent)
         if card is None:  # an agent the plans did not name (cannot happen in a fleet; kept rather than lost)
-            card = self.cards[agent] = self._recent[agent] = Card(agent, "", 0, [])
+            card = self.cards[agent] = Card(agent, "", 0, [])
             self._counts[card.state] = self._counts.get(card.state, 0) + 1
             self._bump(card)  # a card no page has: sent whole, whatever the change that made it
         return card
@@ -489,9 +502,13 @@ class LiveState:
             return None
         agents = []
         since = cursor.version
-        for card in reversed(self._recent.values()):  # the most recently changed first, back to the cursor
-            if card.v <= since:
-                break
+        versions, cards = self._log_v, self._log_c
+        i = len(versions)
+        while i and versions[i - 1] > since:  # the most recent change first, back to the cursor
+            i -= 1
+            card = cards[i]
+            if card.v != versions[i]:
+                continue  # changed again later: sent at that change
             # As much of the card as changed since the cursor: a busy fleet's cards change by their streams and
             # turns, whose tiers carry a third and two thirds of the whole card's bytes.
             if card.vf > since:
