@@ -47,6 +47,13 @@ address for the kernel at a quarter of the cost. fleet-fits user CPU 4.68-4.74 �
 (a run of the code before that hit the VM's slow first touch: 132×); fleet user CPU 5.91 → 5.58 s; function calls
 in a fleet-fits run 11.1 M → 7.5 M; every digest unchanged. Still short of 300× for fleet-fits, for the reason above.
 
+5 December 2026, evening: two tries that did not help, kept out. (1) The engine, pool and driver modules
+(sim/engine.py, sim/kvcache.py, sim/virtual.py) compiled with mypyc, unchanged but for one annotation: fleet-fits
+190-200× against 162-176× for the same code interpreted, alternated three times (1.13×; same digest) — the time left is
+spread over the pool's calls and numpy, which mypyc does not speed up. (2) Software prefetching in every kernel loop
+(asking for element i + 8's pool row and hash slot while working on element i): user CPU 4.49-4.63 s against
+4.52-4.69 s, no change — the loops' elements are independent, so the processor already overlaps their cache misses.
+
 ``--exact`` runs the step-by-step path (no fast-forwarding of decode steps) for comparison; both must print the
 same simulation figures, and the same ``digest``: a hash of every field of the result, each float by its exact
 ``repr`` and every TTFT included, so two runs that print the same digest agree to the last bit. ``--profile``

@@ -175,7 +175,7 @@ class _Watch:
     def text_tail(self) -> str:
         """The last ``PREVIEW_CHARS`` characters of the text so far. Only the pieces that arrived since the last
         read are joined: the tail of a + b is the tail of (a's tail + b), and a reply's pieces only grow, so a
-        flush costs the pieces it brings, not the whole reply's (which ``_tail`` walked back through each time)."""
+        flush costs the pieces it brings, not a walk back through the reply's."""
         content = self.view.content
         n = len(content)
         if n > self.pieces:
