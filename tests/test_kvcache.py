@@ -300,26 +300,29 @@ def test_sliding_groups_hold_only_their_window() -> None:
     kv.check_invariants()
 
 
-def cache(kv: KVCacheManager, held: BlockTable, hashes: list[int], one_by_one: bool) -> None:
-    if one_by_one:
+def cache(kv: KVCacheManager, held: BlockTable, hashes: list[int], how: str) -> None:
+    if how == "one by one":
         for i in range(len(hashes)):
             kv.register(held, hashes, i, i + 1)
+    elif how == "each":  # as a decode step caches the blocks it filled, one per request
+        kv.register_each([held] * len(hashes), hashes, list(range(len(hashes))))
     else:
         kv.register(held, hashes, 0, len(hashes))
 
 
 def test_caching_block_by_block_is_caching_the_blocks_at_once() -> None:
-    """A decoder caches one block at a time (``register_one``); a prefill caches a run of them (``register``):
-    the first request under a hash keeps it, an evicted block's entry is taken over, either way."""
+    """A decoder caches one block at a time (``register_one``); a decode step the blocks it filled, a block of each
+    request (``register_each``); a prefill caches a run of them (``register``): the first request under a hash keeps
+    it, an evicted block's entry is taken over, every way."""
     outcomes = []
     hashes = chain(1, 3)
-    for one_by_one in (False, True):
+    for how in ("at once", "one by one", "each"):
         kv = KVCacheManager(dense_layout(), 8)
         first, second = new_held(kv), new_held(kv)
         assert kv.allocate(first, 3 * BS)
         assert kv.allocate(second, 3 * BS)
-        cache(kv, first, hashes, one_by_one)
-        cache(kv, second, hashes, one_by_one)  # the same content again: the first request's blocks keep the hashes
+        cache(kv, first, hashes, how)
+        cache(kv, second, hashes, how)  # the same content again: the first request's blocks keep the hashes
         kept = kv.lookup(hashes, 3).hit_blocks[0].tolist()
         assert kept == first[0].tolist()
         kv.free(second)
@@ -330,10 +333,10 @@ def test_caching_block_by_block_is_caching_the_blocks_at_once() -> None:
         kv.free(evictor)
         again = new_held(kv)
         assert kv.allocate(again, 3 * BS)
-        cache(kv, again, hashes, one_by_one)  # stale entries are taken over by the blocks now holding the content
+        cache(kv, again, hashes, how)  # stale entries are taken over by the blocks now holding the content
         outcomes.append((kept, again[0].tolist(), kv.lookup(hashes, 3).hit_blocks[0].tolist()))
         kv.check_invariants()
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
     assert outcomes[1][2] == outcomes[1][1]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from agentload.capacity.profile import load_profile, parse_profile
 from agentload.sim import poolkernel
+from agentload.sim.hashchain import HashChain
 from agentload.sim.kvcache import BlockTable, KVCacheManager
 from agentload.sim.tokens import VOCAB_SIZE, block_hashes, extend_block_hashes, extend_block_hashes_array
 from agentload.sim.virtual import SessionShape, run_sessions
@@ -256,6 +257,14 @@ def test_block_hashes_from_an_array_are_pythons_own(
             got = extend_block_hashes_array(list(start), tokens[offset:stop], BS, offset=offset)
             assert got == expected
             assert len(got) == max(covered_blocks, stop // BS)
+            # A conversation's HashChain takes them into its int64 mirror too (in C: straight into it), whether
+            # its mirror covered all of it, part of it or none before.
+            for mirrored in {0, covered_blocks // 2, covered_blocks}:
+                chain = HashChain(start)
+                chain.array(mirrored)
+                assert extend_block_hashes_array(chain, tokens[offset:stop], BS, offset=offset) is chain
+                assert chain == expected
+                assert chain.array(len(chain)).tolist() == expected
 
 
 def test_a_c_hash_unlike_pythons_is_not_used(built: poolkernel.PoolKernel) -> None:
@@ -324,8 +333,7 @@ def test_growing_many_decoders_at_once_takes_what_one_at_a_time_would(
 
 
 def test_an_arrays_address_is_numpys_and_a_strided_one_is_refused() -> None:
-    from agentload.sim.kvcache import _at
-
+    _at = poolkernel.address
     blocks = np.arange(40, dtype=np.int32)
     assert _at(blocks) == blocks.ctypes.data
     assert _at(blocks[8:]) == blocks.ctypes.data + 32

@@ -574,6 +574,11 @@ class Engine:
         """The members whose newest block became full in the step at tick ``t``: hash and cache each, in order."""
         bs = self.block_size
         kv = self.kv
+        # One block each, the usual case, cached together after the loop; a request with more to cache (the rare
+        # generic walk) first has the ones before it cached, so the pool sees them all in the members' order.
+        tables: list[BlockTable] = []
+        ones: list[int] = []
+        positions: list[int] = []
         for req in self._wheel[(t + 1) % bs]:
             after = req.num_computed + (t - req.cohort_tick) + 1  # as of this step (counters written lazily)
             full = after // bs
@@ -586,10 +591,15 @@ class Engine:
                 self._catch_up(req)  # a view of prompt and reply reads the counters
                 extend_block_hashes(hashes, _Tokens(req), bs, after)
             if full - req.num_hashed == 1:
-                kv.register_one(req.blocks, hashes[full - 1], full - 1)
+                tables.append(req.blocks)
+                ones.append(hashes[full - 1])
+                positions.append(full - 1)
             else:
+                kv.register_each(tables, ones, positions)
+                tables, ones, positions = [], [], []
                 kv.register(req.blocks, hashes, req.num_hashed, full)
             req.num_hashed = full
+        kv.register_each(tables, ones, positions)
 
     def _next_for_slot(self, slots: SlotCache) -> SimRequest | None:
         """Slot mode: the first waiting request whose slot can take it; a pinned one whose slot is busy waits."""

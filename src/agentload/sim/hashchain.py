@@ -12,11 +12,13 @@ it); every other list mutation still works but drops the array, which is then re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
+
+from agentload.sim.poolkernel import address
 
 Hashes = npt.NDArray[np.int64]
 
@@ -24,7 +26,7 @@ Hashes = npt.NDArray[np.int64]
 class HashChain(list[int]):
     """A list of block hashes with an int64 mirror of its first ``_mirrored`` entries."""
 
-    __slots__ = ("_array", "_mirrored")
+    __slots__ = ("_array", "_mirrored", "_p")
 
     def __init__(self, hashes: Iterable[int] = ()) -> None:
         super().__init__(hashes)
@@ -34,21 +36,45 @@ class HashChain(list[int]):
         # A new buffer, never the old one rewritten: views handed out earlier keep the values they had.
         self._array: Hashes = np.empty(0, dtype=np.int64)
         self._mirrored = 0
+        self._p = 0  # the mirror's address, for the pool kernel
+
+    def _room(self, stop: int) -> None:
+        if stop > len(self._array):
+            grown = np.empty(max(2 * len(self._array), stop, 256), dtype=np.int64)
+            grown[: self._mirrored] = self._array[: self._mirrored]
+            self._array = grown
+            self._p = address(grown)
+
+    def _mirror(self, stop: int) -> None:
+        done = self._mirrored
+        if stop > done:
+            self._room(stop)
+            self._array[done:stop] = self[done:stop]
+            self._mirrored = stop
 
     def array(self, stop: int) -> Hashes:
         """The first ``stop`` hashes as an int64 array (a read-only view; valid for as long as the caller needs,
         since entries already mirrored never change)."""
-        done = self._mirrored
-        if stop > done:
-            if stop > len(self._array):
-                grown = np.empty(max(2 * len(self._array), stop, 256), dtype=np.int64)
-                grown[:done] = self._array[:done]
-                self._array = grown
-            self._array[done:stop] = self[done:stop]
-            self._mirrored = stop
+        self._mirror(stop)
         view = self._array[:stop]
         view.flags.writeable = False
         return view
+
+    def address(self, stop: int) -> int:
+        """The address of the mirror's first hash, mirrored up to ``stop`` (for the pool kernel: ``array`` without
+        the view, which costs as much as the kernel's call). Valid until the chain next grows."""
+        self._mirror(stop)
+        return self._p
+
+    def extend_into_mirror(self, count: int, fill: Callable[[int], None]) -> None:
+        """Append ``count`` hashes that ``fill(address)`` writes as int64s at ``address``: straight into the mirror,
+        so they are converted to Python ints once and never back."""
+        n = len(self)
+        self._mirror(n)
+        self._room(n + count)
+        fill(self._p + 8 * n)
+        super().extend(self._array[n : n + count].tolist())
+        self._mirrored = n + count
 
     # Appending (append, extend, +=) keeps the mirror; anything that changes existing entries drops it.
     def __setitem__(self, index: Any, value: Any) -> None:

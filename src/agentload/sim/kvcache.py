@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from ctypes import addressof, c_char
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -44,8 +43,9 @@ import numpy.typing as npt
 from agentload.capacity.kv import KVLayout
 from agentload.errors import SimulationError
 from agentload.sim import poolkernel
-from agentload.sim.hashchain import hash_array
+from agentload.sim.hashchain import HashChain, hash_array
 from agentload.sim.poolkernel import PoolKernel
+from agentload.sim.poolkernel import address as _at
 
 BlockIds = npt.NDArray[np.int32]
 
@@ -57,19 +57,6 @@ def _one_by_one(array: npt.NDArray[Any]) -> memoryview:
 
 _NO_BLOCKS: BlockIds = np.zeros(0, dtype=np.int32)
 _NO_BLOCKS_AT: int = _NO_BLOCKS.ctypes.data
-
-
-def _at(array: npt.NDArray[Any]) -> int:
-    """The address of a C-contiguous array's first element, for the pool kernel (which reads it as one).
-
-    Through ctypes' buffer view (a quarter of ``array.ctypes.data``'s cost: a long run asks ~200,000 times), which
-    also refuses an array that is not contiguous; an empty or read-only one takes numpy's way."""
-    try:
-        return addressof(c_char.from_buffer(array))  # type: ignore[arg-type]  # (an ndarray is a buffer; its stubs say not)
-    except (TypeError, ValueError):
-        assert array.flags.c_contiguous, "the pool kernel reads arrays element after element"
-        address: int = array.ctypes.data
-        return address
 
 
 class BlockList:
@@ -381,7 +368,8 @@ class KVCacheManager:
         self._k = poolkernel.load() if use_kernel else None
         self._rows = counts
         self._rows_p = _at(counts)
-        self._scratch = np.empty(1024, dtype=np.int32)  # the kernel's blocks freed by a release
+        self._taken = np.empty(1024, dtype=np.int32)  # the kernel's blocks taken from the free queue
+        self._taken_p = _at(self._taken)
         self._evicted = np.zeros(1, dtype=np.int64)  # the kernel's count of blocks a take evicted
         self._evicted_p = _at(self._evicted)
         self._ref = counts[:, 0]
@@ -526,15 +514,20 @@ class KVCacheManager:
         return b
 
     def _take(self, count: int) -> BlockIds:
-        """Take ``count`` blocks from the front of the free queue, evicting whatever they cached."""
+        """Take ``count`` blocks from the front of the free queue, evicting whatever they cached.
+
+        The kernel's blocks come back in a buffer the next take writes over: each caller copies them at once (into
+        a request's block list), which saves a new array and its address for each of a run's ~100,000 takes."""
         if count > self._num_free:
             raise SimulationError("allocated from an empty pool; the caller must check num_free first")
         if self._k is not None and not self._offload_capacity:  # (an offload tier needs the evicted hashes: numpy)
-            taken = np.empty(count, dtype=np.int32)
-            self._head = self._k.al_take(self._rows_p, self._queue_p, self._head, count, _at(taken), self._evicted_p)
+            if len(self._taken) < count:
+                self._taken = np.empty(max(count, 2 * len(self._taken)), dtype=np.int32)
+                self._taken_p = _at(self._taken)
+            self._head = self._k.al_take(self._rows_p, self._queue_p, self._head, count, self._taken_p, self._evicted_p)
             self._num_free -= count
             self.stats.evicted_blocks += int(self._evicted[0])
-            return taken
+            return self._taken[:count]
         head = self._head
         entries = self._queue[head : head + count]
         clean = (self._ref[entries] == 0) & (self._stamp[entries] == np.arange(head, head + len(entries)))
@@ -590,29 +583,24 @@ class KVCacheManager:
         while len(tier) > self._offload_capacity:
             tier.popitem(last=False)
 
-    def _scratch_for(self, n: int) -> int:
-        """The address of a buffer for ``n`` block ids (the kernel's freed blocks)."""
-        if len(self._scratch) < n:
-            self._scratch = np.empty(max(n, 2 * len(self._scratch)), dtype=np.int32)
-        return _at(self._scratch)
-
-    def _enqueue_scratch(self, n: int) -> None:
-        """The kernel's ``_enqueue`` of the first ``n`` blocks of the scratch buffer."""
+    def _free_in_kernel(self, at: int, n: int, reverse: int) -> None:
+        """The kernel's ``_release`` of the ``n`` block ids at address ``at`` (last first if ``reverse``); the
+        caller has made room for them in the queue."""
         assert self._k is not None
-        self._make_room(n)
-        self._k.al_enqueue(self._rows_p, self._queue_p, self._tail, _at(self._scratch), n)
-        self._tail += n
-        self._num_free += n
+        freed = self._k.al_free(self._rows_p, self._queue_p, self._tail, at, n, reverse)
+        self._tail += freed
+        self._num_free += freed
 
     def _release(self, blocks: BlockIds) -> None:
         """Drop one reference from each block; those left unreferenced join the back of the free queue."""
         if len(blocks) == 0:
             return
+        # Room for all of them first, as the kernel queues each as it goes (so a compaction comes at the same
+        # moment in both codes; before the references drop, so it keeps only entries that were live before).
+        self._make_room(len(blocks))
         if self._k is not None:
             blocks = np.ascontiguousarray(blocks, dtype=np.int32)
-            freed = self._k.al_release(self._rows_p, _at(blocks), len(blocks), 0, self._scratch_for(len(blocks)))
-            if freed:
-                self._enqueue_scratch(freed)
+            self._free_in_kernel(_at(blocks), len(blocks), 0)
             return
         left = self._ref[blocks] - 1  # one gather instead of two (``-=`` then a read back)
         self._ref[blocks] = left
@@ -669,15 +657,16 @@ class KVCacheManager:
         # it the whole chain hits; either way the work stays within 4× of the blocks walked.
         step = 128
         while i < limit:
-            piece = hash_array(hashes, i, min(i + step, limit))
+            j = min(i + step, limit)
+            piece = hash_array(hashes, i, j)
             stop = len(piece)
             for column, g in zip(columns, groups, strict=True):
                 if self._k is not None:
                     index = self._index[g]
                     found = np.empty(stop, dtype=np.int32)
-                    stop = self._k.al_find_live(
-                        index.table_p, index._bits, self._rows_p, _at(piece), stop, g, _at(found)
-                    )
+                    # (A chain's mirror is read-only to numpy, which the cheap way to its address refuses.)
+                    at = hashes.address(j) + 8 * i if isinstance(hashes, HashChain) else _at(piece)
+                    stop = self._k.al_find_live(index.table_p, index._bits, self._rows_p, at, stop, g, _at(found))
                     column.append(found[:stop])
                     continue
                 candidates = self._index[g].find(piece[:stop])
@@ -776,13 +765,18 @@ class KVCacheManager:
                 return False
         else:
             if self._k is not None:
+                # The hits' references are taken first and given back if the allocation does not fit: one pass
+                # over their rows (scattered over the pool: a cache miss each) instead of a count, then the taking.
                 k, rows = self._k, self._rows_p
-                hit_free = [k.al_count_free(rows, _at(hit), len(hit)) for hit in lookup.hit_blocks]
+                spans = [(_at(hit), len(hit)) for hit in lookup.hit_blocks if len(hit)]
+                hit_free = [k.al_acquire(rows, at, n) for at, n in spans]  # a chain names each block once
                 if self._blocks_needed(held, target_tokens, lookup, hit_free) > self._num_free:
+                    for at, n in spans:
+                        k.al_unacquire(rows, at, n)
                     return False
+                self._num_free -= sum(hit_free)
                 for gi, hit in zip(self.full_groups, lookup.hit_blocks, strict=True):
                     if len(hit):
-                        self._num_free -= k.al_acquire(rows, _at(hit), len(hit))  # a chain names each block once
                         held[gi].extend(hit)
             else:
                 hit_refs = [self._ref[blocks] for blocks in lookup.hit_blocks]
@@ -845,6 +839,23 @@ class KVCacheManager:
         if stop - start == 1:
             self.register_one(held, hashes[start], start)
             return
+        if self._k is not None:
+            n = stop - start
+            if isinstance(hashes, HashChain):
+                chain_at = hashes.address(stop) + 8 * start  # (no view of the mirror: it costs as much as the call)
+            else:
+                chain = hash_array(hashes, start, stop)
+                chain_at = _at(chain)
+            for gi in self.full_groups:
+                index = self._index[gi]
+                if not index.room_for(n):
+                    self._rebuild(gi)
+                if len(held[gi]) < stop:  # the numpy code would fail on the shapes; C would read past the list
+                    raise SimulationError(f"caching blocks up to {stop} of a request that holds {len(held[gi])}")
+                index.used += self._k.al_register(
+                    index.table_p, index._bits, self._rows_p, held[gi]._p + 4 * start, chain_at, n, gi
+                )
+            return
         chain = hash_array(hashes, start, stop)
         for gi in self.full_groups:
             index = self._index[gi]
@@ -852,14 +863,6 @@ class KVCacheManager:
             mine = chain
             if not index.room_for(len(mine)):
                 self._rebuild(gi)
-            if self._k is not None:
-                n = stop - start
-                if len(held[gi]) < stop:  # the numpy code would fail on the shapes; C would read past the list
-                    raise SimulationError(f"caching blocks up to {stop} of a request that holds {len(held[gi])}")
-                index.used += self._k.al_register(
-                    index.table_p, index._bits, self._rows_p, held[gi]._p + 4 * start, _at(chain), n, gi
-                )
-                continue
             slots, existed = index.place(mine)
             if existed.any():
                 # The first block cached under a hash keeps it; stale entries (evicted blocks) are taken over.
@@ -906,6 +909,45 @@ class KVCacheManager:
                     break
                 slot = (slot + 1) & mask
 
+    def register_each(self, held: list[BlockTable], hashes: list[int], positions: list[int]) -> None:
+        """``register_one(held[i], hashes[i], positions[i])`` for each i in turn: the blocks one decode step filled,
+        a few requests' each. The single-group case in one loop, the index's arrays read once for all (a call and a
+        dozen attribute reads a block were half of caching it); the index makes room for all of them first, where
+        ``register_one`` would rebuild it before the one that did not fit (the same entries either way)."""
+        if not self.prefix_caching or not hashes:
+            return
+        if len(self.full_groups) != 1:
+            for table, h, position in zip(held, hashes, positions, strict=True):
+                self.register_one(table, h, position)
+            return
+        gi = self.full_groups[0]
+        index = self._index[gi]
+        if (index.used + len(hashes)) * _MAX_LOAD > len(index.keys):
+            self._rebuild(gi)
+        key_group, key_hash = self._key_group_one, self._key_hash_one
+        keys, owners, mask, shift = index._keys_one, index._blocks_one, index._mask, 64 - index._bits
+        used = index.used
+        for table, h, position in zip(held, hashes, positions, strict=True):
+            slot = ((h & _MASK64) * _GOLDEN & _MASK64) >> shift
+            while True:
+                k = keys[slot]
+                if k == h:
+                    owner = owners[slot]
+                    if key_group[owner] == gi and key_hash[owner] == h:
+                        break  # the first block cached under a hash keeps it
+                    k = _EMPTY  # a stale entry (its block was evicted): taken over
+                if k == _EMPTY:
+                    if keys[slot] != h:
+                        keys[slot] = h
+                        used += 1
+                    b = table[gi][position]
+                    owners[slot] = b
+                    key_group[b] = gi
+                    key_hash[b] = h
+                    break
+                slot = (slot + 1) & mask
+        index.used = used
+
     def _rebuild(self, gi: int) -> None:
         keyed = np.flatnonzero(self._key_group == gi).astype(np.int32)
         self._index[gi].rebuild(self._key_hash[keyed], keyed)
@@ -920,15 +962,14 @@ class KVCacheManager:
     def free(self, held: BlockTable) -> None:
         """Release a request's blocks, tail first, so its shared head stays cached longest."""
         if self._k is not None:
-            # Group by group into one scratch buffer, then one append: the numpy code's order and queue.
-            at = self._scratch_for(sum(blocks._n for blocks in held))
-            freed = 0
+            # Group by group, each block queued as its last reference goes: the numpy code's order and queue. Room
+            # is made for all of them first (the compaction may come a little earlier than the numpy code's: the
+            # same live entries in the same order).
+            self._make_room(sum(blocks._n for blocks in held))
             for blocks in held:
                 if blocks._n:
-                    freed += self._k.al_release(self._rows_p, blocks._p, blocks._n, 1, at + 4 * freed)
+                    self._free_in_kernel(blocks._p, blocks._n, 1)
                 blocks.clear()
-            if freed:
-                self._enqueue_scratch(freed)
             return
         parts = [blocks.view()[::-1] for blocks in held if len(blocks)]
         if parts:

@@ -120,24 +120,21 @@ int64_t al_take(int64_t *rows, const int32_t *queue, int64_t head, int64_t need,
     return p;
 }
 
-/* Drop one reference from each block (last first when reverse is set); those left unreferenced are written to
- * freed, in that order. Returns how many. */
-int64_t al_release(int64_t *rows, const int32_t *blocks, int64_t n, int reverse, int32_t *freed) {
+/* Drop one reference from each block (last first when reverse is set); each left with none joins the free queue at
+ * tail, stamped with its position, as its reference goes (one pass over the rows: a finished request's thousands of
+ * blocks each cost a cache miss). The caller made room for n entries at tail; returns how many were queued. */
+int64_t al_free(int64_t *rows, int32_t *queue, int64_t tail, const int32_t *blocks, int64_t n, int reverse) {
     int64_t f = 0;
     for (int64_t j = 0; j < n; j++) {
         const int64_t b = blocks[reverse ? n - 1 - j : j];
-        if (--rows[4 * b + REF] == 0) freed[f++] = (int32_t)b;
+        int64_t *row = rows + 4 * b;
+        if (--row[REF] == 0) {
+            queue[tail + f] = (int32_t)b;
+            row[STAMP] = tail + f;
+            f++;
+        }
     }
     return f;
-}
-
-/* Append blocks to the free queue at tail, each stamped with its position. */
-void al_enqueue(int64_t *rows, int32_t *queue, int64_t tail, const int32_t *blocks, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t b = blocks[i];
-        queue[tail + i] = (int32_t)b;
-        rows[4 * b + STAMP] = tail + i;
-    }
 }
 
 /* Copy the live entries of src[head:tail] to the front of dst (which may be src), restamped; returns how many. */
@@ -155,18 +152,17 @@ int64_t al_compact(int64_t *rows, const int32_t *src, int64_t head, int64_t tail
     return k;
 }
 
-/* How many of the blocks have no reference. */
-int64_t al_count_free(const int64_t *rows, const int32_t *blocks, int64_t n) {
-    int64_t f = 0;
-    for (int64_t i = 0; i < n; i++) f += rows[4 * (int64_t)blocks[i] + REF] == 0;
-    return f;
-}
-
 /* Add a reference to each block (a prefix hit); returns how many had none. */
 int64_t al_acquire(int64_t *rows, const int32_t *blocks, int64_t n) {
     int64_t f = 0;
     for (int64_t i = 0; i < n; i++) f += rows[4 * (int64_t)blocks[i] + REF]++ == 0;
     return f;
+}
+
+/* Undo al_acquire: drop the reference it added to each block (a block back at none is live in the queue again, its
+ * entry and stamp untouched). */
+void al_unacquire(int64_t *rows, const int32_t *blocks, int64_t n) {
+    for (int64_t i = 0; i < n; i++) rows[4 * (int64_t)blocks[i] + REF]--;
 }
 
 /* Block hashes as sim/tokens.py's chain_hash computes them, hash((parent, tuple(block))), for blocks of int64

@@ -22,7 +22,7 @@ import shlex
 import subprocess
 import tempfile
 from collections.abc import Callable
-from ctypes import c_int, c_int64, c_void_p
+from ctypes import addressof, c_char, c_int, c_int64, c_void_p
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +42,10 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "al_register": ([c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_int64, c_int64], c_int64),
     "al_insert": ([c_void_p, c_int, c_void_p, c_void_p, c_int64], c_int64),
     "al_take": ([c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_void_p], c_int64),
-    "al_release": ([c_void_p, c_void_p, c_int64, c_int, c_void_p], c_int64),
-    "al_enqueue": ([c_void_p, c_void_p, c_int64, c_void_p, c_int64], None),
+    "al_free": ([c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_int], c_int64),
     "al_compact": ([c_void_p, c_void_p, c_int64, c_int64, c_void_p], c_int64),
-    "al_count_free": ([c_void_p, c_void_p, c_int64], c_int64),
     "al_acquire": ([c_void_p, c_void_p, c_int64], c_int64),
+    "al_unacquire": ([c_void_p, c_void_p, c_int64], None),
     "al_chain_hashes": ([c_void_p, c_int64, c_int64, c_int64, c_void_p], None),
 }
 
@@ -89,12 +88,24 @@ class PoolKernel:
     al_register: Callable[..., Any]
     al_insert: Callable[..., Any]
     al_take: Callable[..., Any]
-    al_release: Callable[..., Any]
-    al_enqueue: Callable[..., Any]
+    al_free: Callable[..., Any]
     al_compact: Callable[..., Any]
-    al_count_free: Callable[..., Any]
     al_acquire: Callable[..., Any]
+    al_unacquire: Callable[..., Any]
     al_chain_hashes: Callable[..., Any]
+
+
+def address(array: Any) -> int:
+    """The address of a C-contiguous array's first element, for the kernel (which reads it as one).
+
+    Through ctypes' buffer view (a quarter of ``array.ctypes.data``'s cost: a long run asks ~200,000 times), which
+    also refuses an array that is not contiguous; an empty or read-only one takes numpy's way."""
+    try:
+        return addressof(c_char.from_buffer(array))
+    except (TypeError, ValueError):
+        assert array.flags.c_contiguous, "the pool kernel reads arrays element after element"
+        at: int = array.ctypes.data
+        return at
 
 
 def cache_dir() -> Path:

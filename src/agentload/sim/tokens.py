@@ -27,12 +27,15 @@ import math
 import re
 import zlib
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 
 from agentload.capacity.profile import mean_word_tokens
 from agentload.sim import poolkernel
+from agentload.sim.hashchain import HashChain
+from agentload.sim.poolkernel import address
 
 VOCAB_SIZE = 151_936  # Qwen2's vocabulary size; any fixed size works
 ROOT_HASH = 0x5EED_0F_A6E17  # parent of a sequence's first block
@@ -178,8 +181,13 @@ def extend_block_hashes_array(
     if kernel is None or not kernel.hashes_like_python:
         return extend_block_hashes(hashes, span.tolist(), block_size, offset=first)
     span = np.ascontiguousarray(span, dtype=np.int64)
+    parent = hashes[-1] if hashes else ROOT_HASH
+    if isinstance(hashes, HashChain):
+        # Into the chain's int64 mirror, which the prefix cache reads: no array of its own, no conversion back.
+        hashes.extend_into_mirror(count, partial(kernel.al_chain_hashes, address(span), count, block_size, parent))
+        return hashes
     out = np.empty(count, dtype=np.int64)
-    kernel.al_chain_hashes(span.ctypes.data, count, block_size, hashes[-1] if hashes else ROOT_HASH, out.ctypes.data)
+    kernel.al_chain_hashes(address(span), count, block_size, parent, address(out))
     hashes.extend(out.tolist())
     return hashes
 

@@ -171,8 +171,10 @@ class _Session:
         self.restart()
 
     def fresh(self, n: int) -> list[int]:
-        """``n`` random tokens as a list: what the model will say (the engine hashes its blocks as they fill)."""
-        tokens: list[int] = self.rng.integers(0, VOCAB_SIZE, n).tolist()
+        """``n`` random tokens as a list: what the model will say (the engine hashes its blocks as they fill).
+        The draw is kept as an array too (``reply``): the next turn copies it into the conversation from there."""
+        self.reply: Tokens = self.rng.integers(0, VOCAB_SIZE, n)
+        tokens: list[int] = self.reply.tolist()
         return tokens
 
     def _draw(self, n: int) -> Tokens:
@@ -209,7 +211,7 @@ class _Session:
         # prefix cache converts each hash to an array once, not once a turn.
         self.hashes: list[int] = HashChain(self.base_hashes) if s.growth == "grow" else list(self.base_hashes)
 
-    def next_prompt(self, last_output: list[int] | None) -> tuple[Sequence[int], list[int]]:
+    def next_prompt(self, last_output: Sequence[int] | Tokens | None) -> tuple[Sequence[int], list[int]]:
         """The prompt for the next turn and the block hashes already known for it.
 
         A growing conversation hands the engine its own hash list, not a copy: the engine only appends to it, the
@@ -223,7 +225,7 @@ class _Session:
             return _Prompt(self.tokens, self.length), self.hashes if s.growth == "grow" else list(self.hashes)
         tool = self._draw(s.turn_input_tokens)
         if s.growth == "hold":
-            tail = last_output + tool.tolist()
+            tail = (last_output.tolist() if isinstance(last_output, np.ndarray) else list(last_output)) + tool.tolist()
             hashes = list(self.base_hashes)
             # The blocks after the base, from the base's partial last block on, without joining the lists.
             covered = len(hashes) * self.bs
@@ -299,7 +301,7 @@ def run_sessions(
     usage_sum = [0.0, 0.0, 0.0, 0.0]  # time-weighted kv usage, running, waiting, peak
     counter = [0]
 
-    def submit(agent: _Session, last_output: list[int] | None) -> None:
+    def submit(agent: _Session, last_output: Tokens | None) -> None:
         prompt, known = agent.next_prompt(last_output)
         out = agent.fresh(shape.output_tokens)
         counter[0] += 1
@@ -376,7 +378,10 @@ def run_sessions(
             agent.turn += 1
             if turns_per_session is not None and agent.turn >= turns_per_session:
                 continue
-            out = list(req.output)
+            # The reply as drawn (an array: copied into the conversation without a conversion); a virtual request
+            # always says all of it.
+            out = agent.reply
+            assert req.num_output == len(out)
             clock.call_later(shape.think_s, lambda a=agent, o=out: submit(a, o))  # type: ignore[misc]
         state["stepping"] = False
         kick()
