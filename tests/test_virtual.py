@@ -15,6 +15,7 @@ import pytest
 
 from agentload.capacity.profile import load_profile
 from agentload.errors import ConfigError
+from agentload.sim import poolkernel
 from agentload.sim.engine import Engine, SimRequest, StepResult
 from agentload.sim.tokens import block_hashes
 from agentload.sim.virtual import SessionShape, VirtualRunResult, _Prompt, _Session, run_sessions
@@ -128,9 +129,12 @@ def test_a_prompt_view_reads_like_the_joined_list() -> None:
         view[90]
 
 
-def test_a_growing_session_and_the_engine_extend_one_hash_list() -> None:
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_growing_session_and_the_engine_extend_one_hash_list(ahead: bool) -> None:
     """A growing session hands the engine its own hash list; what the engine appends (the reply's blocks) is
-    what the session would have hashed itself, so the list stays the chain of the conversation turn after turn."""
+    what the session would have hashed itself, so the list stays the chain of the conversation turn after turn —
+    also when the session hashed the reply's blocks ahead (``ahead``: in C, where the pool kernel is built) and the
+    engine takes them from there."""
     profile = load_profile("laptop")
     bs = profile.block_size
     shape = SessionShape(
@@ -146,6 +150,9 @@ def test_a_growing_session_and_the_engine_extend_one_hash_list() -> None:
         assert known is session.hashes
         assert known == block_hashes(session.tokens[: session.length].tolist(), bs)
         req = SimRequest(f"t{turn}", prompt, session.fresh(shape.output_tokens), now, hashes=known)
+        if ahead:
+            req.planned_hashes, req.planned_from = session.reply_hashes(known), len(known)
+            assert req.planned_hashes is not None or poolkernel.load() is None
         engine.add(req)
         while req.finished_at is None:
             now = engine.step(now).end

@@ -78,6 +78,11 @@ class SimRequest:
     cohort_epoch: int = 0  # fast mode: bumped on leaving the cohort, so its pending events go stale
     cohort_phase: int = -1  # fast mode: a member's place on the block wheel (Engine._wheel), else -1
     id_slot: int = -1  # slot mode: the slot the request named (llama.cpp's id_slot; -1 any), sim/slots.py
+    # The hashes of the full blocks of prompt + output from block ``planned_from`` on, when the driver hashed them
+    # ahead (virtual runs, in C): a generated block takes its hash from here as it fills instead of hashing its
+    # tokens (the same value: the same tokens chained the same way).
+    planned_hashes: list[int] | None = None
+    planned_from: int = 0
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt)
@@ -586,7 +591,11 @@ class Engine:
             a, n = after - bs, req.prompt_len
             if a >= n and len(hashes) == full - 1:
                 # The common case, without the generic walk: one block of generated tokens.
-                hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, req.output[a - n : after - n]))
+                planned = req.planned_hashes
+                if planned is not None:
+                    hashes.append(planned[full - 1 - req.planned_from])
+                else:
+                    hashes.append(chain_hash(hashes[-1] if hashes else ROOT_HASH, req.output[a - n : after - n]))
             else:
                 self._catch_up(req)  # a view of prompt and reply reads the counters
                 extend_block_hashes(hashes, _Tokens(req), bs, after)

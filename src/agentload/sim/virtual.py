@@ -30,9 +30,11 @@ from agentload.agent.shape import TURN_OVERHEAD_TOKENS, AgenticShape
 from agentload.capacity.profile import ServingProfile
 from agentload.clock import PRIORITY_ENGINE, VirtualClock
 from agentload.errors import ConfigError, SimulationError
+from agentload.sim import poolkernel
 from agentload.sim.engine import Engine, EngineStats, SimRequest, StepResult
 from agentload.sim.hashchain import HashChain
-from agentload.sim.tokens import VOCAB_SIZE, extend_block_hashes, extend_block_hashes_array
+from agentload.sim.poolkernel import address
+from agentload.sim.tokens import ROOT_HASH, VOCAB_SIZE, extend_block_hashes, extend_block_hashes_array
 
 Tokens = npt.NDArray[np.int64]
 
@@ -188,6 +190,20 @@ class _Session:
             # Only the new span is read (in C where the pool kernel is built, else as Python ints until hashed).
             extend_block_hashes_array(hashes, tokens[covered:n], self.bs, offset=covered)
 
+    def reply_hashes(self, known: list[int]) -> list[int] | None:
+        """The hashes of the blocks this turn's reply (``reply``, just drawn) will fill, from the prompt's partial
+        last block on, given ``known``, the prompt's full blocks': hashed ahead in one C call from the conversation's
+        buffer, for the engine to take as each block fills (the same values it would compute, block by block, from
+        the same tokens). None for a held conversation, or where the pool kernel does not hash as this Python does."""
+        kernel = poolkernel.load()
+        if self.shape.growth != "grow" or kernel is None or not kernel.hashes_like_python:
+            return None
+        tail = np.concatenate((self.tokens[len(known) * self.bs : self.length], self.reply))
+        out = np.empty(len(tail) // self.bs, dtype=np.int64)
+        kernel.al_chain_hashes(address(tail), len(out), self.bs, known[-1] if known else ROOT_HASH, address(out))
+        hashes: list[int] = out.tolist()
+        return hashes
+
     def restart(self) -> None:
         """Start a new conversation (first turn, or after a compaction)."""
         s = self.shape
@@ -306,6 +322,7 @@ def run_sessions(
         out = agent.fresh(shape.output_tokens)
         counter[0] += 1
         req = SimRequest(f"s{agent.index}-{counter[0]}", prompt, out, clock.now(), hashes=known, handle=agent)
+        req.planned_hashes, req.planned_from = agent.reply_hashes(known), len(known)
         req.finish_reason = "stop"
 
         def arrive() -> None:
