@@ -8,6 +8,7 @@ import logging
 import random
 import shutil
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -169,21 +170,30 @@ def test_an_index_rebuild_keeps_what_it_finds(built: poolkernel.PoolKernel, monk
         assert kv._index[0].used < 400 * 20
 
 
-def _curve(profile_name: str, sessions: int) -> object:
-    shape = SessionShape(context=40_000)
+def _curve(profile_name: str, sessions: int, growth: Literal["hold", "grow"]) -> object:
+    # (A growing conversation of at most 12k tokens restarts every ~6 turns: some restart within the run.)
+    shape = SessionShape(context=40_000 if growth == "hold" else 12_000, growth=growth)
     return run_sessions(load_profile(profile_name), sessions, shape, duration_s=120, warmup_s=30)
 
 
-@pytest.mark.parametrize(("profile_name", "sessions"), [("qwen3-235b-gb300", 28), ("deepseek-sliding-gb300", 40)])
+@pytest.mark.parametrize(
+    ("profile_name", "sessions", "growth"),
+    [("qwen3-235b-gb300", 28, "hold"), ("deepseek-sliding-gb300", 40, "hold"), ("qwen3-235b-gb300", 28, "grow")],
+)
 def test_a_virtual_run_is_the_same_with_the_kernel_and_without(
-    built: poolkernel.PoolKernel, monkeypatch: pytest.MonkeyPatch, profile_name: str, sessions: int
+    built: poolkernel.PoolKernel,
+    monkeypatch: pytest.MonkeyPatch,
+    profile_name: str,
+    sessions: int,
+    growth: Literal["hold", "grow"],
 ) -> None:
-    """Past the dense knee (evictions, preemptions, recomputation) and on sliding-window groups: the whole result,
-    every float and every TTFT, is the same bit for bit."""
+    """Past the dense knee (evictions, preemptions, recomputation) and on sliding-window groups; and conversations
+    that grow and restart (their tokens drawn and their replies hashed ahead in C, or by numpy and Python): the
+    whole result, every float and every TTFT, is the same bit for bit."""
     monkeypatch.setattr(poolkernel, "load", lambda directory=None: built)
-    with_kernel = _curve(profile_name, sessions)
+    with_kernel = _curve(profile_name, sessions, growth)
     monkeypatch.setattr(poolkernel, "load", lambda directory=None: None)
-    assert with_kernel == _curve(profile_name, sessions)
+    assert with_kernel == _curve(profile_name, sessions, growth)
 
 
 def test_the_switch_turns_a_built_kernel_off(built: poolkernel.PoolKernel, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,6 +288,32 @@ def test_a_c_hash_unlike_pythons_is_not_used(built: poolkernel.PoolKernel) -> No
 
     kernel.al_chain_hashes = off_by_one
     assert not kernel._hash_check()
+
+
+def test_tokens_drawn_in_c_are_numpys_and_leave_its_generator_where_numpy_would(built: poolkernel.PoolKernel) -> None:
+    """A session's tokens (``Generator.integers(0, high, n)``) drawn in C: the same tokens, and the same generator
+    state after, so numpy's next draw on it is the same too; a high bound near 2**32 rejects about half its draws."""
+    assert built.draws_like_numpy
+    for high in (151_936, 2, 2**31 + 1, 2**32 - 1):
+        ours, numpys = np.random.default_rng(high), np.random.default_rng(high)
+        source = built.generator(ours)
+        assert built.draw_below(source, high, 3_001).tolist() == numpys.integers(0, high, 3_001).tolist()
+        assert ours.integers(0, high, 5).tolist() == numpys.integers(0, high, 5).tolist()
+        assert built.draw_below(source, high, 7).tolist() == numpys.integers(0, high, 7).tolist()
+        assert ours.bit_generator.state == numpys.bit_generator.state
+
+
+def test_a_c_draw_unlike_numpys_is_not_used(built: poolkernel.PoolKernel) -> None:
+    """The load-time check catches a C draw that differs from this numpy's (say, a future bounded-integer method)."""
+    kernel = poolkernel.PoolKernel(ctypes.CDLL(str(built.path)), built.path)
+    assert kernel.draws_like_numpy
+    draw = kernel.al_draw_below
+
+    def one_high(state: int, function: int, high: int, n: int, out: int) -> None:
+        draw(state, function, high + 1, n, out)
+
+    kernel.al_draw_below = one_high
+    assert not kernel._draw_check()
 
 
 @pytest.mark.parametrize(("use_kernel", "offload"), [(False, 0), (True, 0), (False, 300), (True, 300)])

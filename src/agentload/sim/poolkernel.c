@@ -204,3 +204,27 @@ void al_chain_hashes(const int64_t *tokens, int64_t blocks, int64_t block_size, 
         out[b] = parent;
     }
 }
+
+/* numpy's Generator.integers(0, high, n) for 1 < high < 2^32, written to out: random_bounded_uint64_fill's 32-bit
+ * path (Lemire's multiply and reject), each draw from the bit generator's own next_uint32 (state and function as its
+ * ctypes interface gives them), so the generator's state moves on exactly as numpy's call would move it. Numpy's call
+ * costs ~3 us before its first draw (a turn draws twice); sim/poolkernel.py checks the two give the same tokens and
+ * leave the same state when it loads the library, and leaves this function unused if they ever differ. */
+typedef uint32_t (*next_uint32_fn)(void *state);
+
+void al_draw_below(void *state, void *next_uint32, int64_t high, int64_t n, int64_t *out) {
+    const next_uint32_fn next = (next_uint32_fn)next_uint32;
+    const uint32_t rng_excl = (uint32_t)high;
+    const uint32_t threshold = (UINT32_MAX - (rng_excl - 1)) % rng_excl;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t m = (uint64_t)next(state) * rng_excl;
+        uint32_t leftover = (uint32_t)m;
+        if (leftover < rng_excl) {
+            while (leftover < threshold) {
+                m = (uint64_t)next(state) * rng_excl;
+                leftover = (uint32_t)m;
+            }
+        }
+        out[i] = (int64_t)(m >> 32);
+    }
+}

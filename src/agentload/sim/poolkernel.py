@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 log = logging.getLogger("agentload.sim")
 
@@ -47,6 +48,7 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "al_acquire": ([c_void_p, c_void_p, c_int64], c_int64),
     "al_unacquire": ([c_void_p, c_void_p, c_int64], None),
     "al_chain_hashes": ([c_void_p, c_int64, c_int64, c_int64, c_void_p], None),
+    "al_draw_below": ([c_void_p, c_void_p, c_int64, c_int64, c_void_p], None),
 }
 
 
@@ -63,6 +65,41 @@ class PoolKernel:
         # Whether al_chain_hashes gives Python's own hash((parent, tuple(block))) here: it copies CPython's int and
         # tuple hashing, which a future Python could change.
         self.hashes_like_python = self._hash_check()
+        # Whether al_draw_below draws numpy's Generator.integers(0, high, n): it copies numpy's bounded-integer
+        # algorithm, which a future numpy could change.
+        self.draws_like_numpy = self._draw_check()
+
+    @staticmethod
+    def generator(rng: np.random.Generator) -> tuple[int, int]:
+        """The addresses ``al_draw_below`` takes for ``rng``: its bit generator's state and ``next_uint32``."""
+        iface = rng.bit_generator.ctypes
+        function = ctypes.cast(iface.next_uint32, c_void_p).value
+        assert function is not None
+        return iface.state_address, function
+
+    def draw_below(self, source: tuple[int, int], high: int, n: int) -> npt.NDArray[np.int64]:
+        """``rng.integers(0, high, n)`` for ``source = generator(rng)``, 1 < high < 2**32: the same tokens, and the
+        generator's state moved on as numpy's call would move it."""
+        out = np.empty(n, dtype=np.int64)
+        self.al_draw_below(source[0], source[1], high, n, address(out))
+        return out
+
+    def _draw_check(self) -> bool:
+        for seed in (0, 7, 2026):
+            ours, numpys = np.random.default_rng(seed), np.random.default_rng(seed)
+            source = self.generator(ours)
+            for i, (high, n) in enumerate(
+                [(151_936, 400), (2, 33), (3, 1), (151_936, 1_801), (1_000, 0), (2**31 + 11, 257), (2**32 - 1, 64)]
+            ):
+                # Every other call through numpy on both: the state each leaves must be the other's.
+                got = self.draw_below(source, high, n) if i % 2 == 0 else ours.integers(0, high, n)
+                if got.tolist() != numpys.integers(0, high, n).tolist():
+                    log.info("the C token draw differs from this numpy's; tokens are drawn by numpy")
+                    return False
+            if ours.bit_generator.state != numpys.bit_generator.state:
+                log.info("the C token draw leaves a different generator state than numpy's; tokens are drawn by numpy")
+                return False
+        return True
 
     def _hash_check(self) -> bool:
         edges = [0, 1, 7, 151_935, 2**61 - 2, 2**61 - 1, 2**61, 2**62 + 5, 2**63 - 1, -1, -2, -(2**61) + 1, -(2**63)]
@@ -93,6 +130,7 @@ class PoolKernel:
     al_acquire: Callable[..., Any]
     al_unacquire: Callable[..., Any]
     al_chain_hashes: Callable[..., Any]
+    al_draw_below: Callable[..., Any]
 
 
 def address(array: Any) -> int:

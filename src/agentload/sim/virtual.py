@@ -166,6 +166,12 @@ class _Session:
         self.index = index
         self.shape = shape
         self.rng = np.random.default_rng(1_000_003 * (index + 1))
+        # The pool kernel, where it hashes as this Python does and draws as this numpy does (else None: Python's and
+        # numpy's own ways, the same values).
+        kernel = poolkernel.load()
+        self._hasher = kernel if kernel is not None and kernel.hashes_like_python else None
+        self._drawer = kernel if kernel is not None and kernel.draws_like_numpy else None
+        self._source = (0, 0) if self._drawer is None else self._drawer.generator(self.rng)
         self.bs = bs
         self.system: Tokens = np.asarray(system, dtype=np.int64)
         self.system_hashes = system_hashes
@@ -175,13 +181,26 @@ class _Session:
     def fresh(self, n: int) -> list[int]:
         """``n`` random tokens as a list: what the model will say (the engine hashes its blocks as they fill).
         The draw is kept as an array too (``reply``): the next turn copies it into the conversation from there."""
-        self.reply: Tokens = self.rng.integers(0, VOCAB_SIZE, n)
+        self.reply: Tokens = self._draw(n)
         tokens: list[int] = self.reply.tolist()
         return tokens
 
     def _draw(self, n: int) -> Tokens:
-        """``n`` random tokens as an array (the same draws as ``fresh``): a tool result, an opening."""
+        """``n`` random tokens as an array (the same draws as ``fresh``): a tool result, an opening. Numpy's
+        ``rng.integers(0, VOCAB_SIZE, n)``, in C where the kernel draws as numpy does (numpy's call costs more before
+        its first draw than the draws of a turn's reply)."""
+        if self._drawer is not None:
+            return self._drawer.draw_below(self._source, VOCAB_SIZE, n)
         return self.rng.integers(0, VOCAB_SIZE, n)
+
+    def _draw_into(self, start: int, n: int) -> None:
+        """``_draw(n)`` written to ``tokens[start : start + n]``, in C straight into the conversation's buffer."""
+        if start + n > len(self.tokens):
+            raise SimulationError(f"a draw of {n} tokens at {start} would pass the conversation's buffer")
+        if self._drawer is not None:
+            self._drawer.al_draw_below(*self._source, VOCAB_SIZE, n, address(self.tokens) + 8 * start)
+        else:
+            self.tokens[start : start + n] = self.rng.integers(0, VOCAB_SIZE, n)
 
     def _hash_from(self, hashes: list[int], tokens: Tokens, n: int) -> None:
         """Append to ``hashes`` the hashes of the full blocks of ``tokens[:n]`` it does not have yet."""
@@ -195,8 +214,8 @@ class _Session:
         last block on, given ``known``, the prompt's full blocks': hashed ahead in one C call from the conversation's
         buffer, for the engine to take as each block fills (the same values it would compute, block by block, from
         the same tokens). None for a held conversation, or where the pool kernel does not hash as this Python does."""
-        kernel = poolkernel.load()
-        if self.shape.growth != "grow" or kernel is None or not kernel.hashes_like_python:
+        kernel = self._hasher
+        if self.shape.growth != "grow" or kernel is None:
             return None
         tail = np.concatenate((self.tokens[len(known) * self.bs : self.length], self.reply))
         out = np.empty(len(tail) // self.bs, dtype=np.int64)
@@ -239,22 +258,23 @@ class _Session:
         s = self.shape
         if last_output is None:
             return _Prompt(self.tokens, self.length), self.hashes if s.growth == "grow" else list(self.hashes)
-        tool = self._draw(s.turn_input_tokens)
         if s.growth == "hold":
+            tool = self._draw(s.turn_input_tokens)
             tail = (last_output.tolist() if isinstance(last_output, np.ndarray) else list(last_output)) + tool.tolist()
             hashes = list(self.base_hashes)
             # The blocks after the base, from the base's partial last block on, without joining the lists.
             covered = len(hashes) * self.bs
             extend_block_hashes(hashes, self.base[covered:].tolist() + tail, self.bs, offset=covered)
             return _Prompt(self.base, len(self.base), tail), hashes
-        n = self.length
-        if n + len(last_output) + len(tool) + s.output_tokens > s.context:
+        n, t = self.length, s.turn_input_tokens
+        if n + len(last_output) + t + s.output_tokens > s.context:
+            self._draw(t)  # the tool result, drawn (and dropped) before the compaction's opening, as ever
             self.restart()
         else:
             # In place: earlier turns' prompts are prefixes of this buffer and stay as they were.
-            mid, end = n + len(last_output), n + len(last_output) + len(tool)
+            mid, end = n + len(last_output), n + len(last_output) + t
             self.tokens[n:mid] = last_output
-            self.tokens[mid:end] = tool
+            self._draw_into(mid, t)  # the tool result
             self.length = end
             self._hash_from(self.hashes, self.tokens, end)
         return _Prompt(self.tokens, self.length), self.hashes
