@@ -316,8 +316,8 @@ def test_caching_block_by_block_is_caching_the_blocks_at_once() -> None:
     it, an evicted block's entry is taken over, every way."""
     outcomes = []
     hashes = chain(1, 3)
-    for how in ("at once", "one by one", "each"):
-        kv = KVCacheManager(dense_layout(), 8)
+    for how, use_kernel in [("at once", True), ("one by one", True), ("each", True), ("each", False)]:
+        kv = KVCacheManager(dense_layout(), 8, use_kernel=use_kernel)
         first, second = new_held(kv), new_held(kv)
         assert kv.allocate(first, 3 * BS)
         assert kv.allocate(second, 3 * BS)
@@ -336,8 +336,20 @@ def test_caching_block_by_block_is_caching_the_blocks_at_once() -> None:
         cache(kv, again, hashes, how)  # stale entries are taken over by the blocks now holding the content
         outcomes.append((kept, again[0].tolist(), kv.lookup(hashes, 3).hit_blocks[0].tolist()))
         kv.check_invariants()
-    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert outcomes[0] == outcomes[1] == outcomes[2] == outcomes[3]
     assert outcomes[1][2] == outcomes[1][1]
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_caching_a_block_a_request_does_not_hold_is_refused(use_kernel: bool) -> None:
+    kv = KVCacheManager(dense_layout(), 8, use_kernel=use_kernel)
+    held = new_held(kv)
+    assert kv.allocate(held, 3 * BS)
+    hashes = chain(2, 4)
+    with pytest.raises((SimulationError, IndexError)):
+        kv.register_each([held], hashes[3:4], [3])  # it holds blocks 0-2
+    kv.register_each([held, held, held], hashes[:3], [0, 1, 2])
+    assert kv.lookup(hashes, 4).hit_blocks[0].tolist() == held[0].tolist()
 
 
 def test_the_hash_index_maps_what_a_dict_maps() -> None:

@@ -101,7 +101,9 @@ class BlockList:
 
     def _reserve(self, extra: int) -> None:
         if self._n + extra > len(self._buf):
-            grown = np.empty(max(2 * len(self._buf), self._n + extra, 16), dtype=np.int32)
+            # (Room for 64 blocks more than asked: a request's first extend is its prompt, and its reply's blocks
+            # then come one at a time — 1,024 tokens of them without growing again.)
+            grown = np.empty(max(2 * len(self._buf), self._n + extra + 64), dtype=np.int32)
             grown[: self._n] = self._buf[: self._n]
             self._buf = grown
             self._one = _one_by_one(grown)
@@ -370,6 +372,7 @@ class KVCacheManager:
         self._rows_p = _at(counts)
         self._taken = np.empty(1024, dtype=np.int32)  # the kernel's blocks taken from the free queue
         self._taken_p = _at(self._taken)
+        self._stage(64)  # the blocks and hashes a decode step caches, for the kernel
         self._evicted = np.zeros(1, dtype=np.int64)  # the kernel's count of blocks a take evicted
         self._evicted_p = _at(self._evicted)
         self._ref = counts[:, 0]
@@ -922,8 +925,25 @@ class KVCacheManager:
             return
         gi = self.full_groups[0]
         index = self._index[gi]
-        if (index.used + len(hashes)) * _MAX_LOAD > len(index.keys):
+        n = len(hashes)
+        if (index.used + n) * _MAX_LOAD > len(index.keys):
             self._rebuild(gi)
+        if self._k is not None:
+            # Staged in two arrays through their memoryviews, then one kernel pass (a few blocks a step: the
+            # kernel's call costs less than probing for one block in Python).
+            if n > len(self._staged_hashes):
+                self._stage(2 * n)
+            blocks, chain = self._staged_blocks_one, self._staged_hashes_one
+            for i, (table, h, position) in enumerate(zip(held, hashes, positions, strict=True)):
+                held_blocks = table[gi]
+                if position >= held_blocks._n:
+                    raise SimulationError(f"caching block {position} of a request that holds {held_blocks._n}")
+                blocks[i] = held_blocks._one[position]
+                chain[i] = h
+            index.used += self._k.al_register(
+                index.table_p, index._bits, self._rows_p, self._staged_blocks_p, self._staged_hashes_p, n, gi
+            )
+            return
         key_group, key_hash = self._key_group_one, self._key_hash_one
         keys, owners, mask, shift = index._keys_one, index._blocks_one, index._mask, 64 - index._bits
         used = index.used
@@ -947,6 +967,14 @@ class KVCacheManager:
                     break
                 slot = (slot + 1) & mask
         index.used = used
+
+    def _stage(self, n: int) -> None:
+        self._staged_blocks = np.empty(n, dtype=np.int32)
+        self._staged_hashes = np.empty(n, dtype=np.int64)
+        self._staged_blocks_one, self._staged_hashes_one = (
+            _one_by_one(a) for a in (self._staged_blocks, self._staged_hashes)
+        )
+        self._staged_blocks_p, self._staged_hashes_p = _at(self._staged_blocks), _at(self._staged_hashes)
 
     def _rebuild(self, gi: int) -> None:
         keyed = np.flatnonzero(self._key_group == gi).astype(np.int32)

@@ -198,7 +198,7 @@ class _Session:
         if start + n > len(self.tokens):
             raise SimulationError(f"a draw of {n} tokens at {start} would pass the conversation's buffer")
         if self._drawer is not None:
-            self._drawer.al_draw_below(*self._source, VOCAB_SIZE, n, address(self.tokens) + 8 * start)
+            self._drawer.al_draw_below(*self._source, VOCAB_SIZE, n, self._tokens_at + 8 * start)
         else:
             self.tokens[start : start + n] = self.rng.integers(0, VOCAB_SIZE, n)
 
@@ -241,6 +241,7 @@ class _Session:
             self.tokens[: len(self.base)] = self.base
         else:
             self.tokens = self.base
+        self._tokens_at = address(self.tokens)  # where _draw_into writes
         self.length = len(self.base)
         # A growing conversation's one hash list for its whole life (see next_prompt): a HashChain, so the
         # prefix cache converts each hash to an array once, not once a turn.
