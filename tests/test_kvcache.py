@@ -352,6 +352,21 @@ def test_caching_a_block_a_request_does_not_hold_is_refused(use_kernel: bool) ->
     assert kv.lookup(hashes, 4).hit_blocks[0].tolist() == held[0].tolist()
 
 
+def test_a_finished_requests_table_goes_empty_to_the_next_request() -> None:
+    kv = KVCacheManager(dense_layout(), 8)
+    held = kv.new_table()
+    assert kv.allocate(held, 5 * BS)
+    kv.retire(held)
+    assert kv.num_free == 8
+    again = kv.new_table()
+    assert again is held
+    assert [len(blocks) for blocks in again] == [0]
+    assert kv.allocate(again, 3 * BS)
+    assert kv.new_table() is not again  # one request's table at a time
+    kv.free(again)
+    kv.check_invariants()
+
+
 def test_the_hash_index_maps_what_a_dict_maps() -> None:
     """Batches of keys crowded into a small table (long probe runs, new keys racing for one empty slot, keys
     found in the first pass and in later ones): every key lands once, is found where it was placed, and a key

@@ -487,7 +487,8 @@ class Engine:
             self._leave(req)
         for req in finished:
             running.remove(req)
-            kv.free(req.blocks)
+            kv.retire(req.blocks)  # its table goes to a new request: a finished request holds none
+            req.blocks = []
             self._release_slot(req)
             reason = req.finish_reason or "length"
             stats.finished[reason] = stats.finished.get(reason, 0) + 1

@@ -166,6 +166,7 @@ _SLOTS_PER_BLOCK = 4
 _MAX_LOAD = 2
 _MEMO_AT = 128  # prefix walks at least this long are remembered, under the hash of this block
 _MEMO_ENTRIES = 4096
+_RETIRED_TABLES = 1024  # finished requests' tables kept for new ones (each a few pages at most)
 
 
 class _HashIndex:
@@ -373,6 +374,7 @@ class KVCacheManager:
         self._taken = np.empty(1024, dtype=np.int32)  # the kernel's blocks taken from the free queue
         self._taken_p = _at(self._taken)
         self._stage(64)  # the blocks and hashes a decode step caches, for the kernel
+        self._retired: list[BlockTable] = []  # finished requests' tables, empty, for new ones
         self._evicted = np.zeros(1, dtype=np.int64)  # the kernel's count of blocks a take evicted
         self._evicted_p = _at(self._evicted)
         self._ref = counts[:, 0]
@@ -429,8 +431,17 @@ class KVCacheManager:
         return len(self._offload)
 
     def new_table(self) -> BlockTable:
-        """An empty block table for a new request."""
+        """An empty block table for a new request: a retired one where there is one (its lists' buffers have grown
+        to a conversation's size already: an agent's next turn fills them without growing them again)."""
+        if self._retired:
+            return self._retired.pop()
         return [BlockList() for _ in self.layout.groups]
+
+    def retire(self, held: BlockTable) -> None:
+        """``free`` a finished request's blocks and keep its table for ``new_table``: the caller lets go of it."""
+        self.free(held)
+        if len(self._retired) < _RETIRED_TABLES:
+            self._retired.append(held)
 
     def check_invariants(self) -> None:
         """Free blocks are exactly the unreferenced ones, each live once in the queue; cache keys agree."""
