@@ -54,6 +54,24 @@ spread over the pool's calls and numpy, which mypyc does not speed up. (2) Softw
 (asking for element i + 8's pool row and hash slot while working on element i): user CPU 4.49-4.63 s against
 4.52-4.69 s, no change — the loops' elements are independent, so the processor already overlaps their cache misses.
 
+5 December 2026, second session (same machine, pinned to one core, alternated with the session's start, f8d2472):
+the goals are met. What the time went to, from a py-spy profile of fleet-fits: fixed costs around small operations,
+not the operations. (1) The pool's buffers reused: a finished request's block table goes, empty, to the next request, so
+a turn's blocks no longer grow and copy a fresh list (the largest single step: 2.48 → 2.33 CPU s); a take's blocks
+come back in a reusable buffer; a chain's hashes reach the kernel by address (a read-only view's address had taken
+numpy's slow way) and go from C straight into the chain's int64 mirror. (2) One pass where there were two: a free
+queues each block as its last reference goes; a prefix hit's references are taken before the fit check (given back
+if it fails) instead of counted first. (3) Per-block work: a decode step's filled blocks are staged in two arrays
+and cached in one kernel call; a growing session hashes its reply's blocks ahead in one C call and the engine takes
+each as it fills. (4) Token draws in C, exactly numpy's ``Generator.integers(0, high, n)`` (Lemire's bounded
+integers on the bit generator's own ``next_uint32``; checked against numpy, generator state included, when the
+kernel loads): numpy's call cost ~3 µs before its first draw, twice a turn. Two rounds of every scenario, session
+start → now: fleet 1,981 / 2,011× → 2,566 / 2,813×; **fleet-fits 225 / 229× → 305 / 309×** (2.33 CPU s = 320×
+in three runs of fleet-fits alone, against 3.14-3.20 s = 233-237× for the start); fleet-1gpu 1,728 / 1,733× → 1,914
+/ 1,961×; qwen-24 2,296 / 2,227× → 2,485 / 2,533×; deepseek-48 676 / 675× → 720 / 755×. Every digest unchanged, and
+fleet-fits' also with ``--exact`` and with ``AGENTLOAD_POOL_KERNEL=0`` (numpy, 109×). Tried and left out: a hash
+index of two slots a block instead of four (no change).
+
 ``--exact`` runs the step-by-step path (no fast-forwarding of decode steps) for comparison; both must print the
 same simulation figures, and the same ``digest``: a hash of every field of the result, each float by its exact
 ``repr`` and every TTFT included, so two runs that print the same digest agree to the last bit. ``--profile``

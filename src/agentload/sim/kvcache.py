@@ -925,12 +925,13 @@ class KVCacheManager:
 
     def register_each(self, held: list[BlockTable], hashes: list[int], positions: list[int]) -> None:
         """``register_one(held[i], hashes[i], positions[i])`` for each i in turn: the blocks one decode step filled,
-        a few requests' each. The single-group case in one loop, the index's arrays read once for all (a call and a
-        dozen attribute reads a block were half of caching it); the index makes room for all of them first, where
-        ``register_one`` would rebuild it before the one that did not fit (the same entries either way)."""
+        a few requests' each. With the kernel and one full-attention group, staged in two arrays through their
+        memoryviews and cached in one kernel pass (a few blocks a step: the call costs less than probing for one
+        block in Python); the index makes room for all of them first, where ``register_one`` would rebuild it before
+        the one that did not fit (the same entries either way)."""
         if not self.prefix_caching or not hashes:
             return
-        if len(self.full_groups) != 1:
+        if self._k is None or len(self.full_groups) != 1:
             for table, h, position in zip(held, hashes, positions, strict=True):
                 self.register_one(table, h, position)
             return
@@ -939,45 +940,18 @@ class KVCacheManager:
         n = len(hashes)
         if (index.used + n) * _MAX_LOAD > len(index.keys):
             self._rebuild(gi)
-        if self._k is not None:
-            # Staged in two arrays through their memoryviews, then one kernel pass (a few blocks a step: the
-            # kernel's call costs less than probing for one block in Python).
-            if n > len(self._staged_hashes):
-                self._stage(2 * n)
-            blocks, chain = self._staged_blocks_one, self._staged_hashes_one
-            for i, (table, h, position) in enumerate(zip(held, hashes, positions, strict=True)):
-                held_blocks = table[gi]
-                if position >= held_blocks._n:
-                    raise SimulationError(f"caching block {position} of a request that holds {held_blocks._n}")
-                blocks[i] = held_blocks._one[position]
-                chain[i] = h
-            index.used += self._k.al_register(
-                index.table_p, index._bits, self._rows_p, self._staged_blocks_p, self._staged_hashes_p, n, gi
-            )
-            return
-        key_group, key_hash = self._key_group_one, self._key_hash_one
-        keys, owners, mask, shift = index._keys_one, index._blocks_one, index._mask, 64 - index._bits
-        used = index.used
-        for table, h, position in zip(held, hashes, positions, strict=True):
-            slot = ((h & _MASK64) * _GOLDEN & _MASK64) >> shift
-            while True:
-                k = keys[slot]
-                if k == h:
-                    owner = owners[slot]
-                    if key_group[owner] == gi and key_hash[owner] == h:
-                        break  # the first block cached under a hash keeps it
-                    k = _EMPTY  # a stale entry (its block was evicted): taken over
-                if k == _EMPTY:
-                    if keys[slot] != h:
-                        keys[slot] = h
-                        used += 1
-                    b = table[gi][position]
-                    owners[slot] = b
-                    key_group[b] = gi
-                    key_hash[b] = h
-                    break
-                slot = (slot + 1) & mask
-        index.used = used
+        if n > len(self._staged_hashes):
+            self._stage(2 * n)
+        blocks, chain = self._staged_blocks_one, self._staged_hashes_one
+        for i, (table, h, position) in enumerate(zip(held, hashes, positions, strict=True)):
+            held_blocks = table[gi]
+            if position >= held_blocks._n:
+                raise SimulationError(f"caching block {position} of a request that holds {held_blocks._n}")
+            blocks[i] = held_blocks._one[position]
+            chain[i] = h
+        index.used += self._k.al_register(
+            index.table_p, index._bits, self._rows_p, self._staged_blocks_p, self._staged_hashes_p, n, gi
+        )
 
     def _stage(self, n: int) -> None:
         self._staged_blocks = np.empty(n, dtype=np.int32)
