@@ -15,15 +15,19 @@ separate process (``simproc``: only the client is in this process), three times:
    with a 95 % interval (bootstrap over the blocks, seeded): "≤ 5 %" is shown when the interval's top is ≤ 5 %.
    ``--null`` runs the same blocks with no dashboard in any run (runs 2 and 3 stand for it): the A/A check of
    the design, which should read 0 (5 December 2026, 8 blocks: −0.6 %, 95 % interval −5.7 to +4.6 %).
-   The dashboard's own CPU is also timed in place in every run with it (``OwnTime``: its hooks, flushes and
-   encoding, and the reader's parsing) as a share of that same run's client CPU, which the machine's drift
-   moves far less. The cyclic garbage collector's passes and CPU are counted per arm (``gc.callbacks``): a load
+   The dashboard's own CPU is timed in place in one more run with it after the blocks (``OwnTime``: its hooks,
+   flushes and encoding, and the reader's parsing) as a share of that same run's client CPU, which the machine's
+   drift moves far less; never in the blocks' runs, where its timers (0.5 µs on each of ~20,000 hook calls a run)
+   would weigh on the arm with the dashboard alone. ``--loop-profile`` prints each run's CPU by what the event loop
+   ran (the agents' work, the dashboard's stream and flusher, the socket reads). The cyclic garbage collector's
+   passes and CPU are counted per arm (``gc.callbacks``): a load
    runs with ``load.collector``'s settings, and ``--default-gc`` runs both arms with Python's own, for the before;
    ``--side-by-side`` runs each block's two arms at the same time instead, in two client processes on the client's
    core against the one simulator, so the machine's drift falls on both alike (a block's noise about ±3 %, checked
    with ``--null``, where neither process has the dashboard and the figure should read 0). It reads lower than the
-   arms in turn (4 December 2026: +3.0 and +3.8 % against +8.4 %, each with a narrow interval): two processes taking
-   turns on a core may hide the cost a lone client pays in its caches, so it does not replace the arms in turn.
+   arms in turn (4 December 2026: +3.0 and +3.8 % against +8.4 %, each with a narrow interval; 6 December, without
+   the in-place timers: +0.8 % against +11.0 %): two processes taking turns on a core may hide the cost a lone
+   client pays in its caches, so it does not replace the arms in turn.
    ``--callgrind`` counts instead of timing: each arm's client runs alone in a process of its own under valgrind's
    callgrind, which counts the run's instructions and simulates its L1 and last-level caches (what a hardware
    counter would give; this machine's VM has none). The counts do not move with the machine's drift; the run is
@@ -259,6 +263,63 @@ def _cpu() -> float:
 def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool) -> RunOptions:
     return RunOptions(fleet=fleet, out=out, url=url, mode=Mode.PARALLEL, width=width, progress="none",
                       dashboard=dashboard, fsync=False)  # fmt: skip
+
+
+class LoopProfile:
+    """``--loop-profile``: this process's CPU in each run by what its event loop ran — each callback's time
+    (``time.perf_counter`` around ``asyncio.Handle._run``: a callback never blocks, so its wall time is its CPU time
+    but for preemptions), summed by the coroutine a task step resumed (the agents' ``drive``, the dashboard's stream
+    and flusher, the server monitor) or the callback's name (a socket's reads). It shows which work differs between
+    the arms: the dashboard's own tasks, and the agents' work, which is the same in both arms (the same steps, the same
+    requests) and whose time moves with the machine. Installed for the whole process: both arms pay its timer."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[bool, dict[str, list[float]]]] = []  # (with the dashboard, name → [steps, seconds])
+        self._current: dict[str, list[float]] | None = None
+
+    def install(self) -> None:
+        run = asyncio.Handle._run
+        clock = time.perf_counter
+
+        def timed(handle: asyncio.Handle) -> None:
+            t0 = clock()
+            run(handle)
+            took = clock() - t0
+            if (current := self._current) is not None:
+                name = _handle_name(handle)
+                entry = current.get(name)
+                if entry is None:
+                    entry = current[name] = [0.0, 0.0]
+                entry[0] += 1
+                entry[1] += took
+
+        setattr(asyncio.Handle, "_run", timed)  # noqa: B010  (patched for the benchmark's process)
+
+    def start(self, dashboard: bool) -> None:
+        self._current = {}
+        self.runs.append((dashboard, self._current))
+
+    def stop(self) -> None:
+        self._current = None
+
+    def report(self, top: int = 8) -> None:
+        names: dict[str, float] = {}
+        for _, run in self.runs:
+            for name, (_, took) in run.items():
+                names[name] = names.get(name, 0.0) + took
+        print("  the loop's CPU by what it ran, s a run (each run in order; * with the dashboard):")
+        for name in sorted(names, key=lambda n: -names[n])[:top]:
+            per_run = " ".join(f"{r.get(name, [0, 0.0])[1]:.3f}{'*' if d else ' '}" for d, r in self.runs)
+            print(f"    {name[:60]:60s} {per_run}")
+
+
+def _handle_name(handle: asyncio.Handle) -> str:
+    """What a callback runs: the coroutine a task's step resumes, else the callback's own name."""
+    callback = handle._callback  # type: ignore[attr-defined]  # asyncio's, read only here
+    owner = getattr(callback, "__self__", None)
+    if isinstance(owner, asyncio.Task):
+        return str(getattr(owner.get_coro(), "__qualname__", "task"))
+    return str(getattr(callback, "__qualname__", None) or type(callback).__name__)
 
 
 @dataclass
@@ -513,13 +574,25 @@ def _timed_run(
     return r, used, took
 
 
+def _own_time_run(args: argparse.Namespace, opts: RunOptions, stream: Stream, own: OwnTime) -> None:
+    """One more run with the dashboard, its own code timed in place (``OwnTime``: the timers are installed now, for
+    good, so no run of the blocks before pays for them); with ``--change-ages`` also how long each change waited."""
+    own.install(ages=args.change_ages)
+    s0, f0, r0, x0 = own.state, own.flushes, own.reader, own.writes
+    reader = None if args.reader_in_process else _start_reader(off_core=not args.reader_on_client_core)
+    _, used, _ = _timed_run(opts, stream, [], own, reader)
+    state, flushes, writes, parsing = own.state - s0, own.flushes - f0, own.writes - x0, own.reader - r0
+    print(f"  the dashboard's own CPU, timed in place in one more run with it: {state - flushes:.3f} s its hooks, "
+          f"{flushes:.3f} s its flushes, {writes:.3f} s writing the stream"
+          + (f", {parsing:.3f} s the stream reader's parsing" if args.reader_in_process else "")
+          + f" = {(state + writes + parsing) / used:.2%} of that run's {used:.2f} s of client CPU")  # fmt: skip
+
+
 def _child_main(args: argparse.Namespace) -> None:
     """``--child with|without`` (``--side-by-side``): one run of the fleet, started when the parent writes ``go``;
-    prints this process's client CPU for the run and, with the dashboard, its own CPU timed in place."""
+    prints this process's client CPU for the run and what the stream carried."""
     dashboard = args.child == "with"
-    own = OwnTime()
-    if dashboard and not args.counted:
-        own.install()
+    own = OwnTime()  # not installed: its timers would weigh on the arm with the dashboard alone
     if args.flush_scale != 1.0:
         _scale_flushes(args.flush_scale)
     opts = _opts(args.fleet, args.out, args.url, args.width, dashboard=dashboard)
@@ -532,7 +605,6 @@ def _child_main(args: argparse.Namespace) -> None:
     r, used, took = _timed_run(opts, stream, [], own, reader)
     result = {"cpu": used, "wall": took, "turns": r.totals.turns, "done": r.totals.done,
               "failure": None if r.server_failure is None else str(r.server_failure),
-              "own": own.state + own.writes + own.reader, "flushes": own.flushes, "writes": own.writes,
               "changed": stream.changed if stream is not None else 0,
               "sent": stream.changed + stream.other + stream.empty if stream is not None else 0,
               "kib": stream.bytes / 1024 if stream is not None else 0.0}  # fmt: skip
@@ -561,7 +633,6 @@ def _side_by_side(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, wi
     alternates by block. Each block gives one paired figure, (with − without) ÷ without. With ``--null`` neither
     run has the dashboard: the figure is then what the design alone reads, which should be near 0."""
     shares: list[float] = []
-    own_shares: list[float] = []
     base: list[float] = []
     print(f"{args.agents} agents × {args.rounds} rounds ({width} at once) in each of two client processes side by "
           f"side, think {args.think:g} s, simulator step {args.step:g} s, {args.blocks} block(s)"
@@ -601,16 +672,12 @@ def _side_by_side(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, wi
                 print(f"  warning: the run {arm} the dashboard did not finish cleanly: {r['done']} agents done; "
                       f"server failure: {r['failure']}")  # fmt: skip
         shares.append((w["cpu"] - wo["cpu"]) / wo["cpu"])
-        own_shares.append(w["own"] / w["cpu"])
         base.append(wo["cpu"])
         print(f"  block {block + 1} ({arms[0]} started first): without {wo['cpu']:.2f} s client CPU "
-              f"({wo['wall']:.1f} s wall), with {w['cpu']:.2f} s ({w['wall']:.1f} s wall; {w['own']:.3f} s of it the "
-              f"dashboard's own = {w['own'] / w['cpu']:.2%}, {w['flushes']:.3f} s flushing, {w['writes']:.3f} s "
-              f"writing; {w['changed']} deltas with changes): {shares[-1]:+.1%}")  # fmt: skip
+              f"({wo['wall']:.1f} s wall), with {w['cpu']:.2f} s ({w['wall']:.1f} s wall; {w['changed']} deltas "
+              f"with changes): {shares[-1]:+.1%}")  # fmt: skip
     print("  " + _share_line(shares))
-    print(f"  the dashboard's own CPU, timed in place: mean {statistics.fmean(own_shares):.2%} of its run's client CPU "
-          f"(per block {min(own_shares):.2%} to {max(own_shares):.2%}); without it, client CPU "
-          f"{min(base):.2f} to {max(base):.2f} s a run")  # fmt: skip
+    print(f"  without the dashboard, client CPU {min(base):.2f} to {max(base):.2f} s a run")
 
 
 _CYCLES = "Ir + 10 × L1 misses + 100 × LL misses"  # KCachegrind's cycle estimate, from callgrind's counts
@@ -796,8 +863,14 @@ def main() -> None:
     ap.add_argument(
         "--change-ages",
         action="store_true",
-        help="also measure how long each change waits to reach the stream (a wrapper on every change, which the "
-        "CPU figures would count: leave it off for them)",
+        help="also measure how long each change waits to reach the stream (a wrapper on every change: in the extra "
+        "run that times the dashboard's code in place, never in the blocks' runs)",
+    )
+    ap.add_argument(
+        "--loop-profile",
+        action="store_true",
+        help="in turn: also time each callback the event loop runs, and print each run's CPU by what it ran (the "
+        "agents' work, the dashboard's tasks, the socket reads): which work differs between the arms",
     )
     ap.add_argument("--read-events", action="store_true", help=argparse.SUPPRESS)  # the reader's own process
     ap.add_argument(
@@ -867,6 +940,8 @@ def main() -> None:
         return
     if args.callgrind and (args.side_by_side or args.default_gc or args.reader_in_process):
         ap.error("--callgrind runs neither --side-by-side, --default-gc nor --reader-in-process")
+    if args.loop_profile and (args.callgrind or args.side_by_side):
+        ap.error("--loop-profile is for the arms in turn (this process runs them)")
     if args.decoy and (args.callgrind or args.side_by_side or args.reader_in_process):
         ap.error("--decoy is for the arms in turn with the reader in a process of its own")
     if args.null and (args.callgrind or args.default_gc or args.reader_in_process):
@@ -902,9 +977,13 @@ def main() -> None:
         lags: dict[bool, list[float]] = {False: [], True: []}
         switches: dict[bool, list[tuple[int, int]]] = {False: [], True: []}  # per run: voluntary, involuntary
         shares: list[float] = []  # one paired figure per block: (with − without) ÷ without, client CPU
-        own_shares: list[float] = []  # per run with the dashboard: its own CPU ÷ that run's client CPU
+        # The blocks run without the in-place timers: a timer wraps each of ~20,000 hook calls a run (0.5 µs each
+        # here, ~0.4 % of the client's CPU) and would weigh on the "with" arm alone. One more run after the blocks
+        # times the dashboard's own code in place.
         own_total = OwnTime()
-        own_total.install(ages=args.change_ages)
+        profile = LoopProfile() if args.loop_profile else None
+        if profile is not None:
+            profile.install()
         collector = {False: GcTime(), True: GcTime()}
         print(f"{args.agents} agents × {args.rounds} rounds ({width} at once), think {args.think:g} s, "
               f"simulator step {args.step:g} s, {args.blocks} block(s) of four runs"
@@ -922,8 +1001,9 @@ def main() -> None:
                     assert reader.stdin is not None
                     reader.stdin.write(b"decoy\n")
                     reader.stdin.flush()
-                s0, r0, x0 = own_total.state, own_total.reader, own_total.writes
                 gc.callbacks.append(collector[dashboard])
+                if profile is not None:
+                    profile.start(dashboard and not args.null)
                 try:
                     r, used, took = _timed_run(
                         opts,
@@ -935,16 +1015,12 @@ def main() -> None:
                     )
                 finally:
                     gc.callbacks.remove(collector[dashboard])
+                    if profile is not None:
+                        profile.stop()
                 results[dashboard] = r
-                own = (own_total.state - s0) + (own_total.reader - r0) + (own_total.writes - x0)
-                if dashboard:
-                    own_shares.append(own / used)
                 used_in[dashboard] += used
                 cpu[dashboard] += used
                 wall[dashboard] += took
-                mine = ""
-                if dashboard and not args.null:
-                    mine = f" ({own:.3f} s of it the dashboard's own: {own / used:.2%})"
                 arm = (
                     ("B (the A/A check: no dashboard)" if args.null else "with the dashboard")
                     if dashboard
@@ -952,7 +1028,7 @@ def main() -> None:
                 )
                 waits, preempted = switches[dashboard][-1]
                 print(f"  block {block + 1}, run {arm}: {r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client "
-                      f"CPU{mine}; the loop slept {waits:,} times, was preempted {preempted:,}")  # fmt: skip
+                      f"CPU; the loop slept {waits:,} times, was preempted {preempted:,}")  # fmt: skip
             shares.append((used_in[True] - used_in[False]) / used_in[False])
         base, dash = results[False], results[True]
         runs = 2 * args.blocks
@@ -977,14 +1053,13 @@ def main() -> None:
               f"{dash_wall:.1f} s wall, {dash_cpu:.2f} s client CPU "
               f"({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
         print("  " + _share_line(shares))
-        print(f"  the dashboard's own CPU, timed in place: {own_total.state:.3f} s in the live state "
-              f"({own_total.state - own_total.flushes:.3f} s its hooks, {own_total.flushes:.3f} s its flushes) + "
-              f"{own_total.writes:.3f} s writing the stream + {own_total.reader:.3f} s in the stream reader over "
-              f"{runs} runs = {statistics.fmean(own_shares):.2%} "
-              f"of those runs' client CPU (per run: {min(own_shares):.2%} to {max(own_shares):.2%})")  # fmt: skip
+        if profile is not None:
+            profile.report()
         if not args.reader_in_process:
             print(f"  the stream reader's own process (a browser's share, not the client's): "
                   f"{own_total.reader_process / runs:.3f} s CPU a run")  # fmt: skip
+        if not args.null:
+            _own_time_run(args, _opts(fleet, out, url, width, dashboard=True), stream, own_total)
         for dashboard in (False, True):
             g = collector[dashboard]
             print(f"  cyclic collector {'with' if dashboard else 'without'} the dashboard "
