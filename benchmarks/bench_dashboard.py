@@ -56,6 +56,8 @@ first change after the previous delta) — within one flush (250 ms) when the sc
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser  # in turn
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --null  # A/A
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --decoy
+    .venv/bin/python benchmarks/bench_dashboard.py --width 300 --blocks 4 --no-browser --loop-profile  # by task
+    .venv/bin/python benchmarks/bench_dashboard.py --width 300 --blocks 4 --no-browser --loop-profile --no-page
     .venv/bin/python benchmarks/bench_dashboard.py --agents 1000 --width 300 --blocks 8 --no-browser --default-gc
     .venv/bin/python benchmarks/bench_dashboard.py --width 300 --blocks 12 --side-by-side --no-browser
     .venv/bin/python benchmarks/bench_dashboard.py --width 300 --side-by-side --null --blocks 12 --no-browser
@@ -872,6 +874,12 @@ def main() -> None:
         help="in turn: also time each callback the event loop runs, and print each run's CPU by what it ran (the "
         "agents' work, the dashboard's tasks, the socket reads): which work differs between the arms",
     )
+    ap.add_argument(
+        "--no-page",
+        action="store_true",
+        help="in turn: the runs with the dashboard serve it with no page open (no stream, so no flushes): what its "
+        "hooks and its presence cost the client without the page's updates",
+    )
     ap.add_argument("--read-events", action="store_true", help=argparse.SUPPRESS)  # the reader's own process
     ap.add_argument(
         "--side-by-side",
@@ -940,6 +948,8 @@ def main() -> None:
         return
     if args.callgrind and (args.side_by_side or args.default_gc or args.reader_in_process):
         ap.error("--callgrind runs neither --side-by-side, --default-gc nor --reader-in-process")
+    if args.no_page and (args.callgrind or args.side_by_side or args.null or args.decoy or args.reader_in_process):
+        ap.error("--no-page is for the arms in turn, with the dashboard and no reader")
     if args.loop_profile and (args.callgrind or args.side_by_side):
         ap.error("--loop-profile is for the arms in turn (this process runs them)")
     if args.decoy and (args.callgrind or args.side_by_side or args.reader_in_process):
@@ -994,7 +1004,7 @@ def main() -> None:
             for dashboard in (False, True, True, False):
                 opts = _opts(fleet, out, url, width, dashboard=dashboard and not args.null)
                 reader = None
-                if dashboard and not args.reader_in_process and not args.null:
+                if dashboard and not args.reader_in_process and not args.null and not args.no_page:
                     reader = _start_reader(off_core=not args.reader_on_client_core)
                 elif args.decoy:
                     reader = _start_reader(off_core=not args.reader_on_client_core)
@@ -1007,7 +1017,7 @@ def main() -> None:
                 try:
                     r, used, took = _timed_run(
                         opts,
-                        stream if dashboard and not args.null else None,
+                        stream if dashboard and not args.null and not args.no_page else None,
                         lags[dashboard],
                         own_total,
                         reader,
@@ -1049,6 +1059,8 @@ def main() -> None:
         )
         if args.null:
             where += " — in this A/A check, runs 2 and 3 of each block, with no dashboard"
+        if args.no_page:
+            where = "— none here (--no-page): the dashboard serving with no page open"
         print(f"  with dashboard + 1 stream reader {where} (mean of {runs}): {dash.totals.turns} turns, "
               f"{dash_wall:.1f} s wall, {dash_cpu:.2f} s client CPU "
               f"({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
@@ -1058,7 +1070,7 @@ def main() -> None:
         if not args.reader_in_process:
             print(f"  the stream reader's own process (a browser's share, not the client's): "
                   f"{own_total.reader_process / runs:.3f} s CPU a run")  # fmt: skip
-        if not args.null:
+        if not args.null and not args.no_page:
             _own_time_run(args, _opts(fleet, out, url, width, dashboard=True), stream, own_total)
         for dashboard in (False, True):
             g = collector[dashboard]
