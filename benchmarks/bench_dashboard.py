@@ -948,8 +948,9 @@ def main() -> None:
         return
     if args.callgrind and (args.side_by_side or args.default_gc or args.reader_in_process):
         ap.error("--callgrind runs neither --side-by-side, --default-gc nor --reader-in-process")
-    if args.no_page and (args.callgrind or args.side_by_side or args.null or args.decoy or args.reader_in_process):
-        ap.error("--no-page is for the arms in turn, with the dashboard and no reader")
+    if args.no_page and (args.callgrind or args.side_by_side or args.null or args.decoy or args.reader_in_process
+                         or args.change_ages):  # fmt: skip
+        ap.error("--no-page is for the arms in turn, with the dashboard, no reader and no --change-ages")
     if args.loop_profile and (args.callgrind or args.side_by_side):
         ap.error("--loop-profile is for the arms in turn (this process runs them)")
     if args.decoy and (args.callgrind or args.side_by_side or args.reader_in_process):
@@ -1081,12 +1082,16 @@ def main() -> None:
         st = stream
         flushes = st.changed + st.other + st.empty
         per_s = (lambda n: n / st.span) if st.span > 0 else (lambda n: 0.0)
-        print(f"  update rate: {per_s(st.changed):.2f} deltas a second carried agents' changes ({st.changed} of "
-              f"{flushes} flushes in {st.span:.1f} s of stream; {st.bytes / max(st.changed + st.other, 1) / 1024:.1f} "
-              f"KiB a delta on average)")  # fmt: skip
-        print(f"  flushes: {per_s(flushes):.2f} a second (the schedule: 4); {st.other} with the server's sample only, "
-              f"{st.empty} with nothing to send; gap between flushes p50 {_pct(st.flush_gaps, 0.5) * 1000:.0f} ms, "
-              f"p95 {_pct(st.flush_gaps, 0.95) * 1000:.0f} ms, max {_pct(st.flush_gaps, 1) * 1000:.0f} ms")  # fmt: skip
+        if not flushes:  # --null or --no-page: no page read a stream, so there is no rate to give
+            print("  update rate: no page was open in these runs (no stream was read)")
+        else:
+            print(f"  update rate: {per_s(st.changed):.2f} deltas a second carried agents' changes ({st.changed} "
+                  f"of {flushes} flushes in {st.span:.1f} s of stream; "
+                  f"{st.bytes / max(st.changed + st.other, 1) / 1024:.1f} KiB a delta on average)")  # fmt: skip
+            print(f"  flushes: {per_s(flushes):.2f} a second (the schedule: 4); {st.other} with the server's sample "
+                  f"only, {st.empty} with nothing to send; gap between flushes p50 "
+                  f"{_pct(st.flush_gaps, 0.5) * 1000:.0f} ms, p95 {_pct(st.flush_gaps, 0.95) * 1000:.0f} ms, max "
+                  f"{_pct(st.flush_gaps, 1) * 1000:.0f} ms")  # fmt: skip
         if ages := own_total.ages:
             print(f"  every change reached the stream within: p50 {_pct(ages, 0.5) * 1000:.0f} ms, p99 "
                   f"{_pct(ages, 0.99) * 1000:.0f} ms, max {_pct(ages, 1) * 1000:.0f} ms of being made "
