@@ -548,10 +548,11 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
     return result
 
 
-def _switches() -> tuple[int, int]:
-    """This process's context switches so far: voluntary (it waited: the event loop slept) and involuntary."""
+def _switches() -> tuple[int, int, int]:
+    """This process's context switches so far: voluntary (it waited: the event loop slept) and involuntary; and its
+    minor page faults (memory the allocator gave back to the kernel and took again faults in page by page)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_nvcsw, r.ru_nivcsw
+    return r.ru_nvcsw, r.ru_nivcsw, r.ru_minflt
 
 
 def _timed_run(
@@ -560,10 +561,10 @@ def _timed_run(
     lags: list[float],
     own: OwnTime,
     reader: subprocess.Popen[bytes] | None,
-    switches: list[tuple[int, int]] | None = None,
+    switches: list[tuple[int, int, int]] | None = None,
 ) -> tuple[FleetResult, float, float]:
     """One run of the fleet: its result, this process's CPU and the wall seconds it took; ``reader`` stopped after.
-    ``switches`` gets the run's context switches (voluntary, involuntary)."""
+    ``switches`` gets the run's context switches (voluntary, involuntary) and minor page faults."""
     c0, w0, s0 = _cpu(), time.monotonic(), _switches()
     try:
         r = asyncio.run(_run(opts, stream, lags, own, reader))
@@ -572,7 +573,7 @@ def _timed_run(
             reader.kill()
     used, took, s1 = _cpu() - c0, time.monotonic() - w0, _switches()
     if switches is not None:
-        switches.append((s1[0] - s0[0], s1[1] - s0[1]))
+        switches.append((s1[0] - s0[0], s1[1] - s0[1], s1[2] - s0[2]))
     return r, used, took
 
 
@@ -986,7 +987,8 @@ def main() -> None:
         results: dict[bool, FleetResult] = {}
         stream = Stream()
         lags: dict[bool, list[float]] = {False: [], True: []}
-        switches: dict[bool, list[tuple[int, int]]] = {False: [], True: []}  # per run: voluntary, involuntary
+        # per run: context switches (voluntary, involuntary), minor page faults
+        switches: dict[bool, list[tuple[int, int, int]]] = {False: [], True: []}
         shares: list[float] = []  # one paired figure per block: (with − without) ÷ without, client CPU
         # The blocks run without the in-place timers: a timer wraps each of ~20,000 hook calls a run (0.5 µs each
         # here, ~0.4 % of the client's CPU) and would weigh on the "with" arm alone. One more run after the blocks
@@ -1037,9 +1039,11 @@ def main() -> None:
                     if dashboard
                     else ("A (no dashboard)" if args.null else "without the dashboard")
                 )
-                waits, preempted = switches[dashboard][-1]
-                print(f"  block {block + 1}, run {arm}: {r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client "
-                      f"CPU; the loop slept {waits:,} times, was preempted {preempted:,}")  # fmt: skip
+                waits, preempted, faults = switches[dashboard][-1]
+                print(
+                    f"  block {block + 1}, run {arm}: {r.totals.turns} turns, {took:.1f} s wall, {used:.2f} s client "
+                    f"CPU; the loop slept {waits:,} times, was preempted {preempted:,}; {faults:,} page faults"
+                )
             shares.append((used_in[True] - used_in[False]) / used_in[False])
         base, dash = results[False], results[True]
         runs = 2 * args.blocks
@@ -1102,8 +1106,9 @@ def main() -> None:
         for dashboard in (False, True):
             sw = switches[dashboard]
             print(f"  context switches a run {'with' if dashboard else 'without'} the dashboard: the loop slept "
-                  f"{statistics.fmean(w for w, _ in sw):,.0f} times (it waited for the network), was preempted "
-                  f"{statistics.fmean(p for _, p in sw):,.0f} (mean of {len(sw)} runs)")  # fmt: skip
+                  f"{statistics.fmean(s[0] for s in sw):,.0f} times (it waited for the network), was preempted "
+                  f"{statistics.fmean(s[1] for s in sw):,.0f}, faulted {statistics.fmean(s[2] for s in sw):,.0f} pages "
+                  f"in (mean of {len(sw)} runs)")  # fmt: skip
         for dashboard in (False, True):
             lag = lags[dashboard]
             print(f"  event loop lateness {'with' if dashboard else 'without'} the dashboard (a 50 ms sleep): p50 "
