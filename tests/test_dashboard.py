@@ -24,6 +24,7 @@ from agentload.agent.loop import TurnLog
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import Clock, LoopClock, RealClock
 from agentload.dashboard.control import FleetControl
+from agentload.dashboard.replay import FleetReplay
 from agentload.dashboard.server import make_app
 from agentload.dashboard.state import PREVIEW_CHARS, Cursor, LiveState, Tee
 from agentload.endpoint.records import RequestIds, RequestRecord, ToolCallRecord
@@ -365,6 +366,17 @@ async def test_stop_leaves_the_run_resumable_with_every_turn_once(tmp_path: Path
     state = load_log(opts.run_dir / LOG, repair=False)
     assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": 8 for i in range(5)}}
     assert len(state.segments) == 2
+    # The replay shows the policy in force at each moment: auto over 1-6 agents, parallel 2 from the switch on,
+    # and auto again in the resumed segment (a resume starts from the command's mode).
+    replay = FleetReplay(opts.run_dir)
+    switched = next(t for t, _, change in replay.widths if change.get("reason") == "set from the dashboard: parallel 2")
+    policy = [
+        (lim["mode"], lim["min"], lim["max"])
+        for lim in (
+            replay.at(t)["summary"]["limiter"] for t in (switched - 0.01, switched, replay.segments[1]["start"])
+        )
+    ]
+    assert policy == [("auto", 1, 6), ("parallel", 2, 2), ("auto", 1, 6)]
 
 
 async def test_without_the_flag_nothing_is_served(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ claim about the replay is checked against the checkpoint log the run wrote.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
@@ -128,6 +130,22 @@ def test_a_stopped_then_resumed_run_is_two_segments_with_the_gap_between(tmp_pat
         a for a in unfinished if end[a]["state"] == "interrupted"
     ]
     assert replay.at(replay.end)["summary"]["counts"] == {"done": 7}
+
+
+def test_a_log_from_before_the_bounds_were_recorded_shows_the_runs_last(finished: Path, tmp_path: Path) -> None:
+    end = FleetReplay(finished).at(0.0)["summary"]["limiter"]
+    assert (end["mode"], end["min"], end["max"]) == ("auto", 1, 7)  # the segment's line: auto over 1-7 agents
+    old = tmp_path / "old"
+    shutil.copytree(finished, old)
+    lines = []
+    for raw in (old / LOG).read_bytes().splitlines():
+        line = orjson.loads(raw)
+        if line["kind"] == "segment":
+            del line["min_limit"], line["max_limit"]
+        lines.append(orjson.dumps(line))
+    (old / LOG).write_bytes(b"\n".join(lines) + b"\n")
+    got = FleetReplay(old).at(0.0)["summary"]["limiter"]
+    assert (got["mode"], got["min"], got["max"]) == ("auto", 1, 7)  # results.json's, as before
 
 
 @pytest.fixture

@@ -300,11 +300,21 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         poller = conn.monitor
         backend: ChatBackend = conn.backend if turns is None else turns
         max_width = min(opts.max_width or len(plans), len(plans))
-        limiter = Limiter(make_policy(opts.mode, width, max_width=max_width))
+        policy = make_policy(opts.mode, width, max_width=max_width)
+        limiter = Limiter(policy)
         # Simulated runs skip fsync: a thread's fsync would let virtual time run ahead while it is on disk.
         log = CheckpointLog(run_dir / LOG, sync=opts.fsync and not manifest.virtual)
         stack.callback(log.close)
-        await log.append(SegmentLine(segment=segment, mode=opts.mode, start_width=width, reason=reason))
+        await log.append(
+            SegmentLine(
+                segment=segment,
+                mode=opts.mode,
+                start_width=width,
+                reason=reason,
+                min_limit=policy.min_limit,
+                max_limit=policy.max_limit,
+            )
+        )
         opts.notes.append(f"{opts.mode.value}: starting at width {width} — {reason}")
         opts.notes.extend(f"warning: {w}" for w in warnings)
         display = out or console

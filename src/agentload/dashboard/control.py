@@ -129,7 +129,15 @@ class FleetControl:
         change = LimitChange(t=self.clock.now() - run.t0, old=old, new=new, reason=f"set from the dashboard: {label}")
         # Logged before it takes effect: a width the checkpoint log does not have never runs (a failed write is
         # raised from here, the page gets a 500, and the width stays as it was).
-        await run.log.append(LimitLine(segment=run.segment, change=change))
+        await run.log.append(
+            LimitLine(
+                segment=run.segment,
+                change=change,
+                mode=mode,
+                min_limit=policy.min_limit,
+                max_limit=policy.max_limit,
+            )
+        )
         limiter.policy = policy
         limiter.history.append(change)
         limiter.gate.set_limit(new)

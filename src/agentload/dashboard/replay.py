@@ -157,20 +157,27 @@ class FleetReplay:
                 deps = [d.ended_at or 0.0 for task in agent.depends_on for d in by_task.get(task, [])]
                 agent.ended_at = max(deps, default=0.0)
         # Width changes: each segment starts at its start width; ``t`` of a change is from its segment's start.
-        self.mode_by_segment = {s.segment: s.mode.value for s in state.segments}
+        # The width policy in force (mode, min, max): each segment's, then each switch from the dashboard. A log
+        # written before the bounds were recorded falls back to the run's last (results.json's).
+        end_min = results.limiter.min_limit if results is not None else None
+        end_max = results.limiter.max_limit if results is not None else None
+        self.policies: list[tuple[float, str, int | None, int | None]] = []
         self.widths: list[tuple[float, int, dict[str, Any]]] = []
         for s in state.segments:
             if s.segment in self.offsets:
                 start = self.offsets[s.segment][1]
                 self.widths.append((start, s.start_width, {}))
+                bounds = (end_min, end_max) if s.min_limit is None else (s.min_limit, s.max_limit)
+                self.policies.append((start, s.mode.value, *bounds))
         for limit in state.limits:
             if limit.segment in self.offsets:
                 t = self.offsets[limit.segment][1] + limit.change.t
                 change = limit.change.model_dump(mode="json") | {"t": round(t, 3)}
                 self.widths.append((t, limit.change.new, change))
+                if limit.mode is not None:
+                    self.policies.append((t, limit.mode.value, limit.min_limit, limit.max_limit))
         self.widths.sort(key=lambda w: w[0])
-        self.min_width = results.limiter.min_limit if results is not None else None
-        self.max_width = results.limiter.max_limit if results is not None else None
+        self.policies.sort(key=lambda p: p[0])
         self.points = self._points()
 
     def _agent(self, aid: str) -> _Agent:
@@ -219,6 +226,15 @@ class FleetReplay:
         return card
 
     # -- the timelines ---------------------------------------------------------------------------------------
+    def _policy_at(self, t: float) -> tuple[str, int | None, int | None]:
+        """The width policy in force at ``t``: its mode, min and max."""
+        policy: tuple[str, int | None, int | None] = ("", None, None)
+        for at, mode, low, high in self.policies:
+            if at > t:
+                break
+            policy = (mode, low, high)
+        return policy
+
     def _width_at(self, t: float) -> int | None:
         width = None
         for at, w, _ in self.widths:
@@ -272,7 +288,7 @@ class FleetReplay:
         for c in agents:
             counts[c["state"]] = counts.get(c["state"], 0) + 1
         decisions = [d for at, _, d in self.widths if d and at <= t]
-        seg = next((s["segment"] for s in reversed(self.segments) if s["start"] <= t), None)
+        mode, low, high = self._policy_at(t)
         return {
             "summary": {
                 "fleet": self.fleet,
@@ -281,10 +297,10 @@ class FleetReplay:
                 "counts": counts,
                 "turns": sum(c["turn"] for c in agents),
                 "limiter": {
-                    "mode": self.mode_by_segment.get(seg, "") if seg is not None else "",
+                    "mode": mode,
                     "limit": self._width_at(t),
-                    "min": self.min_width,
-                    "max": self.max_width,
+                    "min": low,
+                    "max": high,
                     "live": counts.get("running", 0),
                     "queued": None,
                     "parked_total": None,

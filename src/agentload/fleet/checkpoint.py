@@ -64,6 +64,10 @@ class SegmentLine(BaseModel):
     mode: Mode
     start_width: int
     reason: str
+    # The width policy's bounds (auto's min and max; a fixed width's own): a replay shows them as they were. None in
+    # logs written before they were recorded.
+    min_limit: int | None = None
+    max_limit: int | None = None
 
 
 class TurnLine(BaseModel):
@@ -89,6 +93,11 @@ class LimitLine(BaseModel):
     kind: Literal["limit"] = "limit"
     segment: int
     change: LimitChange
+    # Set when the change replaced the width policy (the dashboard's mode switch): the new policy's mode and bounds,
+    # which a replay shows from here on. None for the policy's own decisions.
+    mode: Mode | None = None
+    min_limit: int | None = None
+    max_limit: int | None = None
 
 
 class InterruptLine(BaseModel):
