@@ -332,6 +332,10 @@ async def test_pause_starts_no_turn_and_resume_finishes_every_turn_once(tmp_path
         during = await _committed(opts.run_dir)
         await asyncio.sleep(1.0)
         assert await _committed(opts.run_dir) == during  # in-flight turns finished; none started since
+        # The width panel counts the agents the limiter holds now, not when the width last changed.
+        async with session.get(f"{base}/api/state", params={"token": token}) as resp:
+            summary = (await resp.json())["summary"]
+        assert summary["limiter"]["live"] == summary["counts"]["running"] > 0
         resumed_at = loop.time()  # the resume is sent after this reading
         await _post(session, base, token, {"action": "resume"})
         result = await asyncio.wait_for(task, 60)

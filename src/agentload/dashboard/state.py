@@ -211,6 +211,9 @@ class LiveState:
         for card in self.cards.values():
             self._counts[card.state] = self._counts.get(card.state, 0) + 1
         self.limiter: LimiterStatistics | None = None
+        # The run's limiter, read when a summary is built: its live and queued agents, parks and decisions move
+        # between the changes of the width that ``limiter_changed`` reports (None: what that last reported).
+        self.limiter_view: Callable[[], LimiterStatistics] | None = None
         self.decisions: list[dict[str, Any]] = []
         self.points: list[dict[str, Any]] = []
         self.dropped_points = 0
@@ -452,7 +455,7 @@ class LiveState:
 
     def _summary(self) -> dict[str, Any]:
         counts = {s.value: n for s in AgentState if (n := self._counts.get(s.value))}
-        lim = self.limiter
+        lim = self.limiter_view() if self.limiter_view is not None else self.limiter
         wd = self.watchdog() if self.watchdog is not None else None
         return {
             "fleet": self.fleet,
