@@ -7,6 +7,7 @@ claim about the replay is checked against the checkpoint log the run wrote.
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from agentload.dashboard.replay import SEGMENT_GAP_S, FleetReplay, open_replay
 from agentload.dashboard.server import make_replay_app
 from agentload.errors import CheckpointError
 from agentload.fleet.checkpoint import LOG, load_log
+from agentload.fleet.samples import read_samples
 from agentload.store.rundir import RunDir
 
 FAST = "llama-8b-h100"
@@ -87,7 +89,46 @@ def test_the_end_of_a_finished_run_is_what_its_log_says(finished: Path) -> None:
     assert cards["w.0"]["depends_on"] == ["plan"]
     last = body["points"][-1]
     assert (last["turns"], last["t"]) == (body["summary"]["turns"], replay.end)
-    assert last["kv"] is None  # a fleet run stores no server gauges: not drawn
+    assert last["running"] == 0  # the server's last sample: nothing left running
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run on a slow server (the laptop profile, long contexts, short think): requests queue and hold KV."""
+    tmp = tmp_path_factory.mktemp("busy")
+    opts = RunOptions(fleet=tmp / "f.toml", out=tmp / "runs", progress="none", virtual=True, profile="laptop")
+    (tmp / "f.toml").write_text(
+        FLEET.replace("think_time_s = 0.5", "think_time_s = 0.1").replace(
+            "context_tokens = 300", "context_tokens = 4000"
+        )
+    )
+    run_virtual(run_fleet(opts))
+    assert opts.run_dir is not None
+    return opts.run_dir
+
+
+def test_the_servers_samples_are_drawn_on_the_turns_axis(busy: Path) -> None:
+    samples = read_samples(busy)
+    assert len(samples) >= 5
+    assert {x.segment for x in samples} == {0}
+    replay = FleetReplay(busy)
+    points = replay.at(replay.end)["points"]
+    # Every gauge drawn is one the server reported, at or after the moment it reported it.
+    drawn = [p for p in points if p["kv"] is not None]
+    assert len(drawn) >= len(points) - 1  # a sample a second: every point has one, bar perhaps the first
+    assert {p["kv"] for p in drawn} <= {x.kv_usage for x in samples}
+    assert len({p["kv"] for p in drawn}) >= 3  # the pool filled and drained
+    assert max(p["running"] for p in drawn) >= 2  # several requests at once
+    assert max(p["waiting"] for p in drawn) >= 1  # and a queue behind them
+    assert all(p["running"] <= 7 for p in drawn)
+    log = load_log(busy / LOG, repair=False)
+    first = min(r.t_sent for lines in log.turns.values() for line in lines for r in line.turn.records)
+    busiest = max(samples, key=lambda x: x.kv_usage or 0.0)
+    at = math.ceil(busiest.t - first)  # the first point at or after it (a point a second)
+    assert next(p["kv"] for p in points if p["t"] == at) == busiest.kv_usage
+    hits = [p["hit"] for p in drawn if p["hit"] is not None]
+    assert hits
+    assert all(0.0 <= h <= 1.0 for h in hits)
 
 
 def test_scrubbing_shows_each_agent_as_it_was(finished: Path) -> None:
@@ -130,6 +171,15 @@ def test_a_stopped_then_resumed_run_is_two_segments_with_the_gap_between(tmp_pat
         a for a in unfinished if end[a]["state"] == "interrupted"
     ]
     assert replay.at(replay.end)["summary"]["counts"] == {"done": 7}
+    # Both segments' server samples are drawn, each in its own segment (a sample a second: every point a second
+    # or more into a segment has one); none in the gap between them.
+    points = replay.at(replay.end)["points"]
+    assert {x.segment for x in read_samples(run_dir)} == {0, 1}
+    for seg in (first, second):
+        within = [p for p in points if seg["start"] + 1.0 <= p["t"] <= seg["end"]]
+        assert within
+        assert all(p["kv"] is not None for p in within)
+    assert all(p["kv"] is None for p in points if first["end"] < p["t"] < second["start"])
 
 
 def test_a_log_from_before_the_bounds_were_recorded_shows_the_runs_last(finished: Path, tmp_path: Path) -> None:

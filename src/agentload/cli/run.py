@@ -63,6 +63,7 @@ from agentload.fleet.limiter import Limiter, Mode, make_policy
 from agentload.fleet.progress import LineProgress, LiveProgress
 from agentload.fleet.results import FleetResult, compile_result, fleet_info
 from agentload.fleet.runner import FleetProgress, FleetRunner
+from agentload.fleet.samples import SampleLog
 from agentload.load.cluster import ExecutorSpec, RayCluster
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
@@ -315,6 +316,10 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
                 max_limit=policy.max_limit,
             )
         )
+        # The server's samples beside the turns, for the replay (the monitor scrapes for the limiter anyway).
+        samples = SampleLog(run_dir, segment, note=lambda m: err_console.print(m, markup=False, soft_wrap=True))
+        stack.callback(samples.close)
+        stack.callback(poller.subscribe(samples))
         opts.notes.append(f"{opts.mode.value}: starting at width {width} — {reason}")
         opts.notes.extend(f"warning: {w}" for w in warnings)
         display = out or console

@@ -9,12 +9,13 @@ The time axis is the replay's own: segment 0 starts at 0, and each later segment
 is laid after the one before it with a ``SEGMENT_GAP_S`` gap. Within a segment, times are the records' own
 (one monotonic clock per process), shifted so the segment's first request is its start.
 
-What the log does not hold is not shown: the server's gauges (KV usage, running, waiting, prefix hits,
-preemptions: a fleet run does not store its scrapes), the watchdog's decisions, pauses, and a stop or restart
-of one agent (only their effect: fewer turns, no outcome line). An agent's outcome line carries no time; it is
-placed at the end of the agent's last committed turn (a skipped agent: when its last dependency ended). A turn
-cut short by a stop or a kill left no record, so the agent shows *think* from its last committed turn to the
-end of that segment, then *interrupted*.
+The server's gauges (KV usage, running and waiting requests, prefix hits, preemptions) come from ``server.jsonl``
+(``fleet.samples``: each scrape with its segment, on the same clock as the turns); a run from before it was
+recorded has none, and its charts stay empty. What the run directory does not hold is not shown: the watchdog's
+decisions, pauses, and a stop or restart of one agent (only their effect: fewer turns, no outcome line). An
+agent's outcome line carries no time; it is placed at the end of the agent's last committed turn (a skipped agent:
+when its last dependency ended). A turn cut short by a stop or a kill left no record, so the agent shows *think*
+from its last committed turn to the end of that segment, then *interrupted*.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from agentload.errors import CheckpointError
 from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, load_log, read_manifest
 from agentload.fleet.config import expand
 from agentload.fleet.results import FleetResult
+from agentload.fleet.samples import SegmentSample, read_samples
 from agentload.store.manifest import read_info
 from agentload.store.rundir import LEVELS, SAMPLES
 
@@ -37,6 +39,8 @@ from agentload.store.rundir import LEVELS, SAMPLES
 SEGMENT_GAP_S = 1.0
 # One timeline point per this many seconds of replay.
 POINT_S = 1.0
+# A server sample older than this at a point is not drawn there: the server stopped answering, or the segment ended.
+STALE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ class FleetReplay:
                     self.policies.append((t, limit.mode.value, limit.min_limit, limit.max_limit))
         self.widths.sort(key=lambda w: w[0])
         self.policies.sort(key=lambda p: p[0])
+        self.gauges = self._gauges(run_dir)
         self.points = self._points()
 
     def _agent(self, aid: str) -> _Agent:
@@ -243,9 +248,44 @@ class FleetReplay:
             width = w
         return width
 
+    def _gauges(self, run_dir: Path) -> list[tuple[float, float, dict[str, Any]]]:
+        """The server's samples on the replay's axis, in order: (t, its segment's end, the gauges a point shows).
+        The prefix-hit rate is between a sample and the one before it in its segment; preemptions count from the
+        run's first sample, each segment's added to the ones before (a resumed run may face a restarted server,
+        whose counters start again)."""
+        gauges: list[tuple[float, float, dict[str, Any]]] = []
+        ends = {s["segment"]: s["end"] for s in self.segments}
+        prev: SegmentSample | None = None
+        carried = 0.0  # preemptions counted in the segments before
+        span: list[float] = []  # the preemption counter's first and latest value in this segment
+        for x in read_samples(run_dir):
+            if x.segment not in self.offsets:
+                continue  # a segment with no request: not on the axis
+            first, at = self.offsets[x.segment]
+            t = at + x.t - first
+            if not at <= t <= ends[x.segment]:
+                continue  # before its segment's first request or after its last
+            if prev is not None and prev.segment != x.segment:
+                carried += span[1] - span[0] if span else 0.0
+                prev, span = None, []
+            hit = None
+            if prev is not None:
+                q0, h0, q1, h1 = prev.prefix_queries, prev.prefix_hits, x.prefix_queries, x.prefix_hits
+                if q0 is not None and h0 is not None and q1 is not None and h1 is not None and q1 > q0:
+                    hit = (h1 - h0) / (q1 - q0)  # no prompt tokens asked between the two: no rate
+            preempt = None
+            if x.preemptions is not None:
+                span = [span[0] if span else x.preemptions, x.preemptions]
+                preempt = carried + span[1] - span[0]
+            shown = {"kv": x.kv_usage, "running": x.running, "waiting": x.waiting, "hit": hit, "preempt": preempt}
+            gauges.append((t, ends[x.segment], shown))
+            prev = x
+        return gauges
+
     def _points(self) -> list[dict[str, Any]]:
-        """One point per ``POINT_S``: the width, live agents, cumulative turns and output tokens, and the TTFT
-        percentiles (nearest rank) of the turns committed since the previous point. No server gauges."""
+        """One point per ``POINT_S``: the width, live agents, cumulative turns and output tokens, the TTFT
+        percentiles (nearest rank) of the turns committed since the previous point, and the server's gauges from
+        its latest sample (none older than ``STALE_S``, none from a segment that had ended)."""
         committed = sorted(
             (turn.done, turn.out, turn.ttft) for a in self.agents.values() for turn in a.turns if turn.committed
         )
@@ -257,10 +297,15 @@ class FleetReplay:
                 s[0], s[1] = min(s[0], turn.sent), max(s[1], turn.done)
             spans.extend(by_seg.values())
         points: list[dict[str, Any]] = []
-        i = turns = out = 0
+        i = turns = out = j = 0
+        none = {"kv": None, "running": None, "waiting": None, "hit": None, "preempt": None}
         steps = math.ceil(self.end / POINT_S) if self.end > 0 else 0
         for k in range(steps + 1):
             t = min(k * POINT_S, self.end)
+            while j < len(self.gauges) and self.gauges[j][0] <= t:
+                j += 1
+            gauge = self.gauges[j - 1] if j else None
+            server = gauge[2] if gauge is not None and t - gauge[0] <= STALE_S and t <= gauge[1] else none
             ttfts = []
             while i < len(committed) and committed[i][0] <= t:
                 turns += 1
@@ -271,7 +316,7 @@ class FleetReplay:
             ttfts.sort()
             points.append(
                 {
-                    "t": t, "kv": None, "running": None, "waiting": None, "hit": None, "preempt": None,
+                    "t": t, **server,
                     "width": self._width_at(t), "live": sum(1 for s0, s1 in spans if s0 <= t <= s1),
                     "turns": turns, "out": out,
                     "ttft_p50": ttfts[(len(ttfts) - 1) // 2] if ttfts else None,
