@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -65,6 +67,42 @@ async def test_a_cancelled_waiter_does_not_keep_a_slot() -> None:
     assert gate.is_live("c")
     assert not gate.is_live("b")
     assert gate.view() == GateView(live=1, queued=0)
+
+
+async def test_the_queued_count_follows_admissions_cancellations_and_parks() -> None:
+    """``view`` keeps its count as waiters come and go; checked against the queue itself, once the waiters have
+    run, through a seeded random mix of entries, cancellations (before and in the tick of admission), leaves, parks
+    and widths."""
+    rng = random.Random(7)
+    gate = AgentGate(2)
+    tasks: dict[str, asyncio.Task[Any]] = {}
+    for step in range(400):
+        name = f"a{rng.randrange(12)}"
+        roll = rng.random()
+        if roll < 0.35 and name not in tasks:
+            tasks[name] = asyncio.create_task(gate.enter(name, (rng.randrange(3),)))
+        elif roll < 0.5 and name in tasks:
+            tasks.pop(name).cancel()
+        elif roll < 0.7:
+            gate.leave(name)
+        elif roll < 0.8 and gate.is_live(name):
+            tasks[name] = asyncio.create_task(gate.yield_if_over(name, (0,)))
+        elif roll < 0.9:
+            gate.set_limit(rng.randrange(1, 5))
+        for _ in range(rng.randrange(3)):
+            await asyncio.sleep(0)  # sometimes several actions in one tick, before any waiter runs
+        if rng.random() < 0.5:
+            continue
+        for _ in range(3):
+            await asyncio.sleep(0)  # a cancelled waiter's task sees its cancellation on its next step
+        for done in [n for n, t in tasks.items() if t.done()]:
+            del tasks[done]
+        pending = sum(1 for *_, fut, _ in gate._queue if not fut.done())
+        assert gate.view().queued == pending, step
+    for t in tasks.values():
+        t.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    assert gate.view().queued == 0
 
 
 async def test_narrowing_parks_agents_at_their_next_turn_boundary() -> None:

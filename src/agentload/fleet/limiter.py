@@ -24,7 +24,7 @@ import itertools
 import math
 import statistics as stats
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -99,6 +99,20 @@ class LimitChange(BaseModel):
     kv_usage: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LimiterGauges:
+    """``LimiterStatistics`` without the history: what the limiter is doing now."""
+
+    mode: Mode
+    limit: int
+    min_limit: int
+    max_limit: int
+    live: int
+    queued: int
+    parked_total: int
+    decisions: int
+
+
 class LimiterStatistics(BaseModel):
     """The limiter's state and history: capacity is what agentload measures, so it is reported whole."""
 
@@ -123,6 +137,9 @@ class AgentGate:
         self._limit = limit
         self._live: set[str] = set()
         self._queue: list[tuple[tuple[int, ...], int, asyncio.Future[None], str]] = []
+        # Waiters in the queue not yet admitted nor cancelled (a cancelled one stays in the heap until popped), kept
+        # as they come and go: ``view`` is read at every control tick and dashboard summary, with hundreds queued.
+        self._waiting = 0
         self._seq = itertools.count()
         self.parked_total = 0
 
@@ -131,7 +148,7 @@ class AgentGate:
         return self._limit
 
     def view(self) -> GateView:
-        return GateView(len(self._live), sum(1 for *_, fut, _ in self._queue if not fut.done()))
+        return GateView(len(self._live), self._waiting)
 
     def is_live(self, agent: str) -> bool:
         return agent in self._live
@@ -149,6 +166,7 @@ class AgentGate:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._queue, (priority, next(self._seq), fut, agent))
+        self._waiting += 1
         self._dispatch()
         try:
             await fut
@@ -157,6 +175,7 @@ class AgentGate:
                 self.leave(agent)  # admitted in the same tick we were cancelled: give the slot back
             else:
                 fut.cancel()
+                self._waiting -= 1  # no longer waiting; ``_dispatch`` skips it without counting it again
             raise
 
     def leave(self, agent: str) -> None:
@@ -183,6 +202,7 @@ class AgentGate:
             if fut.done():
                 continue  # its waiter was cancelled
             self._live.add(agent)
+            self._waiting -= 1
             fut.set_result(None)
 
 
@@ -509,19 +529,15 @@ class Limiter:
             self.gate.set_limit(change.new)
         return change
 
-    def statistics(self) -> LimiterStatistics:
+    def gauges(self) -> LimiterGauges:
+        """The limiter's state now, without its history: cheap enough for every dashboard summary."""
         view = self.gate.view()
-        return LimiterStatistics(
-            mode=self.policy.mode,
-            limit=self.gate.limit,
-            min_limit=self.policy.min_limit,
-            max_limit=self.policy.max_limit,
-            live=view.live,
-            queued=view.queued,
-            parked_total=self.gate.parked_total,
-            decisions=self.policy.decisions,
-            history=list(self.history),
-        )
+        policy = self.policy
+        return LimiterGauges(policy.mode, self.gate.limit, policy.min_limit, policy.max_limit, view.live,
+                             view.queued, self.gate.parked_total, policy.decisions)  # fmt: skip
+
+    def statistics(self) -> LimiterStatistics:
+        return LimiterStatistics(**asdict(self.gauges()), history=list(self.history))
 
 
 def make_policy(mode: Mode, width: int, *, max_width: int, min_width: int = 1) -> WidthPolicy:
