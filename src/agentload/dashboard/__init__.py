@@ -49,7 +49,7 @@ class Board:
 
     def start(self, run: Run) -> None:
         self.control.attach(run)
-        self.state.limiter_view = run.limiter.gauges
+        self.state.limiter_view = run.limiter.statistics
         self.state.limiter_changed(run.limiter.statistics())
 
 

@@ -37,7 +37,7 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.scrape import MetricsSnapshot
 from agentload.endpoint.signals import ServerSignals
 from agentload.fleet.config import AgentPlan
-from agentload.fleet.limiter import LimiterStatistics, Mode
+from agentload.fleet.limiter import LimiterStatistics
 from agentload.fleet.turns import AgentState, FleetProgress
 
 PREVIEW_CHARS = 200
@@ -54,27 +54,6 @@ class StreamView(Protocol):
     content: list[str]
     calls: dict[int, dict[str, str]]  # the tool calls so far, by index: their name and arguments as they stream
     record: RequestRecord | None  # set when the request is over (its reply: tool calls, text or error)
-
-
-class WidthView(Protocol):
-    """What the width panel shows of the limiter (``fleet.limiter.LimiterGauges`` and ``LimiterStatistics`` fit)."""
-
-    @property
-    def mode(self) -> Mode: ...
-    @property
-    def limit(self) -> int: ...
-    @property
-    def min_limit(self) -> int: ...
-    @property
-    def max_limit(self) -> int: ...
-    @property
-    def live(self) -> int: ...
-    @property
-    def queued(self) -> int: ...
-    @property
-    def parked_total(self) -> int: ...
-    @property
-    def decisions(self) -> int: ...
 
 
 class WatchdogView(Protocol):
@@ -234,7 +213,7 @@ class LiveState:
         self.limiter: LimiterStatistics | None = None
         # The run's limiter, read when a summary is built: its live and queued agents, parks and decisions move
         # between the changes of the width that ``limiter_changed`` reports (None: what that last reported).
-        self.limiter_view: Callable[[], WidthView] | None = None
+        self.limiter_view: Callable[[], LimiterStatistics] | None = None
         self.decisions: list[dict[str, Any]] = []
         self.points: list[dict[str, Any]] = []
         self.dropped_points = 0
@@ -476,7 +455,7 @@ class LiveState:
 
     def _summary(self) -> dict[str, Any]:
         counts = {s.value: n for s in AgentState if (n := self._counts.get(s.value))}
-        lim: WidthView | None = self.limiter_view() if self.limiter_view is not None else self.limiter
+        lim = self.limiter_view() if self.limiter_view is not None else self.limiter
         wd = self.watchdog() if self.watchdog is not None else None
         return {
             "fleet": self.fleet,

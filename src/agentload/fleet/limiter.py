@@ -24,7 +24,7 @@ import itertools
 import math
 import statistics as stats
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -97,20 +97,6 @@ class LimitChange(BaseModel):
     prefix_loss: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LimiterGauges:
-    """``LimiterStatistics`` without the history: what the limiter is doing now."""
-
-    mode: Mode
-    limit: int
-    min_limit: int
-    max_limit: int
-    live: int
-    queued: int
-    parked_total: int
-    decisions: int
 
 
 class LimiterStatistics(BaseModel):
@@ -529,15 +515,19 @@ class Limiter:
             self.gate.set_limit(change.new)
         return change
 
-    def gauges(self) -> LimiterGauges:
-        """The limiter's state now, without its history: cheap enough for every dashboard summary."""
-        view = self.gate.view()
-        policy = self.policy
-        return LimiterGauges(policy.mode, self.gate.limit, policy.min_limit, policy.max_limit, view.live,
-                             view.queued, self.gate.parked_total, policy.decisions)  # fmt: skip
-
     def statistics(self) -> LimiterStatistics:
-        return LimiterStatistics(**asdict(self.gauges()), history=list(self.history))
+        view = self.gate.view()
+        return LimiterStatistics(
+            mode=self.policy.mode,
+            limit=self.gate.limit,
+            min_limit=self.policy.min_limit,
+            max_limit=self.policy.max_limit,
+            live=view.live,
+            queued=view.queued,
+            parked_total=self.gate.parked_total,
+            decisions=self.policy.decisions,
+            history=list(self.history),
+        )
 
 
 def make_policy(mode: Mode, width: int, *, max_width: int, min_width: int = 1) -> WidthPolicy:
