@@ -271,8 +271,9 @@ class FleetReplay:
             hit = None
             if prev is not None:
                 q0, h0, q1, h1 = prev.prefix_queries, prev.prefix_hits, x.prefix_queries, x.prefix_hits
+                # No prompt tokens asked between the two (q1 == q0): no rate.
                 if q0 is not None and h0 is not None and q1 is not None and h1 is not None and q1 > q0:
-                    hit = (h1 - h0) / (q1 - q0)  # no prompt tokens asked between the two: no rate
+                    hit = (h1 - h0) / (q1 - q0)
             preempt = None
             if x.preemptions is not None:
                 span = [span[0] if span else x.preemptions, x.preemptions]
