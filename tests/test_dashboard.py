@@ -349,6 +349,16 @@ async def test_pause_starts_no_turn_and_resume_finishes_every_turn_once(tmp_path
     assert [t for t in sent if paused_at <= t <= resumed_at] == []
     assert any(t < paused_at for t in sent)
     assert any(t > resumed_at for t in sent)
+    # The log keeps the pause and the resume, at the moments they were made, and the replay shows the run paused
+    # between them: at no moment a turn was sent, at every moment between.
+    (pause, resume) = state.controls
+    assert (pause.action, resume.action, pause.segment) == ("pause", "resume", 0)
+    assert paused_at - 0.5 < pause.t <= paused_at < resumed_at <= resume.t < resumed_at + 0.5
+    replay = FleetReplay(opts.run_dir)
+    first = min(r.t_sent for r in records)
+    assert not any(replay.at(t - first)["summary"]["control"]["paused"] for t in sent)
+    between = [pause.t + (resume.t - pause.t) * k / 10 - first for k in range(1, 10)]
+    assert all(replay.at(t)["summary"]["control"]["paused"] for t in between)
 
 
 async def test_stop_leaves_the_run_resumable_with_every_turn_once(tmp_path: Path) -> None:
@@ -381,6 +391,13 @@ async def test_stop_leaves_the_run_resumable_with_every_turn_once(tmp_path: Path
         )
     ]
     assert policy == [("auto", 1, 6), ("parallel", 2, 2), ("auto", 1, 6)]
+    # The stop shows as stopping until its segment ended; the resumed segment is not stopping.
+    assert [(c.action, c.segment) for c in state.controls] == [("stop", 0)]
+    stopping = [
+        replay.at(t)["summary"]["control"]["stopping"]
+        for t in (switched - 0.01, replay.segments[0]["end"], replay.segments[1]["start"], replay.end)
+    ]
+    assert stopping == [False, True, False, False]
 
 
 async def test_without_the_flag_nothing_is_served(tmp_path: Path) -> None:
@@ -434,6 +451,11 @@ async def test_the_timelines_are_rates_between_scrapes(board: Board) -> None:
     assert second["ttft_p95"] == pytest.approx(0.4)
     assert (second["turns"], second["out"], second["kv"], second["waiting"]) == (4, 46, 0.5, 2)
     assert (third["hit"], third["kv"], third["ttft_p50"]) == (None, None, None)  # no scrape, no TTFT: not drawn
+    # A restarted server counts again from 0: more queries than at the last scrape but fewer hits is no rate (it
+    # was a negative one), and the scrape after it is a rate again.
+    state.on_scrape(ServerSignals(t=state.t0 + 4, responding=True), parse_metrics(metrics.format(q=400, h=20)))
+    state.on_scrape(ServerSignals(t=state.t0 + 5, responding=True), parse_metrics(metrics.format(q=500, h=100)))
+    assert [p["hit"] for p in state.points[3:]] == [None, pytest.approx(0.8)]
 
 
 @dataclass
@@ -614,6 +636,30 @@ async def test_an_agent_stopped_while_its_turn_waits_at_the_pause_is_not_sent(bo
     assert sent == []
 
 
+async def test_a_pause_asked_for_before_the_run_started_is_logged_when_it_starts(tmp_path: Path) -> None:
+    plans = expand(load_fleet(_fleet(tmp_path)))
+    clock = LoopClock()
+    state = LiveState(plans, clock, fleet="dash")
+    control = FleetControl(state, clock, max_width=len(plans))
+    control.pause()  # no runner yet: nothing to log it in
+    run = _Run(Limiter(make_policy(Mode.AUTO, 3, max_width=len(plans))), CheckpointLog(tmp_path / LOG), Tee(state))
+    control.attach(run)
+    control.resume()
+    control.request_stop()
+    control.request_stop()  # once in the log
+    run.log.close()
+    assert [c.action for c in load_log(tmp_path / LOG).controls] == ["pause", "resume", "stop"]
+
+
+async def test_a_failed_write_of_a_pause_still_pauses(board: Board) -> None:
+    client, state, control, run = board
+    run.log.close()  # every write now fails, as on a full disk
+    resp = await client.post("/api/control", params={"token": TOKEN}, json={"action": "pause"})
+    assert resp.status == 200
+    assert control.paused
+    assert state.control["paused"] is True
+
+
 async def test_a_failed_checkpoint_write_leaves_the_width_unchanged(board: Board) -> None:
     client, _, _, run = board
     run.log.close()  # every append now fails, as on a full disk
@@ -685,6 +731,27 @@ async def test_stop_one_agent_on_a_real_run_then_resume_finishes_it_once(tmp_pat
     state = load_log(opts.run_dir / LOG, repair=False)  # raises on a turn lost or repeated
     assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": rounds for i in range(5)}}
     assert {line.segment for line in state.turns["w.3"]} == {0, 1}
+    # The log has the one stop that was taken (not the refused one); the replay shows w.3 stopping while its turn
+    # in flight finished, stopped from then to its segment's end, and running again when the resume ran it.
+    assert [(c.action, c.agent, c.segment) for c in state.controls] == [("stop_agent", "w.3", 0)]
+    replay = FleetReplay(opts.run_dir)
+    seg0, seg1 = replay.segments
+    (at, _, _, _) = replay.controls[0]
+    in_first = [line for line in state.turns["w.3"] if line.segment == 0]
+    last = replay._t(0, in_first[-1].turn.final.t_done) if in_first else at  # its last turn in segment 0
+    before = next(c for c in replay.at(at - 1e-3)["agents"] if c["id"] == "w.3")
+    assert before["state"] in ("running", "waiting")
+    assert before["stopping"] is False
+    ended = next(c for c in replay.at(seg0["end"])["agents"] if c["id"] == "w.3")
+    assert (ended["state"], ended["phase"], ended["stopping"]) == ("stopped", "", True)
+    if last > at:  # the stop landed during a turn (else in a think spell): stopping until that turn ended
+        during = next(c for c in replay.at((at + last) / 2)["agents"] if c["id"] == "w.3")
+        assert (during["state"], during["stopping"]) == ("running", True)
+    again = replay._t(1, state.turns["w.3"][-1].turn.final.t_done)
+    resumed_card = next(c for c in replay.at(again)["agents"] if c["id"] == "w.3")
+    assert resumed_card["state"] == "done"
+    assert resumed_card["stopping"] is False
+    assert seg1["start"] < again
 
 
 async def test_restart_one_agent_on_a_real_run_completes_every_turn_once(tmp_path: Path) -> None:
@@ -709,6 +776,13 @@ async def test_restart_one_agent_on_a_real_run_completes_every_turn_once(tmp_pat
     assert opts.run_dir is not None
     state = load_log(opts.run_dir / LOG, repair=False)
     assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": rounds for i in range(4)}}
+    # Only the restart taken is in the log; the replay counts it on w.2's card from then on.
+    assert [(c.action, c.agent) for c in state.controls] == [("restart_agent", "w.2")]
+    replay = FleetReplay(opts.run_dir)
+    (at, _, _, _) = replay.controls[0]
+    restarts = {t: {c["id"]: c["restarts"] for c in replay.at(t)["agents"]} for t in (at - 1e-3, at, replay.end)}
+    assert [r["w.2"] for r in restarts.values()] == [0, 1, 1]
+    assert all(r[a] == 0 for r in restarts.values() for a in r if a != "w.2")
 
 
 async def test_a_card_that_only_streamed_since_the_cursor_is_sent_as_its_phase_and_preview(board: Board) -> None:

@@ -180,6 +180,32 @@ def test_a_stopped_then_resumed_run_is_two_segments_with_the_gap_between(tmp_pat
         assert within
         assert all(p["kv"] is not None for p in within)
     assert all(p["kv"] is None for p in points if first["end"] < p["t"] < second["start"])
+    # Each sample carries the watchdog's decisions so far in its segment; the replay sums the segments.
+    samples = read_samples(run_dir)
+    assert all(x.granted is not None and x.refused is not None for x in samples)
+    assert replay.at(replay.end)["summary"]["watchdog"] is not None
+    # Counts the run did not happen to need (its server never stalled), written into a copy: segment 0's counter
+    # grows a decision a sample, the last one scraped after its last request; segment 1 starts again from 0 (a new
+    # process) and gives up once.
+    copy = tmp_path / "counted"
+    shutil.copytree(run_dir, copy)
+    lines, k = [], {0: 0, 1: 0}
+    for x in samples:
+        k[x.segment] += 1
+        refused = {"stream": 1} if x.segment == 1 and x is samples[-1] else {}
+        lines.append(x.model_copy(update={"granted": {"prefill": k[x.segment]}, "refused": refused}))
+    last0 = max(x.t for x in samples if x.segment == 0)
+    lines.insert(k[0], samples[k[0] - 1].model_copy(update={"t": last0 + 5.0, "granted": {"prefill": k[0] + 1},
+                                                            "refused": {}}))  # fmt: skip
+    (copy / "server.jsonl").write_text("".join(x.model_dump_json() + "\n" for x in lines))
+    counted = FleetReplay(copy)
+    assert counted.at(first["end"])["summary"]["watchdog"] == {"granted": {"prefill": k[0] + 1}, "refused": {}}
+    assert counted.at(replay.end)["summary"]["watchdog"] == {
+        "granted": {"prefill": k[0] + 1 + k[1]},
+        "refused": {"stream": 1},
+    }
+    growing = [counted.at(t)["summary"]["watchdog"]["granted"].get("prefill", 0) for t in range(int(replay.end) + 1)]
+    assert growing == sorted(growing)
 
 
 def test_a_log_from_before_the_bounds_were_recorded_shows_the_runs_last(finished: Path, tmp_path: Path) -> None:

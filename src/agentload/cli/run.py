@@ -317,7 +317,12 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
             )
         )
         # The server's samples beside the turns, for the replay (the monitor scrapes for the limiter anyway).
-        samples = SampleLog(run_dir, segment, note=lambda m: err_console.print(m, markup=False, soft_wrap=True))
+        samples = SampleLog(
+            run_dir,
+            segment,
+            note=lambda m: err_console.print(m, markup=False, soft_wrap=True),
+            watchdog=conn.watchdog.statistics,
+        )
         stack.callback(samples.close)
         stack.callback(poller.subscribe(samples))
         opts.notes.append(f"{opts.mode.value}: starting at width {width} — {reason}")

@@ -21,6 +21,7 @@ from typing import Any
 from agentload.bench.results import LevelSummary
 from agentload.bench.search import Search, Slo, parse_slo
 from agentload.dashboard.bench import level_row
+from agentload.endpoint.scrape import prefix_hit_rate
 from agentload.errors import CheckpointError, ConfigError
 from agentload.store.manifest import read_info
 from agentload.store.rundir import LevelSample, RunDir
@@ -110,11 +111,9 @@ class BenchReplay:
         for x in self.samples:
             s = x.sample
             hit = None
-            if prev is not None and None not in (s.prefix_queries, s.prefix_hits, prev.sample.prefix_queries,
-                                                 prev.sample.prefix_hits):  # fmt: skip
-                dq = (s.prefix_queries or 0.0) - (prev.sample.prefix_queries or 0.0)
-                dh = (s.prefix_hits or 0.0) - (prev.sample.prefix_hits or 0.0)
-                hit = dh / dq if dq > 0 else None
+            if prev is not None:
+                p0 = prev.sample
+                hit = prefix_hit_rate(p0.prefix_queries, p0.prefix_hits, s.prefix_queries, s.prefix_hits)
             if s.preemptions is not None and preempt0 is None:
                 preempt0 = s.preemptions
             if s.generation_tokens is not None and gen0 is None:

@@ -3,6 +3,9 @@
 * **pause / resume** — while paused, each agent's next turn waits in ``FleetControl.hold`` (the fleet's backend
   asks it before a request is sent), so no new turn starts and the turns in flight finish (and are committed) as
   usual. Nothing is checkpointed by a pause because nothing is lost by one.
+* every action but the width is also written to the run's log as a ``ControlLine`` (not fsynced: the next turn's
+  commit flushes it), so ``agentload dashboard RUN`` replays the pauses and the stops; a failed write of it loses
+  only that, and the action is taken.
 * **stop** — sets the event ``FleetRunner`` races its load against (``stop=``): the load is cancelled as
   ``--stop-after`` cancels it, the turns cut short are not committed, and ``agentload run --resume`` sends them
   again — the same checkpointed path as a kill.
@@ -18,12 +21,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Protocol
 
 from agentload.clock import Clock
 from agentload.dashboard.state import LiveState
-from agentload.errors import ConfigError
-from agentload.fleet.checkpoint import CheckpointLog, LimitLine
+from agentload.errors import CheckpointError, ConfigError
+from agentload.fleet.checkpoint import CheckpointLog, ControlAction, ControlLine, LimitLine
 from agentload.fleet.limiter import LimitChange, Limiter, Mode, make_policy
 from agentload.fleet.turns import FleetProgress
 
@@ -58,6 +62,11 @@ class FleetControl:
 
     def attach(self, run: Run) -> None:
         self.run = run
+        # Asked for before the runner existed (the page serves from the start): recorded now, at the run's start.
+        if self.paused:
+            self._record("pause")
+        if self.stop.is_set():
+            self._record("stop")
 
     @property
     def paused(self) -> bool:
@@ -69,6 +78,7 @@ class FleetControl:
         self.running.clear()
         self.pauses.append((self.clock.now(), None))
         self.state.control_changed(paused=True)
+        self._record("pause")
 
     def resume(self) -> None:
         if not self.paused:
@@ -77,10 +87,23 @@ class FleetControl:
         self.pauses[-1] = (start, self.clock.now())
         self.running.set()
         self.state.control_changed(paused=False)
+        self._record("resume")
 
     def request_stop(self) -> None:
+        if not self.stop.is_set():
+            self._record("stop")
         self.stop.set()
         self.state.control_changed(stopping=True)
+
+    def _record(self, action: ControlAction, agent: str | None = None) -> None:
+        """The action in the run's log, for the replay (none before the run started: it has no turns to show)."""
+        run = self.run
+        if run is None:
+            return
+        # A failed write loses only the replay's record of it; the next turn's commit meets the same disk and stops
+        # the run with its own error if it is still failing.
+        with contextlib.suppress(CheckpointError):
+            run.log.write(ControlLine(segment=run.segment, t=self.clock.now(), action=action, agent=agent))
 
     def _run_for(self, agent: str) -> Run:
         if agent not in self.state.cards:
@@ -90,12 +113,17 @@ class FleetControl:
         return self.run
 
     def stop_agent(self, agent: str) -> None:
-        self._run_for(agent).stop_agent(agent)
+        run = self._run_for(agent)
+        again = agent in run.stopping
+        run.stop_agent(agent)
         self.state.agent_control(agent, stopping=True)
+        if not again:
+            self._record("stop_agent", agent)
 
     def restart_agent(self, agent: str) -> None:
         self._run_for(agent).restart_agent(agent)
         self.state.agent_control(agent, restarted=True)
+        self._record("restart_agent", agent)
 
     async def hold(self, agent: str) -> None:
         """Where a turn waits while paused, before its request is sent (``fleet.turns.FleetBackend`` calls it when

@@ -11,11 +11,18 @@ is laid after the one before it with a ``SEGMENT_GAP_S`` gap. Within a segment, 
 
 The server's gauges (KV usage, running and waiting requests, prefix hits, preemptions) come from ``server.jsonl``
 (``fleet.samples``: each scrape with its segment, on the same clock as the turns); a run from before it was
-recorded has none, and its charts stay empty. What the run directory does not hold is not shown: the watchdog's
-decisions, pauses, and a stop or restart of one agent (only their effect: fewer turns, no outcome line). An
-agent's outcome line carries no time; it is placed at the end of the agent's last committed turn (a skipped agent:
-when its last dependency ended). A turn cut short by a stop or a kill left no record, so the agent shows *think*
-from its last committed turn to the end of that segment, then *interrupted*.
+recorded has none, and its charts stay empty. Each sample also carries the stall watchdog's decisions so far in its
+segment (extensions granted and refused, by phase): the replay shows them summed over the segments up to ``t``.
+
+What was done from the live page is in the log as ``control`` lines (``dashboard.control``): the run shows paused
+between a pause and its resume, and stopping from a stop of the fleet, each until its segment ended; an agent
+stopped from the page shows *stopping* until its turn in flight ended, then *stopped* until a later segment runs
+it again; a restart counts on its card. A run recorded before these lines has only their effect (fewer turns, no
+outcome line). An agent held because an agent it depends on was stopped is not marked: nothing of it was logged.
+
+An agent's outcome line carries no time; it is placed at the end of the agent's last committed turn (a skipped
+agent: when its last dependency ended). A turn cut short by a stop or a kill left no record, so the agent shows
+*think* from its last committed turn to the end of that segment, then *interrupted*.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Protocol
 
 from agentload.dashboard.state import reply_preview
 from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.scrape import prefix_hit_rate
 from agentload.errors import CheckpointError
 from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, load_log, read_manifest
 from agentload.fleet.config import expand
@@ -86,7 +94,7 @@ class FleetReplay:
             results = FleetResult.model_validate_json((run_dir / RESULTS).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             results = None  # killed before its first segment ended: the log alone
-        # Each segment's first send and last end, on its process's clock.
+        # Each segment's first send and last end (or last action from the page), on its process's clock.
         spans: dict[int, list[float]] = {}
 
         def stretch(segment: int, records: list[RequestRecord]) -> None:
@@ -101,6 +109,9 @@ class FleetReplay:
         for interrupts in state.interrupts.values():
             for x in interrupts:
                 stretch(x.segment, x.records)
+        for c in state.controls:  # a stop from the page ends its segment: the turns it cut short left no record
+            if c.segment in spans:
+                spans[c.segment][1] = max(spans[c.segment][1], c.t)
         self.offsets: dict[int, tuple[float, float]] = {}  # segment → (its start on its clock, its replay start)
         self.segments: list[dict[str, Any]] = []
         at = 0.0
@@ -182,7 +193,20 @@ class FleetReplay:
                     self.policies.append((t, limit.mode.value, limit.min_limit, limit.max_limit))
         self.widths.sort(key=lambda w: w[0])
         self.policies.sort(key=lambda p: p[0])
-        self.gauges = self._gauges(run_dir)
+        # The page's controls: (t, segment, action, agent) on the replay's axis, in order; one before its segment's
+        # first request is placed at that request.
+        self.controls: list[tuple[float, int, str, str | None]] = sorted(
+            (max(self._t(c.segment, c.t), self.offsets[c.segment][1]), c.segment, c.action, c.agent)
+            for c in state.controls
+            if c.segment in self.offsets
+        )
+        self.agent_controls: dict[str, list[tuple[float, int, str]]] = {}  # the controls of one agent, in order
+        for at, segment, action, who in self.controls:
+            if who is not None:
+                self.agent_controls.setdefault(who, []).append((at, segment, action))
+        samples = read_samples(run_dir)
+        self.gauges = self._gauges(samples)
+        self.watchdogs = self._watchdogs(samples)
         self.points = self._points()
 
     def _agent(self, aid: str) -> _Agent:
@@ -197,6 +221,10 @@ class FleetReplay:
 
     def _segment_end(self, segment: int) -> float:
         return float(next(s["end"] for s in self.segments if s["segment"] == segment))
+
+    def _next_start(self, segment: int) -> float:
+        """When the segment after ``segment`` started (infinity: none did)."""
+        return float(next((s["start"] for s in self.segments if s["segment"] > segment), math.inf))
 
     # -- one agent at t ---------------------------------------------------------------------------------------
     def _card(self, a: _Agent, t: float) -> dict[str, Any]:
@@ -214,9 +242,23 @@ class FleetReplay:
                 card["turn"] += 1
                 card["context"], card["ttft"], card["preview"] = turn.context, turn.ttft, turn.preview
                 card["out"] += turn.out
+        stopped: int | None = None  # the segment the agent was stopped in from the page
+        for at, segment, action in self.agent_controls.get(a.id, ()):
+            if at > t:
+                break
+            if action == "restart_agent":
+                card["restarts"] += 1
+            elif action == "stop_agent":
+                stopped = segment
         if a.outcome is not None and a.ended_at is not None and t >= a.ended_at:
             card.update(state=a.outcome, phase="", error=a.detail)
             return card
+        # Stopped until the next segment started (a resume runs it again); not if it has run since.
+        if stopped is not None and t < self._next_start(stopped) and (latest is None or latest.segment <= stopped):
+            card["stopping"] = True
+            if latest is None or t >= latest.done:  # its turn in flight (committed, or cut short) is over
+                card.update(state="stopped", phase="")
+                return card
         if latest is None:
             return card
         if t < latest.done:
@@ -248,7 +290,7 @@ class FleetReplay:
             width = w
         return width
 
-    def _gauges(self, run_dir: Path) -> list[tuple[float, float, dict[str, Any]]]:
+    def _gauges(self, samples: list[SegmentSample]) -> list[tuple[float, float, dict[str, Any]]]:
         """The server's samples on the replay's axis, in order: (t, its segment's end, the gauges a point shows).
         The prefix-hit rate is between a sample and the one before it in its segment; preemptions count from the
         run's first sample, each segment's added to the ones before (a resumed run may face a restarted server,
@@ -258,7 +300,7 @@ class FleetReplay:
         prev: SegmentSample | None = None
         carried = 0.0  # preemptions counted in the segments before
         span: list[float] = []  # the preemption counter's first and latest value in this segment
-        for x in read_samples(run_dir):
+        for x in samples:
             if x.segment not in self.offsets:
                 continue  # a segment with no request: not on the axis
             first, at = self.offsets[x.segment]
@@ -270,10 +312,7 @@ class FleetReplay:
                 prev, span = None, []
             hit = None
             if prev is not None:
-                q0, h0, q1, h1 = prev.prefix_queries, prev.prefix_hits, x.prefix_queries, x.prefix_hits
-                # No prompt tokens asked between the two (q1 == q0): no rate.
-                if q0 is not None and h0 is not None and q1 is not None and h1 is not None and q1 > q0:
-                    hit = (h1 - h0) / (q1 - q0)
+                hit = prefix_hit_rate(prev.prefix_queries, prev.prefix_hits, x.prefix_queries, x.prefix_hits)
             preempt = None
             if x.preemptions is not None:
                 span = [span[0] if span else x.preemptions, x.preemptions]
@@ -282,6 +321,55 @@ class FleetReplay:
             gauges.append((t, ends[x.segment], shown))
             prev = x
         return gauges
+
+    def _watchdogs(self, samples: list[SegmentSample]) -> list[tuple[float, dict[str, dict[str, int]]]]:
+        """The watchdog's decisions by ``t``: (t, granted and refused by phase, summed over the segments so far). A
+        sample taken after its segment's last request still counts (a give-up ends a segment, and the scrape that
+        saw it comes after), placed at the segment's end."""
+        out: list[tuple[float, dict[str, dict[str, int]]]] = []
+        ends = {s["segment"]: s["end"] for s in self.segments}
+        carried: dict[str, dict[str, int]] = {"granted": {}, "refused": {}}  # the segments before, at their ends
+        last: dict[str, dict[str, int]] | None = None  # this segment's latest counts
+        segment: int | None = None
+        for x in samples:
+            if x.segment not in self.offsets or x.granted is None or x.refused is None:
+                continue
+            if segment is not None and x.segment != segment and last is not None:
+                carried = {k: _add(carried[k], last[k]) for k in carried}
+            segment, last = x.segment, {"granted": x.granted, "refused": x.refused}
+            first, at = self.offsets[x.segment]
+            t = min(max(at + x.t - first, at), ends[x.segment])
+            out.append((t, {k: _add(carried[k], last[k]) for k in carried}))
+        return out
+
+    def _watchdog_at(self, t: float) -> dict[str, dict[str, int]] | None:
+        """None for a run recorded without the watchdog's counts (the page then shows nothing of it)."""
+        if not self.watchdogs:
+            return None
+        shown: dict[str, dict[str, int]] = {"granted": {}, "refused": {}}
+        for at, counts in self.watchdogs:
+            if at > t:
+                break
+            shown = counts
+        return shown
+
+    def _control_at(self, t: float) -> dict[str, bool]:
+        """Paused and stopping at ``t``: from a pause to its resume, from a stop on; neither past its segment."""
+        paused: int | None = None  # the segment paused in
+        stopping: int | None = None
+        for at, segment, action, _ in self.controls:
+            if at > t:
+                break
+            if action == "pause":
+                paused = segment
+            elif action == "resume":
+                paused = None
+            elif action == "stop":
+                stopping = segment
+        return {
+            "paused": paused is not None and t <= self._segment_end(paused),
+            "stopping": stopping is not None and t <= self._segment_end(stopping),
+        }
 
     def _points(self) -> list[dict[str, Any]]:
         """One point per ``POINT_S``: the width, live agents, cumulative turns and output tokens, the TTFT
@@ -352,8 +440,8 @@ class FleetReplay:
                     "parked_total": None,
                     "decisions": len(decisions),
                 },
-                "watchdog": None,
-                "control": {"paused": False, "stopping": False},
+                "watchdog": self._watchdog_at(t),
+                "control": self._control_at(t),
                 "finished": t >= self.end,
                 "replay": {"t": t, "end": self.end, "segments": self.segments, "kind": self.kind},
             },
@@ -387,3 +475,7 @@ def open_replay(run_dir: Path) -> Replay:
         return BenchReplay(run_dir)
     what = f"a {kind} run" if kind else "not a fleet or bench run directory"
     raise CheckpointError(f"{run_dir} is {what}: agentload dashboard replays fleet and bench runs")
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in a.keys() | b.keys()}

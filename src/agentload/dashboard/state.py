@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from agentload.agent.loop import TurnLog
 from agentload.clock import Clock
 from agentload.endpoint.records import RequestIds, RequestRecord
-from agentload.endpoint.scrape import MetricsSnapshot
+from agentload.endpoint.scrape import MetricsSnapshot, prefix_hit_rate
 from agentload.endpoint.signals import ServerSignals
 from agentload.fleet.config import AgentPlan
 from agentload.fleet.limiter import LimiterStatistics
@@ -371,8 +371,7 @@ class LiveState:
             q, h = norm.get("prefix_queries"), norm.get("prefix_hits")
             if q is not None and h is not None:
                 if self._last_counters is not None:
-                    dq, dh = q - self._last_counters[0], h - self._last_counters[1]
-                    hit = dh / dq if dq > 0 else None  # no prompt tokens asked this interval: no rate
+                    hit = prefix_hit_rate(*self._last_counters, q, h)
                 self._last_counters = (q, h)
         if sig.preemptions is not None:
             if self._preempt0 is None:

@@ -138,6 +138,18 @@ def _plausible(key: str, value: float) -> bool:
     return value <= 1.0 if key in _AVERAGED else True
 
 
+def prefix_hit_rate(
+    queries0: float | None, hits0: float | None, queries1: float | None, hits1: float | None
+) -> float | None:
+    """The prefix cache's hit rate between two scrapes, from its token counters (hits ÷ queries added): None when a
+    counter is missing, no prompt token was looked up in between, or a counter went backwards (a server restart),
+    so a chart shows a gap rather than a made-up rate."""
+    if queries0 is None or hits0 is None or queries1 is None or hits1 is None:
+        return None
+    dq, dh = queries1 - queries0, hits1 - hits0
+    return dh / dq if dq > 0 and dh >= 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """One scrape of /metrics."""

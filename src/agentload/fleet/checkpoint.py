@@ -6,7 +6,8 @@
                           ``segment`` (a process started or resumed the run), ``turn`` (an agent finished a turn:
                           the whole ``TurnLog``), ``agent`` (an agent finished), ``limit`` (the width changed),
                           ``interrupt`` (a turn the server failed: its attempts, kept as measurements, but not a
-                          committed turn — the agent is resumable and sends that round again)
+                          committed turn — the agent is resumable and sends that round again), ``control`` (a
+                          pause, resume, stop, or one agent's stop or restart from the dashboard: for the replay)
 ``RUN_DIR/results.json``  the compiled result (written at the end of each segment)
 ``RUN_DIR/workspaces/``   one directory per agent, for its file tools
 
@@ -111,7 +112,23 @@ class InterruptLine(BaseModel):
     detail: str = ""
 
 
-AnyLine = SegmentLine | TurnLine | AgentLine | LimitLine | InterruptLine
+ControlAction = Literal["pause", "resume", "stop", "stop_agent", "restart_agent"]
+
+
+class ControlLine(BaseModel):
+    """What someone did from the dashboard (besides the width, a ``LimitLine``), for the replay: a pause, a resume,
+    a stop of the fleet, a stop or restart of one agent. Evidence, not a commitment: a resume reads nothing from it
+    (a pause ends with its process; a stopped agent is resumable, a restarted one resumes from its last committed
+    turn like any other)."""
+
+    kind: Literal["control"] = "control"
+    segment: int
+    t: float  # on the segment's process clock, the clock the turn records are stamped with
+    action: ControlAction
+    agent: str | None = None  # stop_agent and restart_agent's
+
+
+AnyLine = SegmentLine | TurnLine | AgentLine | LimitLine | InterruptLine | ControlLine
 Line = Annotated[AnyLine, Field(discriminator="kind")]
 _LINE: TypeAdapter[AnyLine] = TypeAdapter(Line)
 
@@ -125,6 +142,7 @@ class LogState:
     segments: list[SegmentLine] = field(default_factory=list)
     limits: list[LimitLine] = field(default_factory=list)
     interrupts: dict[str, list[InterruptLine]] = field(default_factory=dict)
+    controls: list[ControlLine] = field(default_factory=list)
     torn_bytes: int = 0  # length of a torn last line that was dropped
 
     def add(self, line: AnyLine, where: str) -> None:
@@ -148,6 +166,8 @@ class LogState:
             if line.agent in self.finished:
                 raise CheckpointError(f"{where}: agent {line.agent!r} was interrupted after it finished")
             self.interrupts.setdefault(line.agent, []).append(line)
+        elif isinstance(line, ControlLine):
+            self.controls.append(line)
         else:
             self.limits.append(line)
 

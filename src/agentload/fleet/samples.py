@@ -4,8 +4,9 @@ A fleet run scrapes the server's /metrics once a second anyway (the connection's
 and the watchdog); each scrape is appended to ``server.jsonl`` as a ``SegmentSample``: the bench's normalised
 ``ServerSample`` (``bench.sampler.to_sample``) with the segment it was taken in, its ``t`` on that segment's
 process clock, the clock the turn records' times are on, so ``agentload dashboard RUN`` lays the samples on the
-same axis as the agents' turns. Not ``samples.jsonl``: a directory with that file and no manifest reads as a bench
-run to the store.
+same axis as the agents' turns. Each line also carries the stall watchdog's decisions so far in that segment (its
+extensions granted and refused, by phase), which the replay shows as the live page does. Not ``samples.jsonl``: a
+directory with that file and no manifest reads as a bench run to the store.
 
 The samples are evidence, not commitments: they are written without fsync, and a write that fails (a full disk)
 stops the sampling with one note rather than the run — the turns' checkpoint log is what a resume needs.
@@ -20,6 +21,7 @@ from agentload.bench.results import ServerSample
 from agentload.bench.sampler import to_sample
 from agentload.endpoint.scrape import MetricsSnapshot
 from agentload.endpoint.signals import ServerSignals
+from agentload.endpoint.watchdog import WatchdogStatistics
 from agentload.errors import CheckpointError
 from agentload.store.jsonl import JsonlReader, JsonlWriter
 
@@ -30,22 +32,40 @@ class SegmentSample(ServerSample):
     """A server sample and the segment (process) of the run it was taken in; one flat object on disk."""
 
     segment: int
+    # The watchdog's extensions granted and refused so far in the segment, by phase; None when the run had no
+    # watchdog to read, or was recorded before these were.
+    granted: dict[str, int] | None = None
+    refused: dict[str, int] | None = None
 
 
 class SampleLog:
     """A ``SignalPoller`` listener that appends each scrape of the server's /metrics to ``server.jsonl``."""
 
-    def __init__(self, run_dir: Path, segment: int, note: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        segment: int,
+        note: Callable[[str], None],
+        watchdog: Callable[[], WatchdogStatistics] | None = None,
+    ) -> None:
         self.segment = segment
         self.note = note
+        self.watchdog = watchdog
         self.writer: JsonlWriter[SegmentSample] | None = JsonlWriter(run_dir / SERVER_SAMPLES, sync=False)
 
     def __call__(self, sig: ServerSignals, snapshot: MetricsSnapshot | None) -> None:
         if snapshot is None or self.writer is None:
             return
         sample = to_sample(snapshot, sig.t).sample
+        wd = self.watchdog() if self.watchdog is not None else None
+        line = SegmentSample(
+            segment=self.segment,
+            granted=None if wd is None else wd.granted,
+            refused=None if wd is None else wd.refused,
+            **sample.model_dump(),
+        )
         try:
-            self.writer.write(SegmentSample(segment=self.segment, **sample.model_dump()))
+            self.writer.write(line)
         except CheckpointError as exc:
             self.close()
             self.note(f"warning: the server's samples are no longer recorded: {exc}")

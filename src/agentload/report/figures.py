@@ -23,6 +23,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from agentload.bench.results import LevelSummary, RunResult, ServerSample
+from agentload.endpoint.scrape import prefix_hit_rate
 from agentload.report.text import context_label, num, secs
 from agentload.store.rundir import LevelSample
 
@@ -293,12 +294,10 @@ def hit_rate_steps(samples: Sequence[ServerSample]) -> tuple[list[float], list[f
     ts: list[float] = []
     rates: list[float | None] = []
     for a, b in itertools.pairwise(samples):
-        q0, q1, h0, h1 = a.prefix_queries, b.prefix_queries, a.prefix_hits, b.prefix_hits
-        if q0 is None or q1 is None or h0 is None or h1 is None:
+        if None in (a.prefix_queries, b.prefix_queries, a.prefix_hits, b.prefix_hits):
             continue
-        dq, dh = q1 - q0, h1 - h0
         ts.append(b.t)
-        rates.append(dh / dq if dq > 0 and dh >= 0 else None)
+        rates.append(prefix_hit_rate(a.prefix_queries, a.prefix_hits, b.prefix_queries, b.prefix_hits))
     return ts, rates
 
 
