@@ -27,10 +27,12 @@ agent: when its last dependency ended). A turn cut short by a stop or a kill lef
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agentload.dashboard.state import reply_preview
 from agentload.endpoint.records import RequestRecord
@@ -121,6 +123,7 @@ class FleetReplay:
             self.segments.append({"segment": seg, "start": at, "end": at + last - first})
             at += last - first + SEGMENT_GAP_S
         self.end = self.segments[-1]["end"] if self.segments else 0.0
+        self.ends: dict[int, float] = {s["segment"]: s["end"] for s in self.segments}
 
         self.agents: dict[str, _Agent] = {
             p.agent_id: _Agent(p.agent_id, p.task_id, p.wave, list(p.depends_on)) for p in plans
@@ -219,9 +222,6 @@ class FleetReplay:
         first, start = self.offsets[segment]
         return start + t - first
 
-    def _segment_end(self, segment: int) -> float:
-        return float(next(s["end"] for s in self.segments if s["segment"] == segment))
-
     def _next_start(self, segment: int) -> float:
         """When the segment after ``segment`` started (infinity: none did)."""
         return float(next((s["start"] for s in self.segments if s["segment"] > segment), math.inf))
@@ -266,7 +266,7 @@ class FleetReplay:
             card["phase"] = "streaming" if latest.first_token is not None and t >= latest.first_token else "prefilling"
         elif not latest.committed:
             card.update(state="interrupted", phase="", error=latest.preview)
-        elif t < self._segment_end(latest.segment):
+        elif t < self.ends[latest.segment]:
             card.update(state="running", phase="think")
         else:
             card.update(state="interrupted", phase="")  # its segment ended (a stop, a kill) with it unfinished
@@ -275,20 +275,12 @@ class FleetReplay:
     # -- the timelines ---------------------------------------------------------------------------------------
     def _policy_at(self, t: float) -> tuple[str, int | None, int | None]:
         """The width policy in force at ``t``: its mode, min and max."""
-        policy: tuple[str, int | None, int | None] = ("", None, None)
-        for at, mode, low, high in self.policies:
-            if at > t:
-                break
-            policy = (mode, low, high)
-        return policy
+        p = _latest(self.policies, t)
+        return ("", None, None) if p is None else (p[1], p[2], p[3])
 
     def _width_at(self, t: float) -> int | None:
-        width = None
-        for at, w, _ in self.widths:
-            if at > t:
-                break
-            width = w
-        return width
+        w = _latest(self.widths, t)
+        return None if w is None else w[1]
 
     def _gauges(self, samples: list[SegmentSample]) -> list[tuple[float, float, dict[str, Any]]]:
         """The server's samples on the replay's axis, in order: (t, its segment's end, the gauges a point shows).
@@ -296,7 +288,7 @@ class FleetReplay:
         run's first sample, each segment's added to the ones before (a resumed run may face a restarted server,
         whose counters start again)."""
         gauges: list[tuple[float, float, dict[str, Any]]] = []
-        ends = {s["segment"]: s["end"] for s in self.segments}
+        ends = self.ends
         prev: SegmentSample | None = None
         carried = 0.0  # preemptions counted in the segments before
         span: list[float] = []  # the preemption counter's first and latest value in this segment
@@ -327,7 +319,7 @@ class FleetReplay:
         sample taken after its segment's last request still counts (a give-up ends a segment, and the scrape that
         saw it comes after), placed at the segment's end."""
         out: list[tuple[float, dict[str, dict[str, int]]]] = []
-        ends = {s["segment"]: s["end"] for s in self.segments}
+        ends = self.ends
         carried: dict[str, dict[str, int]] = {"granted": {}, "refused": {}}  # the segments before, at their ends
         last: dict[str, dict[str, int]] | None = None  # this segment's latest counts
         segment: int | None = None
@@ -346,12 +338,8 @@ class FleetReplay:
         """None for a run recorded without the watchdog's counts (the page then shows nothing of it)."""
         if not self.watchdogs:
             return None
-        shown: dict[str, dict[str, int]] = {"granted": {}, "refused": {}}
-        for at, counts in self.watchdogs:
-            if at > t:
-                break
-            shown = counts
-        return shown
+        w = _latest(self.watchdogs, t)
+        return {"granted": {}, "refused": {}} if w is None else w[1]
 
     def _control_at(self, t: float) -> dict[str, bool]:
         """Paused and stopping at ``t``: from a pause to its resume, from a stop on; neither past its segment."""
@@ -367,8 +355,8 @@ class FleetReplay:
             elif action == "stop":
                 stopping = segment
         return {
-            "paused": paused is not None and t <= self._segment_end(paused),
-            "stopping": stopping is not None and t <= self._segment_end(stopping),
+            "paused": paused is not None and t <= self.ends[paused],
+            "stopping": stopping is not None and t <= self.ends[stopping],
         }
 
     def _points(self) -> list[dict[str, Any]]:
@@ -479,3 +467,12 @@ def open_replay(run_dir: Path) -> Replay:
 
 def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in a.keys() | b.keys()}
+
+
+_Timed = TypeVar("_Timed", bound=tuple[Any, ...])
+
+
+def _latest(items: Sequence[_Timed], t: float) -> _Timed | None:
+    """The last of ``items`` (in order of their first field, a time) at or before ``t``; None before the first."""
+    i = bisect.bisect_right(items, t, key=lambda x: x[0])
+    return items[i - 1] if i else None
