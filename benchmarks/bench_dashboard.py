@@ -622,8 +622,8 @@ def _scale_flushes(scale: float) -> None:
     so the same run's page gets about as many flushes as at full speed, each carrying as much)."""
     init = Flusher.__init__
 
-    def scaled(flusher: Flusher, state: LiveState, interval_s: float) -> None:
-        init(flusher, state, interval_s * scale)
+    def scaled(flusher: Flusher, state: LiveState, interval_s: float, **kw: Any) -> None:
+        init(flusher, state, interval_s * scale, **kw)
 
     setattr(Flusher, "__init__", scaled)  # noqa: B010  (patched for the benchmark's child process)
 

@@ -25,7 +25,7 @@ from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import Clock, LoopClock, RealClock
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.replay import FleetReplay
-from agentload.dashboard.server import make_app
+from agentload.dashboard.server import Flusher, make_app
 from agentload.dashboard.state import PREVIEW_CHARS, Cursor, LiveState, Tee
 from agentload.endpoint.records import RequestIds, RequestRecord, ToolCallRecord
 from agentload.endpoint.scrape import parse_metrics
@@ -279,6 +279,92 @@ async def test_open_streams_share_one_delta_built_once(board: Board, monkeypatch
     assert len(built) == 1  # built (and encoded) for one page, sent to both
     for page in pages:
         page.close()
+
+
+@dataclass
+class _Flushes:
+    """Counts a flusher's flushes (what wakes the open streams) from before any event is made."""
+
+    flusher: Flusher
+    count: int = 0
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Flushes:
+        async def count() -> None:
+            while not self.flusher.closing.is_set():
+                await self.flusher.next_flush()
+                self.count += 1
+
+        self._task = asyncio.ensure_future(count())
+        await asyncio.sleep(0.01)  # the counter waits, and the flusher's task has started
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await self.flusher.close()
+
+    async def reach(self, n: int) -> None:
+        for _ in range(500):
+            if self.count >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{self.count} flushes, not {n}")
+
+
+def _flusher(tmp_path: Path, *, lagging: bool, **kw: Any) -> tuple[LiveState, Flusher]:
+    """A flusher with one page open: at the state's version, or (``lagging``) one change behind it."""
+    state = LiveState(expand(load_fleet(_fleet(tmp_path))), LoopClock())
+    _, cursor = state.snapshot()
+    if lagging:
+        state.agent("w.0", AgentState.RUNNING, rounds=0)
+    flusher = Flusher(state, **kw)
+    flusher.join(cursor)
+    return state, flusher
+
+
+async def test_a_flush_rides_the_runs_first_event_in_its_window_not_its_own_timer(tmp_path: Path) -> None:
+    """From ``early_s`` before it is due, a flush runs at the first event the state hears (the loop is awake for it
+    anyway) instead of waking the loop on its own; before its window, an event does not bring it forward."""
+    state, flusher = _flusher(tmp_path, lagging=True, interval_s=3600.0, early_s=3600.0)  # its window: from now on
+    async with _Flushes(flusher) as flushes:
+        assert flushes.count == 0  # an hour from its timer, with no event yet
+        state.agent("w.1", AgentState.RUNNING, rounds=0)
+        await flushes.reach(1)
+    state, flusher = _flusher(tmp_path, lagging=True, interval_s=3600.0, early_s=0.0)  # its window: in an hour
+    async with _Flushes(flusher) as flushes:
+        for i in range(1, 5):
+            state.agent(f"w.{i}", AgentState.RUNNING, rounds=0)
+            await asyncio.sleep(0.02)
+        assert flushes.count == 0
+    assert state.ride_at is None  # closed: no flush waits on the state
+    assert state.ride is None
+
+
+async def test_an_idle_dashboard_flushes_only_at_an_event_and_its_keep_alive(tmp_path: Path) -> None:
+    """Every page at the state's version and no request in flight: nothing can change without an event, so the
+    flusher does not wake at its rate (every 20 ms here) — the next event flushes at once; a keep-alive meanwhile."""
+    state, flusher = _flusher(tmp_path, lagging=False, interval_s=0.02, keepalive_s=3600.0)
+    async with _Flushes(flusher) as flushes:
+        await asyncio.sleep(0.3)
+        assert flushes.count == 0  # ~15 flushes at its rate
+        state.agent("w.1", AgentState.RUNNING, rounds=0)
+        await flushes.reach(1)
+    state, flusher = _flusher(tmp_path, lagging=False, interval_s=3600.0, keepalive_s=0.05)
+    async with _Flushes(flusher) as flushes:
+        await flushes.reach(3)  # keep-alives only: no event, and the rate is an hour
+
+
+async def test_a_request_in_flight_or_a_page_behind_keeps_the_rate_without_events(tmp_path: Path) -> None:
+    """A reply streams with no event of the state's (``refresh`` reads it at each flush), and a page that missed
+    a flush has changes to get: either way the flusher wakes at its rate on its own."""
+    state, flusher = _flusher(tmp_path, lagging=False, interval_s=0.02, early_s=0.0, keepalive_s=3600.0)
+    _sent(state, "w.1")
+    async with _Flushes(flusher) as flushes:
+        await flushes.reach(5)
+    state, flusher = _flusher(tmp_path, lagging=True, interval_s=0.02, early_s=0.0, keepalive_s=3600.0)
+    async with _Flushes(flusher) as flushes:
+        await flushes.reach(5)  # nobody reads the deltas here: the page stays behind
 
 
 # -- on real runs ---------------------------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ from agentload.fleet.limiter import Mode
 
 # The page's update rate: 4 Hz keeps 1,000 cards fluid without flooding the browser.
 INTERVAL_S = 0.25
+# How early a flush may ride on an event of the run's (a share of the period): its gaps stay within 0.7-1.3 periods.
+RIDE_SHARE = 0.3
+# An idle dashboard's keep-alive comment (it flushes nothing while nothing changes), so a closed tab is noticed.
+KEEPALIVE_S = 10.0
 TOKEN_HEADER = "X-Agentload-Token"
 _log = logging.getLogger(__name__)
 _STATE: web.AppKey[LiveState] = web.AppKey("state", LiveState)
@@ -97,29 +101,42 @@ class Flusher:
 
     At a fixed rate — each flush due ``interval_s`` after the one before, not after the previous write — so the time
     a flush takes (and a busy loop's lateness) is not added to every period; a schedule that fell more than a period
-    behind starts again from now rather than sending a burst. One timer task runs while a stream is open. Streams
-    that flushed at the same tick are at the same cursor afterwards (a new page joins them at its first flush), so
-    each delta is built and encoded for the first of them and the same bytes go to the rest (``encoded_delta``).
+    behind starts again from now rather than sending a burst. One task runs while a stream is open. Streams that
+    flushed at the same tick are at the same cursor afterwards (a new page joins them at its first flush), so each
+    delta is built and encoded for the first of them and the same bytes go to the rest (``encoded_delta``).
+
+    The flush rides on the run's own wake-ups: from ``early_s`` before it is due, the first event the state hears
+    (an agent's request sent or turn committed, a scrape) runs it then, while the loop is awake anyway; only if none
+    comes does its timer wake the loop at the due time. A wake-up of its own costs the client more than the flush's
+    work — the client's memory went cold in the pause (docs/dashboard.md, "Measured") — and a busy fleet has events
+    every few milliseconds. The schedule keeps its rate: the next flush is due a period after this one was *due*.
+    And an idle dashboard does not flush at all: when every open page has seen the state's version and no request is
+    in flight (nothing can change without an event), the next event runs a flush at once, and a keep-alive comment
+    goes out every ``keepalive_s`` meanwhile (so a closed tab is still noticed).
     """
 
-    def __init__(self, state: LiveState, interval_s: float) -> None:
+    def __init__(
+        self, state: LiveState, interval_s: float, *, early_s: float | None = None, keepalive_s: float = KEEPALIVE_S
+    ) -> None:
         self.state = state
         self.interval_s = interval_s
+        self.early_s = RIDE_SHARE * interval_s if early_s is None else early_s
+        self.keepalive_s = keepalive_s
         self.closing = asyncio.Event()
         self._tick = asyncio.Event()
-        self._streams = 0
+        self._cursors: list[Cursor] = []
         self._task: asyncio.Task[None] | None = None
         # The last delta encoded: (cursor before, state version) → (its event, or None: nothing changed; cursor after)
         self._last: tuple[tuple[int, ...], bytes | None, tuple[int, ...]] | None = None
 
-    def join(self) -> None:
-        self._streams += 1
+    def join(self, cursor: Cursor) -> None:
+        self._cursors.append(cursor)
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
 
-    def leave(self) -> None:
-        self._streams -= 1
-        if self._streams == 0 and self._task is not None:
+    def leave(self, cursor: Cursor) -> None:
+        self._cursors = [c for c in self._cursors if c is not cursor]  # by identity: two pages' cursors can be equal
+        if not self._cursors and self._task is not None:
             self._task.cancel()
             self._task = None
 
@@ -141,15 +158,44 @@ class Flusher:
         self._tick.set()  # wakes every waiting stream; the next wait waits for the next flush
         self._tick.clear()
 
+    def _idle(self) -> bool:
+        """Every page has seen everything, and nothing can change without an event."""
+        version = self.state.version
+        return not self.state.in_flight and all(c.version == version for c in self._cursors)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time()
         while not self.closing.is_set():
-            due += self.interval_s
-            if loop.time() - due > self.interval_s:
-                due = loop.time()
-            await asyncio.sleep(max(0.0, due - loop.time()))
+            if self._idle():
+                await self._wait(loop, -math.inf, loop.time() + self.keepalive_s)
+                due = loop.time()  # the schedule starts again from this flush
+            else:
+                due += self.interval_s
+                if loop.time() - due > self.interval_s:
+                    due = loop.time()
+                await self._wait(loop, due - self.early_s, due)
             self._pulse()
+            await asyncio.sleep(0)  # the streams take this flush (their cursors move) before ``_idle`` reads them
+
+    async def _wait(self, loop: asyncio.AbstractEventLoop, ride_from: float, due: float) -> None:
+        """Until the state's first event from ``ride_from`` on, or ``due`` (both on the loop's clock)."""
+        woken = loop.create_future()
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        timer = loop.call_at(due, wake)
+        state = self.state
+        state.ride = wake
+        state.ride_clock = loop.time
+        state.ride_at = ride_from
+        try:
+            await woken
+        finally:
+            timer.cancel()
+            state.ride_at = state.ride = None
 
     def encoded_delta(self, cursor: Cursor) -> bytes | None:
         """The ``delta`` event for ``cursor`` (moved on), or None when nothing changed since it."""
@@ -177,7 +223,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     )
     await resp.prepare(request)
     body, cursor = state.snapshot()
-    flusher.join()
+    flusher.join(cursor)
     try:
         with contextlib.suppress(ConnectionResetError):
             await resp.write(b"event: snapshot\ndata: " + _json(body) + b"\n\n")
@@ -190,7 +236,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
                     await resp.write(b": keep-alive\n\n")  # a comment: lets the server notice a closed tab
             await resp.write(b"event: end\ndata: {}\n\n")
     finally:
-        flusher.leave()
+        flusher.leave(cursor)
     return resp
 
 

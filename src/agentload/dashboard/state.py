@@ -22,6 +22,10 @@ its tool calls as their arguments stream, else the last ~200 characters of its t
 record is in the accumulator) the card shows its reply and ``tool`` or ``think`` until the turn is committed. So a
 turn costs the run one call as its request starts and one as it is committed; most requests start and end between
 two flushes, and a page sees only the last state anyway.
+
+Nor does the page's flush wake the loop on its own when it need not: from ``ride_at`` on, the first event the state
+hears (the loop is awake for it anyway) calls ``ride``, and the flush runs then, in the same wake-up
+(``dashboard.server.Flusher``).
 """
 
 from __future__ import annotations
@@ -228,6 +232,25 @@ class LiveState:
         self._preempt0: float | None = None
         self._summary_v = 0  # version of the last change outside the cards (limiter, control, points)
         self.bench: BenchView | None = None  # set for a bench run (it has levels, not a fleet's cards)
+        # The page's next flush may ride on the run's own events from this time on (on ``ride_clock``, the event
+        # loop's: None while no flush waits): the first event then calls ``ride``. Set by ``dashboard.server.Flusher``.
+        self.ride_at: float | None = None
+        self.ride: Callable[[], None] | None = None
+        self.ride_clock: Callable[[], float] = clock.now
+
+    def _awake(self) -> None:
+        """An event: the loop is awake for it. A flush that may run from now on runs in this wake-up rather than wake
+        an idle loop on its own timer (each such wake-up costs a client whose caches went cold in between)."""
+        at = self.ride_at
+        if at is not None and at <= self.ride_clock():
+            self.ride_at = None
+            if self.ride is not None:
+                self.ride()
+
+    @property
+    def in_flight(self) -> bool:
+        """Requests are kept for ``refresh`` to read: the page can change with no event (their replies stream)."""
+        return bool(self._streams)
 
     # -- events ---------------------------------------------------------------------------------------------
     def _bump(self, card: Card | None = None, tier: int = WHOLE) -> None:
@@ -291,6 +314,7 @@ class LiveState:
             card.error = detail[:300]
             tier = WHOLE
         self._bump(card, tier)
+        self._awake()
 
     def turn(self, agent: str, turn: TurnLog) -> None:
         self._streams.pop(agent, None)  # the turn's last request: its reply is the turn's (shown from the turn)
@@ -308,12 +332,14 @@ class LiveState:
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
         self._bump(card, TURN)
+        self._awake()
 
     def limiter_changed(self, stats: LimiterStatistics) -> None:
         self.limiter = stats
         for change in stats.history[len(self.decisions) :]:
             self.decisions.append(change.model_dump(mode="json"))
         self._bump()
+        self._awake()
 
     def stream_started(self, ids: RequestIds | None, view: StreamView) -> None:
         """A request is sent (each attempt of a turn; ``endpoint.client.stream_watch``): kept, and read by ``refresh``
@@ -324,6 +350,7 @@ class LiveState:
         agent = ids.agent
         card = self.cards.get(agent) or self._card(agent)
         self._streams[agent] = _Watch(view, card)
+        self._awake()
 
     def agent_control(self, agent: str, *, stopping: bool = False, restarted: bool = False) -> None:
         card = self._card(agent)
@@ -334,6 +361,7 @@ class LiveState:
             self._streams.pop(agent, None)  # its turn in flight is cancelled, not committed: no reply to show
             card.phase = ""
         self._bump(card)
+        self._awake()
 
     def finish(self) -> None:
         """The run is over: a request still kept was cut short by its end (cancelled, never answered) and will not
@@ -348,6 +376,7 @@ class LiveState:
     def touch(self) -> None:
         """Something outside the cards changed (a bench's level or step): the next delta carries the summary."""
         self._bump()
+        self._awake()
 
     def record(self, record: RequestRecord) -> None:
         """A bench request's attempt (a bench has no fleet turns): counted in the turn and token timelines."""
@@ -361,6 +390,7 @@ class LiveState:
     def control_changed(self, **fields: Any) -> None:
         self.control.update(fields)
         self._bump()
+        self._awake()
 
     def on_scrape(self, sig: ServerSignals, snapshot: MetricsSnapshot | None) -> None:
         """A ``SignalPoller`` listener: one point of the server's timelines per scrape."""
@@ -404,6 +434,7 @@ class LiveState:
             del self.points[:drop]
             self.dropped_points += drop
         self._bump()
+        self._awake()
 
     # -- compiling ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
