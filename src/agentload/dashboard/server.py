@@ -2,7 +2,8 @@
 
 * ``GET /?token=T`` — the page (one vendored file, ``dashboard.html``: no CDN, no framework);
 * ``GET /events?token=T`` — server-sent events: ``snapshot`` (everything) on connect, then ``delta`` (only what
-  changed, coalesced per agent) at most ``1 / interval_s`` times a second, and ``end`` when the run is over; every
+  changed, coalesced per agent) about ``1 / interval_s`` times a second (none while idle), and ``end`` when the
+  run is over; every
   open stream flushes on one schedule (``Flusher``), so pages that have seen the same share one delta, built and
   encoded once;
 * ``GET /api/state?token=T`` — the snapshot as JSON;
@@ -107,9 +108,11 @@ class Flusher:
 
     The flush rides on the run's own wake-ups: from ``early_s`` before it is due, the first event the state hears
     (an agent's request sent or turn committed, a scrape) runs it then, while the loop is awake anyway; only if none
-    comes does its timer wake the loop at the due time. A wake-up of its own costs the client more than the flush's
-    work — the client's memory went cold in the pause (docs/dashboard.md, "Measured") — and a busy fleet has events
-    every few milliseconds. The schedule keeps its rate: the next flush is due a period after this one was *due*.
+    comes does its timer wake the loop at the due time. A busy fleet has events every few milliseconds, so the
+    page's stream adds no wake-ups to the client's loop (measured: as many sleeps a run with the page open as
+    without; the client CPU the dashboard adds did not move with them — docs/dashboard.md, "Measured"), and the
+    first change after a quiet spell goes out at once. The schedule keeps its rate: the next flush is due a period
+    after this one was *due*, so a change waits at most ``interval_s + early_s``.
     And an idle dashboard does not flush at all: when every open page has seen the state's version and no request is
     in flight (nothing can change without an event), the next event runs a flush at once, and a keep-alive comment
     goes out every ``keepalive_s`` meanwhile (so a closed tab is still noticed).
