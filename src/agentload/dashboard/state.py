@@ -240,7 +240,7 @@ class LiveState:
 
     def _awake(self) -> None:
         """An event: the loop is awake for it. A flush that may run from now on runs in this wake-up rather than wake
-        an idle loop on its own timer (each such wake-up costs a client whose caches went cold in between)."""
+        an idle loop on its own timer (so the page's stream adds no wake-ups to a busy run's loop)."""
         at = self.ride_at
         if at is not None and at <= self.ride_clock():
             self.ride_at = None
