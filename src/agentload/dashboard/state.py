@@ -257,6 +257,8 @@ class LiveState:
         """A change: of ``card`` (of its fields in ``tier``: STREAM, TURN or WHOLE), else of the summary."""
         self.version += 1
         v = self.version
+        if self.ride_at is not None:  # None during a flush (its refresh bumps) and while no page is open
+            self._awake()
         if card is None:
             self._summary_v = v
             return
@@ -314,7 +316,6 @@ class LiveState:
             card.error = detail[:300]
             tier = WHOLE
         self._bump(card, tier)
-        self._awake()
 
     def turn(self, agent: str, turn: TurnLog) -> None:
         self._streams.pop(agent, None)  # the turn's last request: its reply is the turn's (shown from the turn)
@@ -332,14 +333,12 @@ class LiveState:
         card.phase = "think"  # the pause before its next turn (or its end, which agent() reports next)
         self.turns += 1
         self._bump(card, TURN)
-        self._awake()
 
     def limiter_changed(self, stats: LimiterStatistics) -> None:
         self.limiter = stats
         for change in stats.history[len(self.decisions) :]:
             self.decisions.append(change.model_dump(mode="json"))
         self._bump()
-        self._awake()
 
     def stream_started(self, ids: RequestIds | None, view: StreamView) -> None:
         """A request is sent (each attempt of a turn; ``endpoint.client.stream_watch``): kept, and read by ``refresh``
@@ -350,7 +349,7 @@ class LiveState:
         agent = ids.agent
         card = self.cards.get(agent) or self._card(agent)
         self._streams[agent] = _Watch(view, card)
-        self._awake()
+        self._awake()  # the one event that changes nothing yet: its stream is read at the next flush
 
     def agent_control(self, agent: str, *, stopping: bool = False, restarted: bool = False) -> None:
         card = self._card(agent)
@@ -361,7 +360,6 @@ class LiveState:
             self._streams.pop(agent, None)  # its turn in flight is cancelled, not committed: no reply to show
             card.phase = ""
         self._bump(card)
-        self._awake()
 
     def finish(self) -> None:
         """The run is over: a request still kept was cut short by its end (cancelled, never answered) and will not
@@ -376,7 +374,6 @@ class LiveState:
     def touch(self) -> None:
         """Something outside the cards changed (a bench's level or step): the next delta carries the summary."""
         self._bump()
-        self._awake()
 
     def record(self, record: RequestRecord) -> None:
         """A bench request's attempt (a bench has no fleet turns): counted in the turn and token timelines."""
@@ -390,7 +387,6 @@ class LiveState:
     def control_changed(self, **fields: Any) -> None:
         self.control.update(fields)
         self._bump()
-        self._awake()
 
     def on_scrape(self, sig: ServerSignals, snapshot: MetricsSnapshot | None) -> None:
         """A ``SignalPoller`` listener: one point of the server's timelines per scrape."""
@@ -434,7 +430,6 @@ class LiveState:
             del self.points[:drop]
             self.dropped_points += drop
         self._bump()
-        self._awake()
 
     # -- compiling ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
