@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +287,7 @@ class _Flushes:
     """Counts a flusher's flushes (what wakes the open streams) from before any event is made."""
 
     flusher: Flusher
+    page: Cursor | None = None  # a page that takes each flush's delta, as an open stream does (None: no page reads)
     count: int = 0
     _task: asyncio.Task[None] | None = None
 
@@ -294,6 +296,8 @@ class _Flushes:
             while not self.flusher.closing.is_set():
                 await self.flusher.next_flush()
                 self.count += 1
+                if self.page is not None:
+                    self.flusher.encoded_delta(self.page)
 
         self._task = asyncio.ensure_future(count())
         await asyncio.sleep(0.01)  # the counter waits, and the flusher's task has started
@@ -314,13 +318,19 @@ class _Flushes:
 
 def _flusher(tmp_path: Path, *, lagging: bool, **kw: Any) -> tuple[LiveState, Flusher]:
     """A flusher with one page open: at the state's version, or (``lagging``) one change behind it."""
+    state, flusher, _ = _flusher_page(tmp_path, lagging=lagging, **kw)
+    return state, flusher
+
+
+def _flusher_page(tmp_path: Path, *, lagging: bool, **kw: Any) -> tuple[LiveState, Flusher, Cursor]:
+    """``_flusher``, and the open page's cursor."""
     state = LiveState(expand(load_fleet(_fleet(tmp_path))), LoopClock())
     _, cursor = state.snapshot()
     if lagging:
         state.agent("w.0", AgentState.RUNNING, rounds=0)
     flusher = Flusher(state, **kw)
     flusher.join(cursor)
-    return state, flusher
+    return state, flusher, cursor
 
 
 async def test_a_flush_rides_the_runs_first_event_in_its_window_not_its_own_timer(tmp_path: Path) -> None:
@@ -353,6 +363,28 @@ async def test_an_idle_dashboard_flushes_only_at_an_event_and_its_keep_alive(tmp
     state, flusher = _flusher(tmp_path, lagging=False, interval_s=3600.0, keepalive_s=0.05)
     async with _Flushes(flusher) as flushes:
         await flushes.reach(3)  # keep-alives only: no event, and the rate is an hour
+
+
+async def test_a_burst_of_events_in_an_idle_spell_flushes_at_the_rate_not_at_each_event(tmp_path: Path) -> None:
+    """A lockstep fleet commits its turns one by one while no request is in flight: the page, which takes each
+    delta, is back at the state's version after every flush. The first event after the quiet spell goes at once;
+    the rest wait for the rate (before: a flush at each of them, 20 a second at 1,000 agents)."""
+    state, flusher, page = _flusher_page(tmp_path, lagging=False, interval_s=0.2, keepalive_s=3600.0)
+    async with _Flushes(flusher, page) as flushes:
+        await asyncio.sleep(0.3)  # a quiet spell longer than a period
+        t0 = time.monotonic()
+        for i in range(40):  # each in a wake-up of its own, as turns committed one after another are
+            state.agent("w.1", AgentState.RUNNING, rounds=i)
+            await asyncio.sleep(0.005)
+        for _ in range(500):  # the last change is sent too, a flush later
+            if page.version == state.version:
+                break
+            await asyncio.sleep(0.01)
+        took = time.monotonic() - t0
+        count = flushes.count
+    assert page.version == state.version
+    # One flush at once, then one a period after the one before (0.7 periods at the earliest, riding on an event).
+    assert 1 <= count <= 2 + took / (0.7 * 0.2), (count, took)
 
 
 async def test_a_request_in_flight_or_a_page_behind_keeps_the_rate_without_events(tmp_path: Path) -> None:

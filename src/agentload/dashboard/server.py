@@ -114,8 +114,10 @@ class Flusher:
     first change after a quiet spell goes out at once. The schedule keeps its rate: the next flush is due a period
     after this one was *due*, so a change waits at most ``interval_s + early_s``.
     And an idle dashboard does not flush at all: when every open page has seen the state's version and no request is
-    in flight (nothing can change without an event), the next event runs a flush at once, and a keep-alive comment
-    goes out every ``keepalive_s`` meanwhile (so a closed tab is still noticed).
+    in flight (nothing can change without an event), it waits for the next event, and a keep-alive comment goes out
+    every ``keepalive_s`` meanwhile (so a closed tab is still noticed). That event's change goes at once after a
+    spell longer than a period, else at the rate: a lockstep fleet commits its turns one by one with no request in
+    flight, and flushing at each of them ran 20 flushes a second (1,000 agents at once, 2026-12-06).
     """
 
     def __init__(
@@ -168,34 +170,39 @@ class Flusher:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        due = loop.time()
+        due = loop.time()  # when the last flush was due
         while not self.closing.is_set():
-            if self._idle():
-                await self._wait(loop, -math.inf, loop.time() + self.keepalive_s)
-                due = loop.time()  # the schedule starts again from this flush
-            else:
-                due += self.interval_s
-                if loop.time() - due > self.interval_s:
-                    due = loop.time()
-                await self._wait(loop, due - self.early_s, due)
+            if self._idle() and not await self._wait(loop, -math.inf, loop.time() + self.keepalive_s):
+                self._pulse()  # the keep-alive: no event came (the streams send a comment)
+                await asyncio.sleep(0)
+                continue
+            # Something can change (or an event just did, after an idle spell): the next flush, at the rate. After a
+            # spell longer than a period the event's change goes at once; after a flush moments ago it waits its
+            # turn — a burst of events in an idle spell (a lockstep fleet's turns committed one by one, with no
+            # request in flight) would otherwise flush at each of them.
+            due += self.interval_s
+            if loop.time() - due > self.interval_s:
+                due = loop.time()  # a schedule that fell behind (or slept idle) starts again from now: no burst
+            await self._wait(loop, due - self.early_s, due)
             self._pulse()
             await asyncio.sleep(0)  # the streams take this flush (their cursors move) before ``_idle`` reads them
 
-    async def _wait(self, loop: asyncio.AbstractEventLoop, ride_from: float, due: float) -> None:
-        """Until the state's first event from ``ride_from`` on, or ``due`` (both on the loop's clock)."""
-        woken = loop.create_future()
+    async def _wait(self, loop: asyncio.AbstractEventLoop, ride_from: float, due: float) -> bool:
+        """Until the state's first event from ``ride_from`` on, or ``due`` (both on the loop's clock). True: woken
+        by an event, not by the timer."""
+        woken: asyncio.Future[bool] = loop.create_future()
 
-        def wake() -> None:
+        def wake(by_event: bool = True) -> None:
             if not woken.done():
-                woken.set_result(None)
+                woken.set_result(by_event)
 
-        timer = loop.call_at(due, wake)
+        timer = loop.call_at(due, wake, False)
         state = self.state
         state.ride = wake
         state.ride_clock = loop.time
         state.ride_at = ride_from
         try:
-            await woken
+            return await woken
         finally:
             timer.cancel()
             state.ride_at = state.ride = None
