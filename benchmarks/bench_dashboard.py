@@ -44,7 +44,8 @@ The update rate is **deltas that carried agents' changes, per second** of the st
 delta that carries only the once-a-second server sample, and the keep-alive comment a flush sends when nothing
 changed, are counted apart, never in it. Every flush sends one of the three, so together they show whether the
 server kept its schedule — 4 flushes a second while anything can change (a request in flight, a page behind), none
-while the dashboard is idle (the agents all thinking: the next event flushes at once) — and, if the rate is lower,
+while the dashboard is idle (the agents all thinking: the next event flushes, at once after a quiet period, else
+at the rate) — and, if the rate is lower,
 why: flushes with nothing to send (keep-alives), idle spells and flushes that came late (the gaps between flushes,
 and the lateness of a 50 ms sleep in the same event loop: a loop starved by the run itself shows there). That rate
 counts what the fleet changed, so it falls when the agents move in lockstep (all thinking at once: nothing to send
@@ -95,8 +96,9 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from agentload.cli.common import MAX_DASHBOARD_RATE, MIN_DASHBOARD_RATE, dashboard_interval
 from agentload.cli.run import RunOptions, run_fleet
-from agentload.dashboard.server import Flusher
+from agentload.dashboard.server import INTERVAL_S, Flusher
 from agentload.dashboard.state import LiveState
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
@@ -265,9 +267,11 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool) -> RunOptions:
+def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool, rate: float | None = None) -> RunOptions:
+    """The fleet's run options; ``rate``: the page's updates a second (``agentload run --dashboard-rate``)."""
+    interval_s = dashboard_interval(dashboard, rate if dashboard else None)
     return RunOptions(fleet=fleet, out=out, url=url, mode=Mode.PARALLEL, width=width, progress="none",
-                      dashboard=dashboard, fsync=False)  # fmt: skip
+                      dashboard=dashboard, fsync=False, dashboard_interval_s=interval_s)  # fmt: skip
 
 
 class LoopProfile:
@@ -601,7 +605,7 @@ def _child_main(args: argparse.Namespace) -> None:
     own = OwnTime()  # not installed: its timers would weigh on the arm with the dashboard alone
     if args.flush_scale != 1.0:
         _scale_flushes(args.flush_scale)
-    opts = _opts(args.fleet, args.out, args.url, args.width, dashboard=dashboard)
+    opts = _opts(args.fleet, args.out, args.url, args.width, dashboard=dashboard, rate=args.rate)
     reader = _start_reader(off_core=not args.reader_on_client_core) if dashboard else None
     stream = Stream() if dashboard else None
     sys.stdout.buffer.write(b"ready\n")
@@ -650,7 +654,8 @@ def _side_by_side(args: argparse.Namespace, fleet: Path, tmp: Path, url: str, wi
             for arm in arms:
                 child = "without" if args.null else arm
                 cmd = [sys.executable, __file__, "--child", child, "--url", url, "--fleet", str(fleet),
-                       "--out", str(tmp / f"runs-{block}-{arm}"), "--width", str(width)]  # fmt: skip
+                       "--out", str(tmp / f"runs-{block}-{arm}"), "--width", str(width),
+                       *(["--rate", repr(args.rate)] if args.rate is not None else [])]  # fmt: skip
                 if args.reader_on_client_core:
                     cmd.append("--reader-on-client-core")
                 procs[arm] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -717,7 +722,8 @@ def _counted_run(
     (its result only: the wall time the flush schedule is scaled to)."""
     counts = out.with_suffix(".callgrind")
     cmd = [sys.executable, __file__, "--child", arm, "--url", url, "--fleet", str(fleet), "--out", str(out),
-           "--width", str(width), "--flush-scale", repr(scale), "--counted"]  # fmt: skip
+           "--width", str(width), "--flush-scale", repr(scale), "--counted",
+           *(["--rate", repr(args.rate)] if args.rate is not None else [])]  # fmt: skip
     if valgrind:
         cache = [] if args.last_level is None else [f"--LL={args.last_level},8,64"]
         if args.branch_sim:
@@ -853,6 +859,10 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=None, help="agents live at once (default: all)")
     ap.add_argument("--step", type=float, default=0.02, help="the simulator's step time, s")
     ap.add_argument("--blocks", type=int, default=1, help="blocks of four runs (without, with, with, without)")
+    ap.add_argument(
+        "--rate", type=float, default=None, metavar="HZ",
+        help="the page's updates a second (agentload run --dashboard-rate; default: the dashboard's, 4)",
+    )  # fmt: skip
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument(
         "--reader-in-process",
@@ -965,6 +975,8 @@ def main() -> None:
         ap.error("--side-by-side runs neither --default-gc nor --reader-in-process")
     if args.blocks < 1:
         ap.error("--blocks must be at least 1")
+    if args.rate is not None and not MIN_DASHBOARD_RATE <= args.rate <= MAX_DASHBOARD_RATE:
+        ap.error(f"--rate is the page's updates a second, {MIN_DASHBOARD_RATE:g} to {MAX_DASHBOARD_RATE:g}")
     if (args.branch_sim or args.keep_counts is not None) and not args.callgrind:
         ap.error("--branch-sim and --keep-counts are options of --callgrind")
     if args.last_level is not None and (not args.callgrind or args.last_level < 65536 or args.last_level & 4095):
@@ -1008,7 +1020,7 @@ def main() -> None:
         for block in range(args.blocks):
             used_in = {False: 0.0, True: 0.0}
             for dashboard in (False, True, True, False):
-                opts = _opts(fleet, out, url, width, dashboard=dashboard and not args.null)
+                opts = _opts(fleet, out, url, width, dashboard=dashboard and not args.null, rate=args.rate)
                 reader = None
                 if dashboard and not args.reader_in_process and not args.null and not args.no_page:
                     reader = _start_reader(off_core=not args.reader_on_client_core)
@@ -1079,7 +1091,7 @@ def main() -> None:
             print(f"  the stream reader's own process (a browser's share, not the client's): "
                   f"{own_total.reader_process / runs:.3f} s CPU a run")  # fmt: skip
         if not args.null and not args.no_page:
-            _own_time_run(args, _opts(fleet, out, url, width, dashboard=True), stream, own_total)
+            _own_time_run(args, _opts(fleet, out, url, width, dashboard=True, rate=args.rate), stream, own_total)
         for dashboard in (False, True):
             g = collector[dashboard]
             print(f"  cyclic collector {'with' if dashboard else 'without'} the dashboard "
@@ -1087,6 +1099,7 @@ def main() -> None:
                   f"{g.cpu / cpu[dashboard]:.1%} of its client CPU, {g.passes / runs:.0f} passes a run "
                   f"({g.full / runs:.1f} over the oldest generation)")  # fmt: skip
         st = stream
+        rate = args.rate or 1 / INTERVAL_S  # the schedule's flushes a second
         flushes = st.changed + st.other + st.empty
         per_s = (lambda n: n / st.span) if st.span > 0 else (lambda n: 0.0)
         if not flushes:  # --null or --no-page: no page read a stream, so there is no rate to give
@@ -1095,14 +1108,14 @@ def main() -> None:
             print(f"  update rate: {per_s(st.changed):.2f} deltas a second carried agents' changes ({st.changed} "
                   f"of {flushes} flushes in {st.span:.1f} s of stream; "
                   f"{st.bytes / max(st.changed + st.other, 1) / 1024:.1f} KiB a delta on average)")  # fmt: skip
-            print(f"  flushes: {per_s(flushes):.2f} a second (the schedule: 4, none while idle); {st.other} with the "
-                  f"server's sample only, {st.empty} with nothing to send; gap between flushes p50 "
+            print(f"  flushes: {per_s(flushes):.2f} a second (the schedule: {rate:g}, none while idle); {st.other} "
+                  f"with the server's sample only, {st.empty} with nothing to send; gap between flushes p50 "
                   f"{_pct(st.flush_gaps, 0.5) * 1000:.0f} ms, p95 {_pct(st.flush_gaps, 0.95) * 1000:.0f} ms, max "
                   f"{_pct(st.flush_gaps, 1) * 1000:.0f} ms")  # fmt: skip
         if ages := own_total.ages:
             print(f"  every change reached the stream within: p50 {_pct(ages, 0.5) * 1000:.0f} ms, p99 "
                   f"{_pct(ages, 0.99) * 1000:.0f} ms, max {_pct(ages, 1) * 1000:.0f} ms of being made "
-                  f"({len(ages)} deltas; the schedule's bound: 1.3 periods, 325 ms)")  # fmt: skip
+                  f"({len(ages)} deltas; the schedule's bound: 1.3 periods, {1300 / rate:.0f} ms)")  # fmt: skip
         if gaps := st.changed_gaps:
             print(f"  between deltas that carried changes: p50 {_pct(gaps, 0.5) * 1000:.0f} ms, p95 "
                   f"{_pct(gaps, 0.95) * 1000:.0f} ms, max {_pct(gaps, 1) * 1000:.0f} ms")  # fmt: skip
@@ -1119,7 +1132,7 @@ def main() -> None:
                   f"max {_pct(lag, 1) * 1000:.0f} ms")  # fmt: skip
         if args.no_browser:
             return
-        browsed = _browser_pass(_opts(fleet, out, url, width, dashboard=True))
+        browsed = _browser_pass(_opts(fleet, out, url, width, dashboard=True, rate=args.rate))
         if browsed is None:
             print("  browser: skipped (no /usr/bin/chromium or no playwright)")
             return

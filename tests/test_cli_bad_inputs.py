@@ -169,6 +169,19 @@ CASES: dict[str, tuple[Case, str]] = {
         lambda t: ["run", _file(t, "f.toml", '[[tasks]]\nid = "t"\nprompt = "x"\n'), "--workers", "2"],
         "options of --executor ray",
     ),
+    "run --dashboard-rate without --dashboard": (
+        lambda t: ["run", _file(t, "f.toml", FLEET), "--dashboard-rate", "2"],
+        "use it with --dashboard",
+    ),
+    "run --dashboard-rate 0": (
+        lambda t: ["run", _file(t, "f.toml", FLEET), "--dashboard", "--dashboard-rate", "0"],
+        "--dashboard-rate",
+    ),
+    "bench --dashboard-rate without --dashboard": (
+        lambda t: [*BENCH, "--dashboard-rate", "2"],
+        "use it with --dashboard",
+    ),
+    "bench --dashboard-rate 100": (lambda t: [*BENCH, "--dashboard", "--dashboard-rate", "100"], "--dashboard-rate"),
 }
 
 

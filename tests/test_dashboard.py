@@ -22,6 +22,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agentload.agent.loop import TurnLog
+from agentload.cli.common import dashboard_interval
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import Clock, LoopClock, RealClock
 from agentload.dashboard.control import FleetControl
@@ -435,6 +436,25 @@ def _opts(tmp_path: Path, fleet: Path | None, **kw: Any) -> RunOptions:
     for k, v in kw.items():
         setattr(opts, k, v)
     return opts
+
+
+async def test_the_dashboard_rate_sets_the_pages_update_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--dashboard-rate`` reaches the flusher of the run's page (the CLI's flag: ``test_cli_bad_inputs`` for its
+    range and its need of ``--dashboard``); without it, the default 4 a second."""
+    periods: list[float] = []
+    init = Flusher.__init__
+
+    def recorded(flusher: Flusher, state: LiveState, interval_s: float, **kw: Any) -> None:
+        periods.append(interval_s)
+        init(flusher, state, interval_s, **kw)
+
+    monkeypatch.setattr(Flusher, "__init__", recorded)
+    fleet = _fleet(tmp_path, count=2, rounds=1, think=0.0)
+    for rate in (None, 2.0):
+        opts = _opts(tmp_path, fleet, dashboard_interval_s=dashboard_interval(True, rate))
+        result = await run_fleet(opts)
+        assert result.totals.done == result.totals.agents
+    assert periods == [0.25, 0.5]
 
 
 async def test_pause_starts_no_turn_and_resume_finishes_every_turn_once(tmp_path: Path) -> None:

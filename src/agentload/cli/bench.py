@@ -23,6 +23,7 @@ from agentload.bench.target import Target, http_target, sim_target
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import (
     ApiKeyEnvOption,
+    DashboardRateOption,
     ExecutorOption,
     JsonOption,
     OutOption,
@@ -30,6 +31,7 @@ from agentload.cli.common import (
     WorkersOption,
     check_seed,
     console,
+    dashboard_interval,
     default_book,
     err_console,
     executor_spec,
@@ -200,6 +202,7 @@ def bench(
         ),
     ] = False,
     dashboard_port: Annotated[int, typer.Option(min=0, max=65535, help="The dashboard's port (0: a free one).")] = 0,
+    dashboard_rate: DashboardRateOption = None,
     executor: ExecutorOption = "local",
     ray_address: RayAddressOption = None,
     workers: WorkersOption = None,
@@ -214,8 +217,9 @@ def bench(
     if resume is not None:
         resume_dir, flags = resumed_flags(resume, out, flags)
     spec = executor_spec(executor, ray_address, workers)
+    interval_s = dashboard_interval(dashboard, dashboard_rate)
     run(**flags, out=out, json_out=json_out, resume_dir=resume_dir, dashboard=dashboard, dashboard_port=dashboard_port,
-        executor=spec)  # fmt: skip
+        dashboard_interval_s=interval_s, executor=spec)  # fmt: skip
 
 
 # The flags a bench run is started with and resumed with (``bench.json``); --out, --json and --resume are not
@@ -336,6 +340,7 @@ def run(
     resume_dir: Path | None,
     dashboard: bool = False,
     dashboard_port: int = 0,
+    dashboard_interval_s: float | None = None,
     executor: ExecutorSpec | None = None,
 ) -> None:
     """The bench command after its flags are settled (``resume_dir``: continue that run directory)."""
@@ -511,7 +516,9 @@ def run(
             meta = {"mode": mode, "target": where, "workload": workload, "run_id": writer.run_id}
             async with contextlib.AsyncExitStack() as stack:
                 try:
-                    board = await stack.enter_async_context(open_bench_board(LoopClock(), meta, port=dashboard_port))
+                    board = await stack.enter_async_context(
+                        open_bench_board(LoopClock(), meta, port=dashboard_port, interval_s=dashboard_interval_s)
+                    )
                 except ConfigError:
                     board_failed = True
                     raise

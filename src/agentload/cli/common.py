@@ -81,6 +81,34 @@ WorkersOption = Annotated[
 ]
 
 
+# A page updated less than once in 5 s is no longer live; more than 20 times a second, faster than anyone reads.
+MIN_DASHBOARD_RATE, MAX_DASHBOARD_RATE = 0.2, 20.0
+DashboardRateOption = Annotated[
+    float | None,
+    typer.Option(
+        "--dashboard-rate",
+        metavar="HZ",
+        help="With --dashboard: the page's updates a second (default 4). Fewer cost the run's client less CPU "
+        '(docs/dashboard.md, "Measured").',
+        show_default=False,
+    ),
+]
+
+
+def dashboard_interval(dashboard: bool, rate: float | None) -> float | None:
+    """``--dashboard-rate`` as the page's update period, s (None: the dashboard's default, 4 a second); one clear
+    error without ``--dashboard``."""
+    if rate is None:
+        return None
+    if not dashboard:
+        raise ConfigError("--dashboard-rate sets the live page's updates a second: use it with --dashboard")
+    if not MIN_DASHBOARD_RATE <= rate <= MAX_DASHBOARD_RATE:  # NaN too
+        raise ConfigError(
+            f"--dashboard-rate must be {MIN_DASHBOARD_RATE:g} to {MAX_DASHBOARD_RATE:g} updates a second, got {rate:g}"
+        )
+    return 1.0 / rate
+
+
 def executor_spec(executor: str, ray_address: str | None, workers: int | None) -> ExecutorSpec:
     """``--executor`` and its options checked together (one clear error for a wrong combination)."""
     if executor not in ("local", "ray"):

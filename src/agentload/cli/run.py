@@ -26,12 +26,14 @@ from agentload.agent.loop import ChatBackend
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import (
     ApiKeyEnvOption,
+    DashboardRateOption,
     ExecutorOption,
     JsonOption,
     OutOption,
     RayAddressOption,
     WorkersOption,
     console,
+    dashboard_interval,
     err_console,
     executor_spec,
     read_api_key,
@@ -95,6 +97,7 @@ class RunOptions:
     virtual: bool = False  # the in-process simulator in simulated time (no sockets, no waiting)
     dashboard: bool = False  # serve the live page (agentload.dashboard) on 127.0.0.1 for the run
     dashboard_port: int = 0  # 0: a free port
+    dashboard_interval_s: float | None = None  # the page's update period (``--dashboard-rate``); None: its default
     dashboard_url: str | None = None  # set once it serves (the token is in it)
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)  # ray: the requests sent by Ray actors
     cluster: Callable[[ExecutorSpec], Any] = RayCluster  # what --executor ray starts (tests: an in-process one)
@@ -268,7 +271,14 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         if opts.dashboard:  # serving before anything else, so a port in use stops the run before it is recorded
             widest = min(opts.max_width or len(plans), len(plans))  # the limiter's bound, for the page's width too
             board = await stack.enter_async_context(
-                open_board(plans, clock, max_width=widest, port=opts.dashboard_port, fleet=manifest.fleet.name)
+                open_board(
+                    plans,
+                    clock,
+                    max_width=widest,
+                    port=opts.dashboard_port,
+                    fleet=manifest.fleet.name,
+                    interval_s=opts.dashboard_interval_s,
+                )
             )
             opts.dashboard_url = board.url
             err_console.print(f"dashboard: {board.url}", markup=False, soft_wrap=True)
@@ -472,6 +482,7 @@ def run(
         bool, typer.Option(help="Serve a live page with controls on 127.0.0.1; its URL (with a token) is printed.")
     ] = False,
     dashboard_port: Annotated[int, typer.Option(min=0, max=65535, help="The dashboard's port (0: a free one).")] = 0,
+    dashboard_rate: DashboardRateOption = None,
     executor: ExecutorOption = "local",
     ray_address: RayAddressOption = None,
     workers: WorkersOption = None,
@@ -503,6 +514,7 @@ def run(
         virtual=virtual,
         dashboard=dashboard,
         dashboard_port=dashboard_port,
+        dashboard_interval_s=dashboard_interval(dashboard, dashboard_rate),
         executor=spec,
     )
     try:
