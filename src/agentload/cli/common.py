@@ -88,8 +88,8 @@ DashboardRateOption = Annotated[
     typer.Option(
         "--dashboard-rate",
         metavar="HZ",
-        help="With --dashboard: the page's updates a second (default 4). Fewer cost the run's client less CPU "
-        '(docs/dashboard.md, "Measured").',
+        help="With --dashboard: the page's updates a second (default 4; 0.2 to 20). Fewer cost the browser and the "
+        "dashboard's own flushes less (docs/dashboard.md).",
         show_default=False,
     ),
 ]
