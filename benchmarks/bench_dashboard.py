@@ -415,16 +415,31 @@ def _start_reader(off_core: bool) -> subprocess.Popen[bytes]:
 
 async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime, reader: subprocess.Popen[bytes] | None) -> None:
     """The page's stand-in: reads the run's event stream in this process (no ``reader``: its parsing counts as the
-    client's CPU) or, as a browser would, in the process ``reader`` (``_start_reader``), whose figures are added to
-    ``stream`` at the end and whose CPU is counted apart (``own.reader_process``)."""
+    client's CPU) or, as a browser would, in the process ``reader`` (``_start_reader``), told the URL here and read
+    after the run (``_reader_result``)."""
     while opts.dashboard_url is None:  # noqa: ASYNC110  (run_fleet sets it; there is no event to wait on)
         await asyncio.sleep(0.01)
     if reader is None:
         await _read_events(opts.dashboard_url, stream, own)
         return
-    # The URL (its token) goes on the reader's stdin, not its command line, which any local user can list. A thread
-    # waits for its answer (blocked in a read: no CPU, no wake-ups in this loop).
-    out, _ = await asyncio.to_thread(reader.communicate, opts.dashboard_url.encode() + b"\n")
+    # The URL (its token) goes on the reader's stdin, not its command line, which any local user can list: one line
+    # to a pipe, which does not block. Its answer is read once the run is over, in this thread: a thread waiting for
+    # it through the run (``asyncio.to_thread``, until 6 December 2026) was in the client's process in the arm with
+    # the dashboard only.
+    assert reader.stdin is not None
+    reader.stdin.write(opts.dashboard_url.encode() + b"\n")
+    reader.stdin.close()
+
+
+def _reader_result(reader: subprocess.Popen[bytes], stream: Stream, own: OwnTime) -> None:
+    """The reader's figures, once it has read the stream's ``end``: added to ``stream``; its CPU to
+    ``own.reader_process``."""
+    assert reader.stdin is not None
+    assert reader.stdout is not None
+    if not reader.stdin.closed:  # never told a URL (the run ended before it served): it exits on the empty line
+        reader.stdin.close()
+    out = reader.stdout.read()  # to its end: the reader prints its figures once it has read ``end``, and exits
+    reader.wait(timeout=30)
     got = orjson.loads(out)
     own.reader_process += got.pop("cpu")
     for name, value in got.items():
@@ -575,10 +590,12 @@ def _timed_run(
     c0, w0, s0 = _cpu(), time.monotonic(), _switches()
     try:
         r = asyncio.run(_run(opts, stream, lags, own, reader))
+        used, took, s1 = _cpu() - c0, time.monotonic() - w0, _switches()
+        if reader is not None and stream is not None:
+            _reader_result(reader, stream, own)  # after the run's figures: waiting for the reader is not the run's
     finally:
         if reader is not None and reader.poll() is None:
             reader.kill()
-    used, took, s1 = _cpu() - c0, time.monotonic() - w0, _switches()
     if switches is not None:
         switches.append((s1[0] - s0[0], s1[1] - s0[1], s1[2] - s0[2]))
     return r, used, took
