@@ -197,9 +197,13 @@ async def test_a_burst_over_many_streams_is_stamped_as_it_arrived_not_in_the_ord
     assert sorted(stamps) == sorted(before)
     if stamping == "kernel":
         # Each as it arrived: not before its write (a millisecond's slack for turning the kernel's wall-clock stamp
-        # into loop time), and all before the hold ended, when the loop first got to read them.
+        # into loop time), and — the burst arriving during the hold — before the hold ended, when the loop first got
+        # to read them. Not every one: on a loaded machine the kernel can defer a loopback delivery past even a
+        # 300 ms hold (CI saw burst0 stamped 0.2 ms after it ended), and then its arrival *was* after the hold.
         for tag, t in stamps.items():
-            assert before[tag] - 1e-3 <= t < held_until[0], (tag, before[tag], t, held_until[0])
+            assert before[tag] - 1e-3 <= t, (tag, before[tag], t)
+        during = [t for t in stamps.values() if t < held_until[0]]
+        assert len(during) >= len(stamps) // 2, (sorted(stamps.values()), held_until[0])
     else:
         assert len(set(stamps.values())) == 1, sorted(stamps.values())
         assert min(stamps.values()) >= held_until[0]  # seen after the loop was free again, not before the bytes
