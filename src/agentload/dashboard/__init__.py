@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from agentload.clock import Clock
 from agentload.dashboard.control import FleetControl, Run
-from agentload.dashboard.server import INTERVAL_S, Dashboard
+from agentload.dashboard.server import Dashboard
 from agentload.dashboard.state import LiveState, Tee, WatchdogView
 from agentload.endpoint.client import stream_watch
 from agentload.endpoint.signals import SignalPoller
@@ -67,7 +67,7 @@ async def open_board(
     on the way out the page is told the run ended and the server closes."""
     state = LiveState(plans, clock, fleet=fleet)
     control = FleetControl(state, clock, max_width=max_width)
-    board = Board(state, control, Dashboard(state, control, port=port, interval_s=interval_s or INTERVAL_S))
+    board = Board(state, control, Dashboard(state, control, port=port, interval_s=interval_s))
     board.url = await board.server.start()
     try:
         yield board

@@ -17,7 +17,7 @@ from agentload.bench.results import LevelSummary
 from agentload.bench.search import SearchStep
 from agentload.clock import Clock
 from agentload.dashboard.control import FleetControl
-from agentload.dashboard.server import INTERVAL_S, Dashboard
+from agentload.dashboard.server import Dashboard
 from agentload.dashboard.state import BenchView, LiveState
 from agentload.endpoint.connection import Connection
 from agentload.endpoint.records import RequestRecord
@@ -89,7 +89,7 @@ async def open_bench_board(
     state = LiveState([], clock, fleet=str(meta.get("workload", "")), run_id=str(meta.get("run_id", "")))
     state.bench = BenchView(meta)
     control = FleetControl(state, clock, max_width=1)  # never attached: the page and the API offer no controls
-    board = BenchBoard(state, Dashboard(state, control, port=port, interval_s=interval_s or INTERVAL_S, controls=False))
+    board = BenchBoard(state, Dashboard(state, control, port=port, interval_s=interval_s, controls=False))
     board.url = await board.server.start()
     try:
         yield board

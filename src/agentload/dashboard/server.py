@@ -395,12 +395,11 @@ class Dashboard(Served):
         control: FleetControl,
         *,
         port: int = 0,
-        interval_s: float = INTERVAL_S,
+        interval_s: float | None = None,
         controls: bool = True,
     ) -> None:
-        super().__init__(
-            lambda token: make_app(state, control, token, interval_s=interval_s, controls=controls), port=port
-        )
+        period = interval_s or INTERVAL_S  # None: the default rate (the CLI's ``--dashboard-rate`` not given)
+        super().__init__(lambda token: make_app(state, control, token, interval_s=period, controls=controls), port=port)
 
 
 class ReplayServer(Served):
