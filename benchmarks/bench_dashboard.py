@@ -27,7 +27,9 @@ separate process (``simproc``: only the client is in this process), three times:
    with ``--null``, where neither process has the dashboard and the figure should read 0). It reads lower than the
    arms in turn (4 December 2026: +3.0 and +3.8 % against +8.4 %, each with a narrow interval; 6 December, without
    the in-place timers: +0.8 % against +11.0 %): two processes taking turns on a core may hide the cost a lone
-   client pays in its caches, so it does not replace the arms in turn.
+   client pays in its caches, so it does not replace the arms in turn. Nor can the arms in turn resolve 5 % on a
+   machine whose runs drift as this VM's: ``bench_stream_cost.py`` put an aiohttp event stream with no agentload code
+   in the client and read +9.3 % (95 % interval +4.6 to +14.7 %) in one run and −2.7 % (−7.7 to +2.1 %) in the next.
    ``--callgrind`` counts instead of timing: each arm's client runs alone in a process of its own under valgrind's
    callgrind, which counts the run's instructions and simulates its L1 and last-level caches (what a hardware
    counter would give; this machine's VM has none). The counts do not move with the machine's drift; the run is
