@@ -13,7 +13,8 @@ every arm alike:
 * ``aiohttp`` — the same bytes as server-sent events from an ``aiohttp.web`` handler (a ``StreamResponse``, as the
   dashboard's event stream is), no agentload code;
 * ``nagle`` — as ``aiohttp``, with the stream's socket's ``TCP_NODELAY`` off again after aiohttp turns it on;
-* ``dashboard`` — ``agentload run --dashboard`` with one page's event-stream reader (``bench_dashboard.py``'s).
+* ``dashboard`` — ``agentload run --dashboard`` with one page's event-stream reader (``bench_dashboard.py``'s);
+* ``dashboard-nagle`` — the same, with the event stream's ``TCP_NODELAY`` off after aiohttp turns it on.
 
 The page's stand-in for ``raw``, ``aiohttp`` and ``nagle`` is a process of its own that connects before the run and
 reads with blocking ``recv`` calls, on the machine's other core (as ``bench_dashboard.py`` places its reader). Each
@@ -22,6 +23,7 @@ system seconds of this process over the run), and the summary their mean with a 
 
     .venv/bin/python benchmarks/bench_stream_cost.py                          # none, raw, aiohttp; 6 blocks
     .venv/bin/python benchmarks/bench_stream_cost.py --arms none,aiohttp,nagle --blocks 6
+    .venv/bin/python benchmarks/bench_stream_cost.py --arms none,dashboard-nagle,dashboard --blocks 6
     .venv/bin/python benchmarks/bench_stream_cost.py --arms none,dashboard --agents 200 --width 100 --blocks 2
 """
 
@@ -35,8 +37,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -46,7 +49,7 @@ from agentload.cli.run import RunOptions, run_fleet
 from agentload.fleet.results import FleetResult
 from simproc import fast_profile, sim_process
 
-ARMS = ("none", "raw", "aiohttp", "nagle", "dashboard")
+ARMS = ("none", "raw", "aiohttp", "nagle", "dashboard", "dashboard-nagle")
 # The page's stand-in for the bare arms: connects to the port it is told, asks for the stream (the bare socket
 # ignores the request), and reads until the server closes; prints bytes and reads. Plain sockets: no asyncio.
 _READER = r"""
@@ -116,8 +119,7 @@ async def _aiohttp_stream(payload: bytes, period: float, nagle: bool) -> AsyncIt
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if nagle and request.transport is not None:
-            sock = request.transport.get_extra_info("socket")
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+            _no_delay_off(request.transport.get_extra_info("socket"))
         async for _ in _ticks(period, stop):
             await resp.write(event)
         return resp
@@ -145,12 +147,37 @@ async def _bare_run(
         return await run_fleet(opts)
 
 
+def _no_delay_off(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+
+
+@contextlib.contextmanager
+def _nagle_on_event_streams() -> Iterator[None]:
+    """For ``dashboard-nagle``: every ``StreamResponse`` prepared meanwhile (the dashboard's event stream is the only
+    one in the client's process) gets its socket's ``TCP_NODELAY`` off."""
+    prepare = web.StreamResponse.prepare
+
+    async def nagle_prepare(self: web.StreamResponse, request: web.BaseRequest) -> Any:
+        writer = await prepare(self, request)
+        if request.transport is not None:
+            _no_delay_off(request.transport.get_extra_info("socket"))
+        return writer
+
+    setattr(web.StreamResponse, "prepare", nagle_prepare)  # noqa: B010  (patched for the one run)
+    try:
+        yield
+    finally:
+        setattr(web.StreamResponse, "prepare", prepare)  # noqa: B010
+
+
 def _one_run(arm: str, opts: RunOptions, payload: bytes, period: float) -> tuple[FleetResult, float, str]:
     """One run of the fleet with ``arm``'s stream: its result, this process's CPU over it, what the reader got."""
-    if arm in ("none", "dashboard"):
-        reader = bd._start_reader(off_core=True) if arm == "dashboard" else None
-        stream = bd.Stream() if arm == "dashboard" else None
-        result, used, _ = bd._timed_run(opts, stream, [], bd.OwnTime(), reader)
+    if arm in ("none", "dashboard", "dashboard-nagle"):
+        dashboard = arm != "none"
+        reader = bd._start_reader(off_core=True) if dashboard else None
+        stream = bd.Stream() if dashboard else None
+        with _nagle_on_event_streams() if arm == "dashboard-nagle" else contextlib.nullcontext():
+            result, used, _ = bd._timed_run(opts, stream, [], bd.OwnTime(), reader)
         got = f"{stream.changed} deltas with changes, {stream.bytes / 1024:.0f} KiB" if stream is not None else ""
         return result, used, got
     bare = _start_bare_reader()
@@ -204,7 +231,7 @@ def main() -> None:
             half = arms if block % 2 == 0 else arms[::-1]
             used = dict.fromkeys(arms, 0.0)
             for arm in [*half, *half[::-1]]:
-                opts = bd._opts(fleet, out, url, args.width, dashboard=arm == "dashboard")
+                opts = bd._opts(fleet, out, url, args.width, dashboard=arm.startswith("dashboard"))
                 result, spent, got = _one_run(arm, opts, payload, args.period)
                 used[arm] += spent
                 cpu[arm].append(spent)
