@@ -1104,6 +1104,10 @@ def main() -> None:
               f"{dash_wall:.1f} s wall, {dash_cpu:.2f} s client CPU "
               f"({(dash_cpu - base_cpu) / base_cpu:+.1%} vs without)")  # fmt: skip
         print("  " + _share_line(shares))
+        # Said where the figure is read: the same stream with no agentload code read +9.3 % and −2.7 % in two runs of
+        # this design here (docs/dashboard.md, 6 December 2026, night), so its interval does not settle 5 %.
+        print("  (runs in turn on a machine whose runs drift cannot resolve 5 %: --side-by-side and --callgrind can; "
+              "benchmarks/bench_stream_cost.py shows a bare stream's spread)")  # fmt: skip
         if profile is not None:
             profile.report()
         if not args.reader_in_process:
