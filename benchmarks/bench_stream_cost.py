@@ -41,7 +41,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 import bench_dashboard as bd
@@ -197,8 +196,7 @@ def _one_run(arm: str, opts: RunOptions, payload: bytes, period: float) -> tuple
 def _interval(xs: list[float]) -> str:
     if len(xs) < 3:
         return "too few blocks for an interval"
-    draws = np.random.default_rng(0).choice(np.asarray(xs), size=(10_000, len(xs)), replace=True).mean(axis=1)
-    low, high = np.percentile(draws, [2.5, 97.5])
+    low, high = bd.bootstrap_interval(xs)
     return f"95 % interval {low:+.1%} to {high:+.1%}, median {statistics.median(xs):+.1%}"
 
 

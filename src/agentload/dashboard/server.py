@@ -398,7 +398,8 @@ class Dashboard(Served):
         interval_s: float | None = None,
         controls: bool = True,
     ) -> None:
-        period = interval_s or INTERVAL_S  # None: the default rate (the CLI's ``--dashboard-rate`` not given)
+        # None: the default rate (the CLI's ``--dashboard-rate`` not given)
+        period = INTERVAL_S if interval_s is None else interval_s
         super().__init__(lambda token: make_app(state, control, token, interval_s=period, controls=controls), port=port)
 
 
