@@ -22,7 +22,7 @@ from agentload.bench.results import (
     ServerSample,
 )
 from agentload.bench.sampler import RawSample
-from agentload.endpoint.records import RequestRecord, UsageSource
+from agentload.endpoint.records import ErrorKind, RequestRecord, UsageSource
 
 
 @dataclass
@@ -49,6 +49,7 @@ class LevelData:
     # Turns that asked for fewer output tokens than the workload drew, (agent, turn) → drawn (``reply_clamped``).
     drawn: dict[tuple[str, int], int] = field(default_factory=dict)
     lost: str | None = None  # set: the server was lost during this level (why), which stopped it early
+    cut_requests: int = 0  # requests the level cut at its edges when its grace ran out (``bench.runner``)
 
 
 def _pct(values: Sequence[float]) -> Percentiles:
@@ -98,6 +99,8 @@ def summarise(data: LevelData) -> LevelSummary:
     # inside it.
     in_window = [r for r in data.records if r.t_sent - data.t0 >= w0 - 1e-9 and r.t_done - data.t0 <= w1 + 1e-9]
     ok = [r for r in in_window if r.ok]
+    # A request the level cut at its window's end did not fail on the server's side: counted apart.
+    cut = sum(1 for r in in_window if r.error is ErrorKind.CUT)
     samples = [s for s in data.samples if w0 - 1e-9 <= s.sample.t <= w1 + 1e-9]
     first = samples[0] if samples else None
     last = samples[-1] if samples else None
@@ -180,7 +183,8 @@ def summarise(data: LevelData) -> LevelSummary:
         sessions_completed=data.sessions_ok,
         sessions_failed=data.sessions_failed,
         requests_ok=len(ok),
-        requests_failed=len(in_window) - len(ok),
+        requests_failed=len(in_window) - len(ok) - cut,
+        requests_cut=cut,
         turns=len(ok),
         pass_rate=(data.passed / data.scored) if data.scored else None,
         output_tps=output_tps,

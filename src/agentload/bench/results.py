@@ -53,6 +53,7 @@ class LevelSummary(BaseModel):
     sessions_failed: int
     requests_ok: int
     requests_failed: int
+    requests_cut: int = 0  # in the window, cut by the level when its grace ran out (not the server's failures)
     turns: int
     pass_rate: float | None = None  # scored workloads (suite)
     output_tps: float

@@ -5,9 +5,16 @@ over the first second and run closed-loop. The window's edges are quiet (``endpo
 wait while the ones in flight finish, and the server's counters are sampled with nothing in flight, so the usage
 side and the server side of every figure cover the same requests. The window lasts at least ``min_window_s`` and
 until the level has measured enough completed turns (``required_turns``), at most ``window_s`` — a slow server gets
-enough samples, a fast one is not kept longer than needed. Then the agents finish the turn in flight (within a
-grace period, then are cancelled), and everything they did is in ``LevelData`` — records and server samples — for
-``analysis.summarise``.
+enough samples, a fast one is not kept longer than needed. Then the agents finish the turn in flight, and everything
+they did is in ``LevelData`` — records and server samples — for ``analysis.summarise``.
+
+**The window is a cap.** A stalled request, a stream of keep-alives or one that never ends must not stretch a level
+past its plan, so every wait at the level's end is bounded by one grace, ``edge_grace_s(window_s)`` (a quarter of
+the window, at least 10 s, at most ``QUIESCE_TIMEOUT_S``): each edge waits at most that long for the requests in
+flight to finish (the end edge no later than the window's cap plus the grace), then cuts them — each ends with a
+record of outcome ``cancelled``, error ``cut`` (``endpoint.client.CutScope``) — and samples. After the end edge the
+turns held at the closed edge go out and get the same grace before they are cut. The level's window is what it
+really was (``window_start`` to ``end``), and its notes say how many requests were cut where.
 
 Nothing here is on a turn's path: the agents send through the connection's ``RecordingBackend`` (the level's
 engine fields, the gate, the record log) and read the level's stop signal itself; the level's own code runs at its
@@ -27,6 +34,7 @@ from agentload.bench.sampler import MetricsSampler
 from agentload.bench.target import Target
 from agentload.clock import LoopClock
 from agentload.endpoint.backend import QuiesceGate, RecordingBackend, RecordSink
+from agentload.endpoint.client import CutScope, cut_scope
 from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import EngineFields
 from agentload.endpoint.signals import SignalPoller
@@ -42,8 +50,19 @@ ConnectHook = Callable[[Connection], Callable[[], None]]
 # Completed turns a level wants before its window may end (issue 9): per agent, and in all.
 MIN_TURNS_PER_AGENT = 8
 MIN_TURNS_TOTAL = 60
-# How long an edge waits for the requests in flight to finish before sampling anyway (and saying so).
+# The longest an edge waits for the requests in flight to finish before cutting them (and saying so).
 QUIESCE_TIMEOUT_S = 120.0
+# The shortest grace an edge gives (a short window's requests still get time for one real prefill).
+MIN_EDGE_GRACE_S = 10.0
+
+
+def edge_grace_s(window_s: float) -> float:
+    """How long a level's edge waits for requests in flight before cutting them; see the module docstring."""
+    return min(QUIESCE_TIMEOUT_S, max(MIN_EDGE_GRACE_S, window_s / 4))
+
+
+# How long an edge waits for cut requests to come back with their records (they return at once; a bound all the same).
+CUT_SETTLE_S = 5.0
 # Agents start staggered over this long, so they do not move in lockstep.
 STAGGER_S = 1.0
 
@@ -66,7 +85,7 @@ async def run_level(
     window_s: float,
     min_window_s: float | None = None,
     min_turns: int | None = None,  # the floor "in all" (default MIN_TURNS_TOTAL); 8 per agent still apply
-    grace_s: float = 60.0,
+    grace_s: float | None = None,
     seed: int = 0,
     sink: RecordSink | None = None,
     sizing: TokenSizing = SIMULATOR_SIZING,
@@ -81,8 +100,10 @@ async def run_level(
     ``pin_slots``: a slot server's slot count; each agent's turns go to its own slot (None: the server chooses).
     ``text_salt``: what the workload's text is salted with beside the seed (default: the run id).
     ``cluster``: run the agents on its Ray actors (``bench.distributed``); the window, edges and samples stay here.
+    ``grace_s``: the edges' grace (default ``edge_grace_s(window_s)``).
     """
     clock = LoopClock()
+    grace = edge_grace_s(window_s) if grace_s is None else grace_s
     start = clock.now() - run_t0
     shortest = window_s if min_window_s is None else min(min_window_s, window_s)
     wanted = required_turns(agents) if min_turns is None else required_turns(agents, total=min_turns)
@@ -106,20 +127,35 @@ async def run_level(
         # The agents run on the actors, each with its own connection; this one only watches the server.
         gate = remote = RemoteLevel(cluster, data, sink)
         spec = LevelSpec(target.model, target.engine, workload, agents, context, level, run_id,
-                         seed + 7919 * level, sizing, exact_output_engine, pin_slots, grace_s, STAGGER_S,
+                         seed + 7919 * level, sizing, exact_output_engine, pin_slots, grace, STAGGER_S,
                          text_salt)  # fmt: skip
     sampler = MetricsSampler(poller, t0=run_t0)
     sampler.start()
     unwatch = on_connect(conn) if on_connect is not None else None
+    # The requests this level sends (its drivers' tasks inherit the scope), so an edge can cut them. The agents of
+    # a Ray level run elsewhere: their edges wait out the grace and are noted, not cut.
+    scope = CutScope()
+    scope_token = cut_scope.set(scope) if remote is None else None
 
-    async def quiet_edge(edge: str) -> float:
-        """Close the gate, let the requests in flight finish, sample the counters; the edge's run time."""
+    async def settle(wait_s: float, edge: str) -> None:
+        """Wait up to ``wait_s`` for the requests in flight to finish; cut the rest (and say so)."""
+        if await gate.drained(max(0.0, wait_s)):
+            return
+        stuck = gate.in_flight
+        if remote is not None:
+            data.notes.append(f"{edge} was sampled with {stuck} request(s) still in flight after {wait_s:.0f} s: "
+                              "the usage and server figures may cover slightly different requests")  # fmt: skip
+            return
+        cut = scope.cut(f"still in flight {wait_s:.0f} s after {edge} (the level's grace)")
+        await gate.drained(CUT_SETTLE_S)  # a cut request returns at once, with its record
+        data.cut_requests += cut
+        data.notes.append(f"{edge}: {cut} request(s) still in flight after {wait_s:.0f} s (the level's grace) were "
+                          "cut; the usage and server figures may cover slightly different requests")  # fmt: skip
+
+    async def quiet_edge(edge: str, wait_s: float) -> float:
+        """Close the gate, let the requests in flight finish (cut after ``wait_s``), sample; the edge's run time."""
         gate.close()
-        if not await gate.drained(QUIESCE_TIMEOUT_S):
-            data.notes.append(
-                f"the window's {edge} was sampled with {gate.in_flight} request(s) still in flight after "
-                f"{QUIESCE_TIMEOUT_S:g} s: the usage and server figures may cover slightly different requests"
-            )
+        await settle(wait_s, f"the window's {edge}")
         raw = await sampler.sample_once()
         # The sample's own time, so the window starts exactly at the counters it is measured from.
         return raw.sample.t if raw is not None else clock.now() - run_t0
@@ -130,7 +166,7 @@ async def run_level(
 
     async def measure_level(load: LoadHandle | RemoteLevel) -> None:
         await asyncio.sleep(max(0.0, run_t0 + data.window_start - clock.now()))
-        data.window_start = await quiet_edge("start")
+        data.window_start = await quiet_edge("start", grace)
         gate.open()
         cap = run_t0 + data.window_start + window_s
         await asyncio.sleep(max(0.0, run_t0 + data.window_start + shortest - clock.now()))
@@ -138,20 +174,25 @@ async def run_level(
         # Agents that are all done (a suite pass each) will not add turns: the window ends with them.
         while clock.now() < cap and measured() < wanted and not load.all_done():  # noqa: ASYNC110
             await asyncio.sleep(min(1.0, cap - clock.now()))
-        load.stop()  # agents finish the turn they are in and start no other (the runner's grace period follows)
-        data.end = await quiet_edge("end")
+        load.stop()  # agents finish the turn they are in and start no other
+        # A level that ended early on its turn count may wait longer for its last requests, never past the cap's grace.
+        data.end = await quiet_edge("end", min(QUIESCE_TIMEOUT_S, cap + grace - clock.now()))
         gate.open()
+        # The turns held at the closed edge go out now (the agents stop after them): the same grace, then cut.
+        if isinstance(load, LoadHandle) and not await load.wait_done(grace):
+            await settle(0.0, "the turns sent after the window")
 
     # On the one runner (``load.runner``): agents staggered over the first second so they do not move in
-    # lockstep; the level's body decides the end; then ``grace_s`` for the turns in flight. The level races the
+    # lockstep; the level's body decides the end (its edges cut what outlives their grace, so only drivers between
+    # turns are left, given ``CUT_SETTLE_S``). The level races the
     # watchdog's dead-server rule (``endpoint.liveness``): a killed or frozen server stops it within ~25 s,
     # wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the window. A driver
     # bug is a run-level failure, raised by the runner after its cleanup (per-request failures are data).
     try:
         if remote is None:
             outcome = await run_load(drivers, ctx, strategy=AllAtOnce(stagger_s=STAGGER_S, clock=clock),
-                                     stop=ctx.stop, body=measure_level, liveness=conn.liveness, grace_s=grace_s,
-                                     clock=clock)  # fmt: skip
+                                     stop=ctx.stop, body=measure_level, liveness=conn.liveness,
+                                     grace_s=CUT_SETTLE_S, clock=clock)  # fmt: skip
         else:
             outcome = await run_remote(remote, spec, measure_level, conn.liveness)
         if outcome.lost is not None:
@@ -160,6 +201,8 @@ async def run_level(
             data.window_start = min(data.window_start, data.end)  # lost in the warm-up: an empty window, not < 0
             data.notes.append(f"stopped early: {data.lost}")
     finally:
+        if scope_token is not None:
+            cut_scope.reset(scope_token)
         if unwatch is not None:
             unwatch()
         await sampler.stop()

@@ -53,6 +53,16 @@ from agentload.endpoint.wire import MalformedField, SSEParser, SSETooLong, Usage
 _MAX_TOOL_CALLS = 1024
 
 
+def overrun_limit(max_tokens: int) -> int:
+    """Token-bearing chunks past which a stream asked for ``max_tokens`` is cut as an overrun.
+
+    A chunk carries at least one token (vLLM, SGLang and llama.cpp stream one a chunk; speculative decoding sends
+    several), so counting chunks never overstates the output. The margin covers what a server may stream beside
+    the capped tokens: a final chunk with the finish reason, a reasoning parser's split of one token in two.
+    """
+    return max_tokens + max(16, max_tokens // 10)
+
+
 class Phase(StrEnum):
     CONNECT = "connect"
     FIRST_TOKEN = "first_token"
@@ -96,6 +106,39 @@ class FixedDeadlines:
         return None
 
 
+class CutScope:
+    """The requests in flight under one owner (a bench level), which it can cut at once.
+
+    A cut request ends like a timed-out one — its task is cancelled where it waits, ``chat`` returns a record — with
+    outcome ``cancelled`` and error ``cut``: the load ended it, not the server. A level cuts what is still in flight
+    when its window's grace runs out, so a stalled or endless stream cannot stretch the level past its window.
+    Requests join the scope set in ``cut_scope`` when they start (tasks inherit it from where they were created).
+    """
+
+    def __init__(self) -> None:
+        self._guards: set[_Guard] = set()
+        self.cut_total = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._guards)
+
+    def add(self, guard: _Guard) -> None:
+        self._guards.add(guard)
+
+    def discard(self, guard: _Guard) -> None:
+        self._guards.discard(guard)
+
+    def cut(self, why: str) -> int:
+        """Cut every request in flight, saying ``why`` on its record; how many were cut."""
+        n = sum(1 for g in list(self._guards) if g.cut(why))
+        self.cut_total += n
+        return n
+
+
+cut_scope: ContextVar[CutScope | None] = ContextVar("agentload_cut_scope", default=None)
+
+
 _KIND = {
     Phase.CONNECT: ErrorKind.CONNECT_TIMEOUT,
     Phase.FIRST_TOKEN: ErrorKind.FIRST_TOKEN_TIMEOUT,
@@ -126,6 +169,7 @@ class _Guard:
         self.budget = 0.0
         self.last = 0.0  # time of the latest progress in this phase
         self.fired: ErrorKind | None = None
+        self.cut_reason = ""
         self._timer: asyncio.TimerHandle | None = None
         self._total: asyncio.TimerHandle | None = None
 
@@ -153,10 +197,17 @@ class _Guard:
             return
         self._fire(_KIND[self.phase])
 
-    def _fire(self, kind: ErrorKind) -> None:
+    def _fire(self, kind: ErrorKind) -> bool:
         if self.fired is None and self.task is not None:
             self.fired = kind
             self.task.cancel()
+            return True
+        return False
+
+    def cut(self, why: str) -> bool:
+        """End the request now on its owner's behalf (``CutScope``); False when it was already ending."""
+        self.cut_reason = why
+        return self._fire(ErrorKind.CUT)
 
     def disarm(self) -> None:
         for t in (self._timer, self._total):
@@ -170,8 +221,8 @@ class _Acc:
     # Slots: a live dashboard reads every request in flight at each flush (``dashboard.state.LiveState.refresh``),
     # and a slotted object's fields sit in the object itself, not in a dict beside it: fewer cold lines per read.
     __slots__ = ("calls", "chunk_times", "content", "done", "error", "error_message", "finish_reason", "http_status",
-                 "outcome", "reasoning", "record", "retry_after", "t_first_byte", "t_first_token", "t_headers",
-                 "t_sent", "usage")  # fmt: skip
+                 "keepalives", "outcome", "reasoning", "record", "retry_after", "t_first_byte", "t_first_token",
+                 "t_headers", "t_sent", "usage")  # fmt: skip
 
     def __init__(self, t_sent: float) -> None:
         self.t_sent = t_sent
@@ -189,6 +240,7 @@ class _Acc:
         self.error_message = ""
         self.http_status: int | None = None
         self.retry_after: float | None = None
+        self.keepalives = 0
         self.done = False
         self.record: RequestRecord | None = None  # compiled at the end (not for a request cancelled on the way)
 
@@ -276,6 +328,9 @@ class ChatClient:
         guard = _Guard(policy)
         guard.start_total(policy.total_s)
         guard.arm(Phase.CONNECT, policy.budget(Phase.CONNECT, prompt_tokens_hint))
+        scope = cut_scope.get()
+        if scope is not None:
+            scope.add(guard)
         resp: Response | None = None
         try:
             resp = await self.transport.send("POST", f"{self.base_url}/chat/completions", raw, self._headers)
@@ -287,7 +342,7 @@ class ChatClient:
                 message = _error_message(await resp.read()) or f"HTTP {resp.status} with an empty body"
                 acc.fail(Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, message)
             elif stream:
-                await self._consume_stream(resp, acc, guard, policy, prompt_tokens_hint)
+                await self._consume_stream(resp, acc, guard, policy, prompt_tokens_hint, payload)
             else:
                 self._consume_body(await resp.read(), acc)
         except asyncio.CancelledError:
@@ -295,8 +350,14 @@ class ChatClient:
             if guard.fired is None or task is None:
                 raise
             task.uncancel()
-            acc.fail(Outcome.TIMEOUT, guard.fired, f"{guard.fired.value.replace('_', ' ')} after "
-                     f"{self.clock.now() - acc.t_sent:.1f} s")  # fmt: skip
+            after = f"after {self.clock.now() - acc.t_sent:.1f} s"
+            if guard.fired is ErrorKind.CUT:
+                acc.fail(Outcome.CANCELLED, ErrorKind.CUT, f"cut {after}: {guard.cut_reason}")
+            else:
+                # Keep-alives are named: a server that sent nothing but ``: ping`` is alive and not answering.
+                pings = f" (the server sent {acc.keepalives} keep-alive comment(s) and no token)" if (
+                    acc.keepalives and acc.t_first_token is None) else ""  # fmt: skip
+                acc.fail(Outcome.TIMEOUT, guard.fired, f"{guard.fired.value.replace('_', ' ')} {after}{pings}")
         except ConnectFailed as exc:
             acc.fail(Outcome.CONNECT_ERROR, ErrorKind.CONNECT, str(exc))
         except StreamBroken as exc:
@@ -305,6 +366,8 @@ class ChatClient:
             acc.fail(Outcome.STREAM_ERROR, ErrorKind.MALFORMED, f"malformed HTTP from the server: {exc}")
         finally:
             guard.disarm()
+            if scope is not None:
+                scope.discard(guard)
             if resp is not None:
                 resp.close()
         record = self._compile(acc, payload, ids or RequestIds(), stream)
@@ -318,17 +381,30 @@ class ChatClient:
         return record
 
     async def _consume_stream(
-        self, resp: Response, acc: _Acc, guard: _Guard, policy: StallPolicy, prompt_hint: int
+        self,
+        resp: Response,
+        acc: _Acc,
+        guard: _Guard,
+        policy: StallPolicy,
+        prompt_hint: int,
+        payload: Mapping[str, Any],
     ) -> None:
         parser = SSEParser()
         idle = policy.budget(Phase.IDLE, prompt_hint)
+        # Only content resets a deadline (a token, a tool-call delta): keep-alive comments are counted, never
+        # progress. A stream past its max_tokens is cut as an overrun; with no cap asked, the total deadline and
+        # the owner's cut (a level's window) are what bound it.
+        asked = payload.get("max_completion_tokens", payload.get("max_tokens"))
+        limit = overrun_limit(asked) if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
 
         def feed(t: float, data: bytes) -> bool:
             """One read of the body, arrived at ``t``, folded into ``acc``; False once nothing more is wanted."""
             if acc.t_first_byte is None:
                 acc.t_first_byte = t
             try:
-                for event in parser.feed(data):
+                events = parser.feed(data)
+                acc.keepalives = parser.comments
+                for event in events:
                     if event == b"[DONE]":
                         acc.done = True
                         continue
@@ -339,6 +415,11 @@ class ChatClient:
                             guard.arm(Phase.IDLE, idle)
                         else:
                             guard.last = guard.loop.time()
+                        if limit is not None and len(acc.chunk_times) > limit:
+                            acc.fail(Outcome.STREAM_ERROR, ErrorKind.OVERRUN,
+                                     f"the stream went past max_tokens {asked} ({len(acc.chunk_times)} "
+                                     f"token chunks, with no end): cut")  # fmt: skip
+                            return False
                     if acc.outcome is not Outcome.OK:
                         return False
             except (MalformedField, SSETooLong) as exc:
@@ -530,4 +611,5 @@ class ChatClient:
             error_message=redact_optional(acc.error_message),  # a server's error body may echo the key
             http_status=acc.http_status,
             retry_after_s=acc.retry_after,
+            keepalives=acc.keepalives,
         )

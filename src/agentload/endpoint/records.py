@@ -35,6 +35,11 @@ class ErrorKind(StrEnum):
     MALFORMED = "malformed"
     SERVER = "server"
     CANCELLED = "cancelled"
+    # More output than the request's max_tokens allowed (plus a margin): a server that ignores the cap, or a stream
+    # that never ends. Cut there, so it cannot hold an agent (or a level) for the total deadline.
+    OVERRUN = "overrun"
+    # Cut by the load that sent it, not by the server: a bench level's window ended and its grace ran out.
+    CUT = "cut"
 
 
 class UsageSource(StrEnum):
@@ -95,6 +100,9 @@ class RequestRecord(BaseModel):
     error_message: str = ""
     http_status: int | None = None
     retry_after_s: float | None = None
+    # SSE comment lines (``: ping``) the stream carried: keep-alives, which prove a connection, not progress (no
+    # deadline is reset by them), counted so that a stream of nothing but keep-alives says so.
+    keepalives: int = 0
 
     @property
     def ok(self) -> bool:

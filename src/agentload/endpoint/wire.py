@@ -42,11 +42,12 @@ class SSETooLong(ValueError):
 
 
 class SSEParser:
-    __slots__ = ("_buf", "_max")
+    __slots__ = ("_buf", "_max", "comments")
 
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._buf = b""
         self._max = max_event_bytes
+        self.comments = 0  # events with no data line: comments (``: ping``) and empty keep-alives
 
     def feed(self, data: bytes) -> list[bytes]:
         """Append ``data``; return the ``data:`` payload of each event completed by it."""
@@ -64,6 +65,8 @@ class SSEParser:
             lines = [ln for ln in event.split(b"\n") if ln.startswith(b"data:")]
             if lines:
                 out.append(b"\n".join(ln[6:] if ln.startswith(b"data: ") else ln[5:] for ln in lines))
+            else:
+                self.comments += 1
         return out
 
     @property

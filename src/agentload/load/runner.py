@@ -92,6 +92,13 @@ class LoadHandle:
     def all_done(self) -> bool:
         return all(t.done() for t in self._tasks)
 
+    async def wait_done(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every driver to end; whether they all did."""
+        pending = [t for t in self._tasks if not t.done()]
+        if pending and timeout_s > 0:
+            await asyncio.wait(pending, timeout=timeout_s)
+        return self.all_done()
+
 
 Body = Callable[[LoadHandle], Awaitable[None]]
 
