@@ -112,3 +112,35 @@ def test_sim_bad_profile_file_names_the_problem(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["sim", "--profile", str(bad)])
     assert result.exit_code == 2
     assert "not valid TOML" in result.output
+
+
+@pytest.mark.parametrize(
+    ("host", "warned"),
+    [
+        ("127.0.0.1", False),
+        ("127.0.0.2", False),  # all of 127.0.0.0/8 is this machine's loopback
+        ("127.255.255.254", False),
+        ("localhost", False),
+        ("::1", False),
+        ("::ffff:127.0.0.3", False),
+        ("0.0.0.0", True),
+        ("::", True),
+        ("192.168.1.10", True),
+        ("10.0.0.1", True),
+        ("example.com", True),  # a name may resolve to any interface
+    ],
+)
+def test_sim_warns_only_when_bound_beyond_loopback(monkeypatch: pytest.MonkeyPatch, host: str, warned: bool) -> None:
+    from agentload.cli import sim as sim_cli
+
+    served: list[str] = []
+
+    async def no_serve(server: object, host: str, port: int, ready_line: bool = True) -> None:
+        served.append(host)  # decided and printed the warning already; nothing is bound
+
+    monkeypatch.setattr(sim_cli, "serve", no_serve)
+    result = CliRunner().invoke(app, ["sim", "--host", host, "--port", "0"])
+    assert result.exit_code == 0, result.output
+    assert served == [host]
+    words = " ".join(result.output.split())  # the console wraps a long line at the terminal's width
+    assert ("reachable beyond this machine" in words) is warned

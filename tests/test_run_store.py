@@ -111,7 +111,9 @@ def test_every_kind_lands_under_one_root_with_one_manifest_and_is_listed(tmp_pat
     }
     # The headlines: 3 agents × 2 rounds (FLEET above); the oracle passes T1 and T2 at 1 and 2 agents.
     assert listed[fleet_id]["outcome"] == "3/3 done, 0 failed, 6 turns, width 3.0"
-    assert listed[suite_dir.name]["outcome"] == "pass 100% at 1, 100% at 2"
+    assert listed[suite_dir.name]["outcome"] == (
+        "pass 100% at 1 (2 scored, 0 unscored, 0 not run), 100% at 2 (4 scored, 0 unscored, 0 not run)"
+    )
     assert listed[bench_id]["mode"] == "single"
     # Every finished run is in the history, whatever its kind (the index can be rebuilt from the manifests).
     with sqlite3.connect(root / "history.sqlite") as conn:

@@ -158,7 +158,9 @@ async def test_failed_requests_leave_tests_unscored_not_failed() -> None:
     level = run.levels[0]
     assert (level.completed, level.unscored, level.failed) == (0, 2, 0)
     assert all(s.unscored == 2 and s.failed == 0 for s in level.per_test)
-    assert level.pooled_pass_rate == 0.0
+    assert level.pooled_pass_rate is None  # nothing was judged: no rate, not 0 %
+    assert (level.pooled_scored, level.pooled_unscored, level.pooled_not_run) == (0, 4, 0)
+    assert level.seed_pooled_pass_rate == 0.0
     assert level.requests_failed == level.requests == 4
 
 

@@ -11,6 +11,7 @@ import typer
 from agentload.cli.common import console, err_console, reports_errors
 from agentload.report.console import history_table
 from agentload.store import RunStore
+from agentload.store.runstore import check_root
 
 RootOption = Annotated[
     Path | None,
@@ -35,6 +36,7 @@ def runs(
 ) -> None:
     """List saved runs of every kind: status, date, target, model, workload, mode, knee or outcome, best tok/s."""
     store = RunStore(root)
+    check_root(store.root)  # a file or /proc is a mistake to report, not a root that happens to hold no runs
     if rebuild:
         indexed, skipped = store.history.rebuild()
         console.print(f"indexed {indexed} run{'s' if indexed != 1 else ''} under {store.root}", markup=False)

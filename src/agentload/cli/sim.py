@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import signal
 from typing import Annotated
@@ -18,8 +19,26 @@ from agentload.cli.common import check_seed, console, default_book, err_console,
 from agentload.errors import ConfigError
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import Behaviour, FillerBehaviour, OracleBehaviour
-from agentload.sim.faults import parse_fault
+from agentload.sim.faults import KINDS, parse_fault
 from agentload.sim.server import SimConfig, SimServer
+
+
+def loopback_only(host: str) -> bool:
+    """Whether binding ``host`` keeps the simulator on this machine: ``localhost`` or a loopback address (all of
+    127.0.0.0/8, ``::1``, and 127.x written as an IPv4-mapped IPv6 address). Any other name may resolve anywhere,
+    and 0.0.0.0 / ``::`` listen on every interface, so those are not."""
+    name = host.strip()
+    if name.lower() == "localhost":
+        return True
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # Python 3.11 does not count ::ffff:127.0.0.1 as loopback itself
+    return address.is_loopback
 
 
 def with_max_model_len(profile: ServingProfile, max_model_len: int) -> ServingProfile:
@@ -93,7 +112,7 @@ def sim(
     ] = 0.0,
     fault: Annotated[
         list[str] | None,
-        typer.Option(help="Inject KIND:RATE[:SECONDS]; kinds stall, reset, http500, http503, http429, malformed."),
+        typer.Option(help=f"Inject KIND:RATE[:SECONDS]; kinds {', '.join(KINDS)}."),
     ] = None,
     behaviour: Annotated[
         str,
@@ -141,7 +160,7 @@ def sim(
         f"profile {prof.name}: {prof.model.name} on {prof.num_gpus}× {prof.gpu.name}; pool {prof.pool_source}"
     )
     err_console.print(f"[dim]{about}[/]")
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not loopback_only(host):
         err_console.print(f"[yellow]warning:[/] binding {escape(host)}: the simulator is reachable beyond this machine")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(server, host, port))

@@ -49,7 +49,7 @@ from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.distributed import RaySuite, SuiteWorker
 from agentload.suite.model import SuiteTest
-from agentload.suite.results import LevelResult, SuiteRun, TestResult
+from agentload.suite.results import LevelResult, SuiteRun, TestResult, counts, cut_short
 from agentload.suite.runner import LevelStart, RemoteLevels, SuiteConfig, TestDone, check_agent_counts, run_suite
 from agentload.suite.scoring import Status
 
@@ -239,18 +239,25 @@ def render_level(level: LevelResult) -> None:
     for s in level.per_test:
         notes = []
         if s.unscored:
-            notes.append(f"{s.unscored} unscored")
+            notes.append(f"{s.unscored} unscored ({'; '.join(s.unscored_reasons)})")
+        if s.not_run:
+            notes.append(f"{s.not_run} not run")
         if s.median_break_hop is not None:
             notes.append(f"median break hop {s.median_break_hop:g}")
-        t.add_row(s.test_id, s.category.label, s.title, f"{s.passed}/{n}", _pct(s.pass_rate), ", ".join(notes))
+        # Escaped: a reason quotes the server's error message, which may hold rich markup.
+        t.add_row(s.test_id, s.category.label, s.title, f"{s.passed}/{s.scored}", _pct(s.pass_rate),
+                  escape(", ".join(notes)))  # fmt: skip
     console.print(t)
     figures = Table(show_header=False, box=None, padding=(0, 2))
     figures.add_column()
     figures.add_column(justify="right")
     figures.add_column(style="dim")
     k = len(level.pooled_tests)
-    pooled_over = f"passes ÷ ({_agents(n)} × {k} tests)" if k else "no test of T1–T17 ran"
+    pooled_over = f"passes ÷ tests scored: {counts(level)}" if k else "no test of T1–T17 ran"
     figures.add_row("[bold]pooled pass rate[/]", f"[bold]{_pct(level.pooled_pass_rate)}[/]", pooled_over)
+    if k and level.seed_pooled_pass_rate != level.pooled_pass_rate:
+        # The seed runner's figure, for comparison with its results: unjudged and unrun tests count as failures.
+        figures.add_row("seed's figure", _pct(level.seed_pooled_pass_rate), f"passes ÷ ({_agents(n)} × {k} tests)")
     figures.add_row(
         "agents completed / unscored / failed",
         f"{level.completed} / {level.unscored} / {level.failed}",
@@ -271,8 +278,11 @@ def render_level(level: LevelResult) -> None:
 
 
 def summary(run: SuiteRun) -> dict[str, Any]:
-    """The run without transcripts (those go to the run directory): what --json prints."""
-    return run.model_dump(mode="json", exclude={"levels": {"__all__": {"agent_results"}}})
+    """The run without transcripts (those go to the run directory), and how far it got if it was cut short:
+    what --json prints."""
+    out = run.model_dump(mode="json", exclude={"levels": {"__all__": {"agent_results"}}})
+    out["cut_short"] = cut_short(run)
+    return out
 
 
 @reports_errors
@@ -347,6 +357,9 @@ def suite(
         console.print(f"[bold]agentload suite {run.suite_version}[/] — {escape(run.model)} at {escape(run.endpoint)}")
         for level in run.levels:
             render_level(level)
+        stopped = cut_short(run)
+        if stopped is not None:
+            console.print(f"[bold yellow]cut short:[/] {escape(stopped)}; the tests not run are out of the rates")
     if run.incomplete is not None:
         done = sum(len(a.tests) for lv in run.levels for a in lv.agent_results)
         raise ServerLostError(

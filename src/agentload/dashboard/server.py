@@ -19,6 +19,9 @@ replay mode, ``GET /api/state?token=T&t=S`` the snapshot at ``S`` seconds (defau
 The token (``secrets.token_urlsafe``) is in the URL the command prints, as notebook servers do; it is also
 accepted as an ``X-Agentload-Token`` header. Without it every route answers 403; a malformed control body 400 with
 a JSON error; an error inside a handler 500 with one line, never a traceback — and never anything the run sees.
+Every route also answers 421 to a request whose ``Host`` is not the loopback address it was sent to
+(``127.0.0.1``, ``localhost`` or ``[::1]``, with the port it listens on): a page of another site whose name was
+rebound to 127.0.0.1 (DNS rebinding) sends its own name there, and must not reach the run even holding the token.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from importlib import resources
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.replay import Replay
@@ -48,6 +51,8 @@ RIDE_SHARE = 0.3
 # An idle dashboard's keep-alive comment (it flushes nothing while nothing changes), so a closed tab is noticed.
 KEEPALIVE_S = 10.0
 TOKEN_HEADER = "X-Agentload-Token"
+# The names a browser on this machine may send as Host for the loopback address the dashboard listens on.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 _log = logging.getLogger(__name__)
 _STATE: web.AppKey[LiveState] = web.AppKey("state", LiveState)
 _CONTROL: web.AppKey[FleetControl] = web.AppKey("control", FleetControl)
@@ -66,8 +71,25 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+def _loopback_host(request: web.Request) -> bool:
+    """Whether the request's ``Host`` names this server: a loopback name with the port it came in on (no port
+    only on 80, where a browser leaves it out)."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    if not sockname:
+        return False
+    port = int(sockname[1])
+    host = request.headers.get(hdrs.HOST, "").strip().lower()
+    allowed = {f"{name}:{port}" for name in LOOPBACK_NAMES}
+    if port == 80:
+        allowed.update(LOOPBACK_NAMES)
+    return host in allowed
+
+
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if not _loopback_host(request):
+        # Checked before the token: a rebound name is refused whatever the request carries.
+        return _error(421, "wrong Host: open the dashboard at the 127.0.0.1 URL agentload printed")
     given = request.query.get("token") or request.headers.get(TOKEN_HEADER) or ""
     if not secrets.compare_digest(given.encode(), request.app[_TOKEN].encode()):
         return _error(403, "a valid token is required (the URL agentload printed carries it)")

@@ -3,9 +3,11 @@
 
 A fleet run: its agents (outcome, turns, tokens, TTFT, tool calls), the totals, and the width decisions — where
 it started and why, and every change the limiter made, drawn over time per segment. A suite run: the test ×
-agent-count matrix of pass rates, the pooled rate and the timing per level, and pass rate against agents.
+agent-count matrix of pass rates (passes ÷ tests scored, with the counts of scored, unscored and not run beside
+each), the pooled rate and the timing per level, and pass rate against agents.
 Everything is read from the saved files (``results.json``, ``suite.json``); nothing is recomputed but the
-grouping of what is there.
+grouping of what is there (a suite's level figures are compiled again from its stored verdicts, so a file saved
+before a figure changed reads as one saved now).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from agentload.report.html import Plot, ReportStats, as_plot, environment, page_
 from agentload.report.text import DASH, num, pct, secs, tokens
 from agentload.store.catalog import FLEET_RESULTS
 from agentload.store.suiterun import SUITE_RESULT
-from agentload.suite.results import SuiteRun, load_run
+from agentload.suite.results import SuiteRun, TestSummary, counts, cut_short, load_run
 
 
 def load_fleet(path: Path) -> FleetResult:
@@ -214,6 +216,12 @@ def fleet_section(label: str, colour: str, r: FleetResult, index: int) -> Sectio
     return Section(label, colour, facts, tables, warnings, [as_plot(width_over_time(r), f"run{index}-width")])
 
 
+def _test_cell(s: TestSummary) -> str:
+    """One test at one agent count: the rate over its judged runs and what was not judged."""
+    left = [f"{n} {what}" for n, what in ((s.unscored, "unscored"), (s.not_run, "not run")) if n]
+    return f"{pct(s.pass_rate)} ({s.passed}/{s.scored}" + "".join(f", {x}" for x in left) + ")"
+
+
 def suite_section(label: str, colour: str, run: SuiteRun, index: int) -> Section:
     facts = [
         ("suite", run.suite_version),
@@ -229,9 +237,12 @@ def suite_section(label: str, colour: str, run: SuiteRun, index: int) -> Section
             cells = []
             for lv in run.levels:
                 mine = next((x for x in lv.per_test if x.test_id == s.test_id), None)
-                cells.append(DASH if mine is None else f"{pct(mine.pass_rate)} ({mine.passed}/{lv.agents})")
+                cells.append(DASH if mine is None else _test_cell(mine))
             rows.append([s.test_id, s.category.label, s.title, *cells])
-    pooled = ["pooled", "", "passes ÷ (agents × tests)", *(pct(lv.pooled_pass_rate, 1) for lv in run.levels)]
+    pooled = ["pooled", "", "passes ÷ tests scored",
+              *(f"{pct(lv.pooled_pass_rate, 1)} ({counts(lv)})" for lv in run.levels)]  # fmt: skip
+    seed = ["seed's figure", "", "passes ÷ (agents × tests): unjudged count as failed",
+            *(pct(lv.seed_pooled_pass_rate, 1) for lv in run.levels)]  # fmt: skip
     figures = [
         ["completed / unscored / failed", *(f"{lv.completed} / {lv.unscored} / {lv.failed}" for lv in run.levels)],
         ["wall clock", *(secs(lv.wall_clock_s) for lv in run.levels)],
@@ -241,10 +252,11 @@ def suite_section(label: str, colour: str, run: SuiteRun, index: int) -> Section
         ["requests failed", *(f"{lv.requests_failed:,} of {lv.requests:,}" for lv in run.levels)],
     ]
     tables = [
-        ("Pass rate per test and agent count", headers, [*rows, pooled]),
+        ("Pass rate per test and agent count", headers, [*rows, pooled, seed]),
         ("Per level", ["", *(_agents(lv.agents) for lv in run.levels)], figures),
     ]
-    warnings = [f"Interrupted: {run.incomplete}"] if run.incomplete is not None else []
+    stopped = cut_short(run)
+    warnings = [f"Interrupted: {run.incomplete}; {stopped}"] if run.incomplete is not None else []
     plots = [as_plot(pass_rates(run), f"run{index}-passes")] if run.levels else []
     return Section(label, colour, facts, tables, warnings, plots)
 

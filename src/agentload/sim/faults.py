@@ -1,9 +1,22 @@
 """Fault injection for reliability tests: each ``--fault KIND:RATE[:SECONDS]`` hits that share of requests.
 
-Kinds: ``stall`` (stop sending mid-stream for SECONDS, default 600, keeping the connection open), ``reset``
-(abort the TCP connection mid-stream), ``http500``, ``http503``, ``http429`` (with ``Retry-After: SECONDS``,
-default 1), ``malformed`` (one malformed SSE line mid-stream). Draws come from a seeded generator, so a run
-with the same seed and request order injects the same faults.
+Kinds:
+
+- ``stall``: stop sending mid-stream for SECONDS (default 600), keeping the connection open;
+- ``reset``: abort the TCP connection mid-stream;
+- ``http500``, ``http503``, ``http429`` (with ``Retry-After: SECONDS``, default 1): the status, no stream;
+- ``malformed``: one malformed SSE line mid-stream;
+- ``comments``: the response begins (200, SSE headers) and then carries only SSE comment lines (``: ping``), one
+  every SECONDS (default 1), forever: never a data event, as a proxy keeping a connection to a stuck upstream warm.
+  The request never reaches the engine;
+- ``comments_mid``: tokens at first, then from a point mid-stream only comment lines, one every SECONDS (default
+  1), forever (the engine finishes the request unseen);
+- ``endless``: the reply's tokens, then more content tokens forever, one every SECONDS (default 0: the request's
+  own decode pace), past ``max_tokens``: never a ``finish_reason``, a usage chunk or ``[DONE]``.
+
+A response that is not streamed gets, for the three unending kinds, headers and then no body at all. Each unending
+response ends only when the client goes away. Draws come from a seeded generator, so a run with the same seed and
+request order injects the same faults.
 """
 
 from __future__ import annotations
@@ -15,9 +28,17 @@ from typing import Literal
 
 from agentload.errors import ConfigError
 
-FaultKind = Literal["stall", "reset", "http500", "http503", "http429", "malformed"]
-KINDS: tuple[FaultKind, ...] = ("stall", "reset", "http500", "http503", "http429", "malformed")
-DEFAULT_SECONDS: dict[str, float] = {"stall": 600.0, "http429": 1.0}
+FaultKind = Literal[
+    "stall", "reset", "http500", "http503", "http429", "malformed", "comments", "comments_mid", "endless"
+]
+KINDS: tuple[FaultKind, ...] = (
+    "stall", "reset", "http500", "http503", "http429", "malformed", "comments", "comments_mid", "endless"
+)  # fmt: skip
+DEFAULT_SECONDS: dict[str, float] = {"stall": 600.0, "http429": 1.0, "comments": 1.0, "comments_mid": 1.0}
+# The kinds whose response never ends by itself, and the shortest gap between their writes: a gap of 0 would spin
+# (on a virtual-time loop, forever at one instant).
+UNENDING: frozenset[str] = frozenset({"comments", "comments_mid", "endless"})
+MIN_GAP_S = 0.001
 MAX_SECONDS = 86_400.0  # a day: longer than any run, so any larger figure is a typo (or "inf")
 
 
@@ -43,6 +64,8 @@ def parse_fault(text: str) -> FaultSpec:
         raise ConfigError(f"--fault {text!r}: RATE must be between 0 and 1")
     if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_SECONDS):
         raise ConfigError(f"--fault {text!r}: SECONDS must be a number from 0 to {MAX_SECONDS:g}")
+    if kind in ("comments", "comments_mid") and seconds < MIN_GAP_S:
+        raise ConfigError(f"--fault {text!r}: the comments' period must be at least {MIN_GAP_S:g} s")
     return FaultSpec(kind, rate, seconds)
 
 

@@ -9,14 +9,16 @@ A slot profile (``slots = N``, llama.cpp's ``-np N``) is served with llama-serve
 ``content``, ``/v1/models`` owned by ``llamacpp``, no ``/version`` (llama-server has none; ``/props`` names the
 simulator in ``build_info``). ``SimConfig.api`` chooses the face explicitly.
 
-Connections are bounded in time (issue 15, item 8): ``app_runner`` closes a connection that sends no complete
+Connections are bounded in time (a client is untrusted): ``app_runner`` closes a connection that sends no complete
 request within ``idle_timeout_s`` (aiohttp's keep-alive timer, which also runs before the first request), a body
 that does not arrive within ``body_timeout_s`` gets 408, and a client that goes away mid-response is one log line.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import ctypes
 import itertools
 import json
 import logging
@@ -47,7 +49,7 @@ from agentload.sim.chat import (
     render_chat_parts,
 )
 from agentload.sim.engine import Engine, SimRequest, StepResult
-from agentload.sim.faults import FaultInjector, FaultSpec
+from agentload.sim.faults import MIN_GAP_S, UNENDING, FaultInjector, FaultSpec
 from agentload.sim.metrics import SimMetrics
 from agentload.sim.runner import Delivery, EngineRunner
 from agentload.sim.tokens import Tokenizer, token_id
@@ -77,6 +79,10 @@ class SimConfig:
     body_timeout_s: float = 30.0
     # Whose API the server mimics: "auto" is llama.cpp's for a slot profile (llama-server -np N), vLLM's otherwise.
     api: Literal["auto", "vllm", "llamacpp"] = "auto"
+    # A body larger than this gets 413 before it is read whole. vLLM (uvicorn) sets no such limit and refuses a
+    # huge prompt only once parsed, by its context length (400); this bound only keeps the simulator's own memory
+    # finite, well above any prompt a profile's context admits.
+    max_body_bytes: int = 64 * 2**20
 
 
 def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
@@ -85,6 +91,37 @@ def error_body(status: int, message: str, err_type: str, param: str | None = Non
 
 def error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
     return web.json_response(error_body(status, message, err_type, param), status=status)
+
+
+# glibc's M_MMAP_THRESHOLD (malloc.h): allocations from this size up get pages of their own, returned when freed.
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 2**20
+
+
+def _pin_mmap_threshold() -> None:
+    """Keep large allocations out of the heap, so the memory of a large request body goes back to the system.
+
+    glibc raises its mmap threshold to the size of the largest mapped block freed (up to 32 MiB) and its trim
+    threshold to twice that: after one 20 MB body, the next body's buffers came from the heap and about 40 MB of
+    freed heap stayed resident for good (the server grew from 125 to 170 MB on 20 MB bodies it refused). Setting
+    the threshold turns that adjustment off. Process-wide, so it is set where the simulator serves HTTP (its own
+    process, or the one ``agentload run`` embeds it in), never by the in-process transport. Other C libraries
+    have no ``mallopt`` (macOS) or ignore it (musl): nothing to do there.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+# What the token cache may hold (texts and their ids): every live conversation of 256 agents at 40k tokens is
+# about 100 MB of it, and a bound keeps a stream of distinct prompts from growing the server without end.
+TOKEN_CACHE_BYTES = 192 * 2**20
+
+
+def _cached_size(part: str, ids: array.array[int]) -> int:
+    return len(part) + ids.itemsize * len(ids)
 
 
 class ResetConnection(Exception):
@@ -149,19 +186,20 @@ class SimServer:
         self._asked: dict[str, llamacpp.Asked] = {}  # request id → what it asked for (llama.cpp's /slots params)
         self.runner = EngineRunner(self.engine, cold_start_s=config.cold_start_s, on_step=self._on_step)
         self.faults = FaultInjector(config.faults, seed=config.seed)
-        self.behaviour = guarded(config.behaviour)  # no reply may become an HTTP 500 (issue 13)
+        self.behaviour = guarded(config.behaviour)  # no reply may become an HTTP 500, whatever a client sends
         self._ids = itertools.count(1)
         # The profile's word granularity (calibrated from a real server's tokenizer; one token a word by default).
         self.tokenizer = Tokenizer(config.profile.word_pieces, dict(config.profile.word_tokens))
         # ... and its chat template's cost, where calibration counted it (else the simulator's own ChatML).
         template = config.profile.chat_template
         self.pads = NO_PADS if template is None else TemplatePads.fit(*template, plain=self.tokenizer.plain)
-        self._token_cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._token_cache: OrderedDict[str, array.array[int]] = OrderedDict()
+        self._token_cache_bytes = 0
         self._created = int(time.time())
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors], client_max_size=64 * 2**20)
+        app = web.Application(middlewares=[_errors], client_max_size=self.config.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -180,10 +218,14 @@ class SimServer:
         return app
 
     def app_runner(self) -> web.AppRunner:
-        """An AppRunner for ``app()`` with the connection limits of this config (no access log, no signals)."""
-        return web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, keepalive_timeout=self.config.idle_timeout_s
-        )
+        """An AppRunner for ``app()`` with the connection limits of this config (no access log, no signals).
+
+        A handler is cancelled when its client goes away (aiohttp's default is to let it run on): a response that
+        never writes (a stall, the unending faults on a request that is not streamed) would otherwise hold its
+        task and its engine request until it ended by itself, or forever.
+        """
+        return web.AppRunner(self.app(), access_log=None, handle_signals=False,
+                             keepalive_timeout=self.config.idle_timeout_s, handler_cancellation=True)  # fmt: skip
 
     async def _read_body(self, request: web.Request) -> bytes:
         try:
@@ -193,6 +235,7 @@ class SimServer:
             raise web.HTTPRequestTimeout(reason="the request body did not arrive in time") from None
 
     async def _start(self, _app: web.Application) -> None:
+        _pin_mmap_threshold()
         await self.runner.start()
 
     async def _stop(self, _app: web.Application) -> None:
@@ -303,16 +346,23 @@ class SimServer:
         cache = self._token_cache
         out: list[int] = []
         for part in parts:
-            ids = cache.get(part)
-            if ids is None:
+            kept = cache.get(part)
+            if kept is None:
                 ids = self.tokenizer.tokenize(part)
-                if len(part) > 256:  # short parts are cheaper to tokenize than to keep
-                    cache[part] = ids
-                    if len(cache) > 8192:
-                        cache.popitem(last=False)
+                out.extend(ids)
+                # Short parts are cheaper to tokenize than to keep; a part longer than the context can be in no
+                # prompt the server accepts (a 20 MB body is refused), and keeping it held its text and a list of
+                # millions of ints for the life of the server.
+                if len(part) > 256 and len(ids) <= self.profile.max_model_len:
+                    kept = array.array("I", ids)  # 4 bytes a token, where a list of ints takes 36
+                    cache[part] = kept
+                    self._token_cache_bytes += _cached_size(part, kept)
+                    while self._token_cache_bytes > TOKEN_CACHE_BYTES or len(cache) > 8192:
+                        old_part, old_ids = cache.popitem(last=False)
+                        self._token_cache_bytes -= _cached_size(old_part, old_ids)
             else:
                 cache.move_to_end(part)
-            out.extend(ids)
+                out.extend(kept)
         return out
 
     def _plan(
@@ -399,6 +449,10 @@ class SimServer:
                 request.transport.abort()
         except ConnectionResetError:
             log.info("the client went away during %s %s; the request was aborted", request.method, request.path)
+        except asyncio.CancelledError:
+            if request.transport is None or request.transport.is_closing():  # cancelled because the client left
+                log.info("the client went away during %s %s; the request was aborted", request.method, request.path)
+            raise
         finally:
             await sim.body.aclose()
         return resp
@@ -429,6 +483,12 @@ class SimServer:
         fault = self.faults.draw()
         if fault is not None and fault.kind in ("http500", "http503", "http429"):
             return self._fault_response(fault)
+        if fault is not None and fault.kind == "comments":
+            # The request never reaches the engine: something in front of it keeps the connection warm.
+            if not body.stream:
+                return SimResponse(200, {"Content-Type": "application/json"}, _never())
+            return SimResponse(200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+                               _pings(fault.seconds))  # fmt: skip
         overhead = self.profile.coefficients.api_overhead_s
         if overhead > 0:
             await asyncio.sleep(overhead)
@@ -500,6 +560,9 @@ class SimServer:
             elif fault.kind == "malformed":
                 yield b'{"id": "truncated'
                 return
+            elif fault.kind in UNENDING:
+                async for block in _never():  # a body that is never complete: nothing of it is sent
+                    yield block
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
         finish = req.finish_reason or "stop"
         if chat:
@@ -603,9 +666,12 @@ class SimServer:
     ) -> AsyncIterator[bytes]:
         """The pieces as the engine makes them, ``render``ed (piece index, piece), with the request's fault struck
         at its point: a stall sleeps, a reset drops the connection, a malformed one sends ``broken`` (and, with
-        ``end_on_malformed``, ends there: ``pacing.broken``). Ends when the request finishes or is aborted."""
+        ``end_on_malformed``, ends there: ``pacing.broken``), comments_mid sends only comment lines from there on.
+        Ends when the request finishes or is aborted; with the endless fault, never (more tokens follow the reply).
+        """
         sent = 0
-        strike = self.faults.mid_stream_point(len(pieces)) if fault is not None else -1
+        endless = fault is not None and fault.kind == "endless"
+        strike = self.faults.mid_stream_point(len(pieces)) if fault is not None and not endless else -1
         while True:
             await delivery.event.wait()
             delivery.event.clear()
@@ -621,6 +687,9 @@ class SimServer:
                         await asyncio.sleep(fault.seconds)
                     elif fault.kind == "reset":
                         raise ResetConnection
+                    elif fault.kind == "comments_mid":
+                        async for block in _pings(fault.seconds):
+                            yield block
                     elif fault.kind == "malformed":
                         if end_on_malformed:
                             pacing.broken = True
@@ -636,6 +705,27 @@ class SimServer:
                 yield "".join(out).encode()
             if req.finished_at is not None or req.finish_reason == "abort":
                 break
+        if endless and req.finish_reason != "abort":
+            async for block in self._endless(req, render, sent, fault):
+                yield block
+
+    async def _endless(
+        self, req: SimRequest, render: Callable[[int, Piece], str | None], sent: int, fault: FaultSpec | None
+    ) -> AsyncIterator[bytes]:
+        """Content tokens after the reply, forever: at the fault's period, or at the pace the engine gave this
+        request (its mean gap between tokens), a model that never samples its end. The engine has let the request
+        go: this load is the stream's alone, the server's counters no longer see it."""
+        gap = fault.seconds if fault is not None else 0.0
+        if gap <= 0 and req.first_token is not None and req.finished_at is not None and req.num_output > 1:
+            gap = (req.finished_at - req.first_token) / (req.num_output - 1)
+        gap = max(MIN_GAP_S, gap if gap > 0 else _ENDLESS_GAP_S)
+        words = itertools.cycle(_ENDLESS_WORDS)
+        while True:
+            await asyncio.sleep(gap)
+            text = render(sent, Piece("content", next(words)))
+            sent += 1
+            if text is not None:
+                yield text.encode()
 
     async def _stream(
         self,
@@ -654,7 +744,7 @@ class SimServer:
             f'"model":{json.dumps(self.model_name)},"choices":['
         )
         if chat:
-            # vLLM sends the role at once; with a long prefill the stream then stays silent (domain.md §3).
+            # vLLM sends the role at once; with a long prefill the stream then stays silent (docs/background.md §3).
             yield (head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
                    '"finish_reason":null}]}\n\n').encode()  # fmt: skip
         stamp = self.config.stamp_chunks
@@ -678,6 +768,25 @@ class SimServer:
             tail.append(head + f'],"usage":{usage}}}\n\n')
         tail.append("data: [DONE]\n\n")
         yield "".join(tail).encode()
+
+
+_ENDLESS_WORDS = ("and", " then", " again", ",", " once", " more", " ")
+_ENDLESS_GAP_S = 0.02  # a decode step, where the request gave no pace of its own (a one-token reply)
+_PING = b": ping\n\n"
+
+
+async def _pings(period_s: float) -> AsyncGenerator[bytes, None]:
+    """SSE comment lines, the first at once and then one every ``period_s``, until the client goes away."""
+    while True:
+        yield _PING
+        await asyncio.sleep(max(MIN_GAP_S, period_s))
+
+
+async def _never() -> AsyncGenerator[bytes, None]:
+    """A body that never comes, until the client goes away (a future nobody completes: no timer, so a
+    virtual-time loop is not made to run its clock to infinity)."""
+    await asyncio.get_running_loop().create_future()
+    yield b""  # unreachable: makes this an async generator
 
 
 class _Pacing:

@@ -29,6 +29,40 @@ def run_root(out: Path | None = None) -> Path:
     return Path(env) if env else DEFAULT_ROOT
 
 
+def check_root(root: Path) -> None:
+    """Raise ``CheckpointError`` when ``root`` cannot be a root of runs: something other than a directory, a
+    directory that cannot be read, a path on a kernel file system (``/proc``, ``/sys``), or a missing one that could
+    not be created. A directory that does not exist yet, where it could be made, passes: it holds no runs yet.
+
+    Reading only (``os.access``, ``os.statvfs``): a command that lists runs creates nothing to find out.
+    """
+    where = Path(os.path.abspath(root))
+    probe = where  # the path itself, else its nearest ancestor that exists
+    while not os.path.exists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        if probe == where:
+            raise CheckpointError(f"the root of runs {root} is not a directory; give a directory")
+        raise CheckpointError(f"the root of runs {root} cannot be created: {probe} is not a directory")
+    if _kernel_file_system(probe):
+        raise CheckpointError(f"the root of runs {root} is on a kernel file system ({probe}): no run can be kept there")
+    if probe == where:
+        if not os.access(probe, os.R_OK | os.X_OK):
+            raise CheckpointError(f"cannot read the root of runs {root}: permission denied")
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        raise CheckpointError(f"the root of runs {root} does not exist and cannot be created in {probe}")
+
+
+def _kernel_file_system(path: Path) -> bool:
+    """Whether ``path`` is on a file system with no room for files at all: what the kernel's own (proc, sysfs,
+    cgroup) report. Permissions do not tell: to root, /proc looks writable, yet nothing can be made there."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_blocks == 0 and st.f_files == 0
+
+
 class RunStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = run_root(root)

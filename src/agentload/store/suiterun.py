@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agentload.store.atomic import write_atomic
 from agentload.store.manifest import RunInfo, now_iso
-from agentload.suite.results import SuiteRun
+from agentload.suite.results import SuiteRun, counts, cut_short
 
 SUITE_RESULT = "suite.json"
 SUITE_PREFIX = "suite-"
@@ -21,22 +21,24 @@ def _pct(x: float | None) -> str:
 
 
 def suite_info(run: SuiteRun, run_id: str) -> RunInfo:
-    """The manifest of a suite run: its headline is the pooled pass rate at each agent count."""
+    """The manifest of a suite run: its headline is the pooled pass rate (passes ÷ tests scored) at each agent
+    count with the counts it rests on, and, for a run the lost server cut short, how far it got."""
     levels = run.levels
     tests = levels[0].tests if levels else []
-    outcome = ", ".join(f"{_pct(lv.pooled_pass_rate)} at {lv.agents}" for lv in levels)
+    outcome = ", ".join(f"{_pct(lv.pooled_pass_rate)} at {lv.agents} ({counts(lv)})" for lv in levels)
+    stopped = cut_short(run) if levels else None  # with no level, "no level ran" already says it
     return RunInfo(
         kind="suite",
         run_id=run_id,
         created=run.started_at.isoformat(timespec="seconds"),
         status="interrupted" if run.incomplete is not None else "finished",
-        detail=run.incomplete or "",
+        detail="; ".join(x for x in (run.incomplete, stopped) if x),
         target=run.endpoint,
         model=run.model,
         workload=f"{len(tests)} tests" if len(tests) > 3 else ",".join(tests),
         mode=f"suite {run.suite_version}",
         levels=len(levels),
-        outcome=f"pass {outcome}" if outcome else "no level ran",
+        outcome=(f"pass {outcome}" if outcome else "no level ran") + (f"; {stopped}" if stopped else ""),
     )
 
 

@@ -4,10 +4,13 @@ The runner accumulates per-agent results while it runs and calls ``compile_level
 reports render from the compiled (or re-loaded) result, never from live state. ``rescore`` re-judges stored
 transcripts with the current scorers and recompiles the figures — nothing is re-run.
 
-Figures per load level, as the seed runner defines them (domain.md §2): pooled pass rate = passes / (agents ×
-tests) over the scored tests T1–T17 (the H1 relay is reported on its own, as the seed keeps its escalation out
-of the pooled figure); agents completed / unscored / failed; wall clock; median session time; sessions per
-minute. Streaming adds what the seed's non-streaming requests could not give: time to first token, p50 / p95.
+Figures per load level: pooled pass rate = passes / tests scored over T1–T17 (the H1 relay is reported on its
+own, as the seed runner keeps its escalation out of the pooled figure), always beside the counts it rests on —
+scored, unscored (a request failed: nothing to judge) and not run (the agent's session ended before it, e.g. the
+server was lost). A test that was never judged is not a failure of the model, so it stays out of the rate. The
+seed runner's figure, passes / (agents × tests), which counts those as failures, is kept as
+``seed_pooled_pass_rate``. Then agents completed / unscored / failed; wall clock; median session time; sessions
+per minute. Streaming adds what the seed's non-streaming requests could not give: time to first token, p50 / p95.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from agentload.agent.loop import Transcript
 from agentload.errors import ConfigError
@@ -46,6 +49,13 @@ class TestResult(BaseModel):
     started_s: float  # seconds after the load level began
     duration_s: float
     transcript: Transcript
+
+    @model_validator(mode="after")
+    def _unscored_says_why(self) -> TestResult:
+        # A test left unjudged is out of the pass rate; the report must be able to say why.
+        if self.status is Status.UNSCORED and not self.reason.strip():
+            raise ValueError(f"{self.test_id} is unscored without a reason")
+        return self
 
 
 class AgentStatus(StrEnum):
@@ -74,7 +84,11 @@ class TestSummary(BaseModel):
     passed: int
     failed: int
     unscored: int
-    pass_rate: float  # passes / agents: a test an agent never reached counts against it
+    scored: int = 0  # passed + failed: the verdicts the rate rests on
+    not_run: int = 0  # agents whose session ended before this test
+    pass_rate: float | None  # passes / scored; None when no agent's run of it was judged
+    seed_pass_rate: float = 0.0  # passes / agents, the seed runner's figure: unjudged and unrun count as failures
+    unscored_reasons: list[str] = []  # why, distinct, first few
     median_break_hop: float | None = None  # H1 only, over the agents whose chain broke
 
 
@@ -89,7 +103,11 @@ class LevelResult(BaseModel):
     wall_clock_s: float
     per_test: list[TestSummary]
     pooled_tests: list[str]
-    pooled_pass_rate: float | None  # None when only H1 ran
+    pooled_pass_rate: float | None  # passes / scored over pooled_tests; None when none was scored (or only H1 ran)
+    pooled_scored: int = 0
+    pooled_unscored: int = 0
+    pooled_not_run: int = 0
+    seed_pooled_pass_rate: float | None = None  # passes / (agents × pooled tests), the seed runner's figure
     completed: int
     unscored: int
     failed: int
@@ -111,8 +129,8 @@ class SuiteRun(BaseModel):
     started_at: datetime
     payload_tokens: int
     levels: list[LevelResult]
-    # Set (to why) when the run stopped early because the server was lost (issue 15): the levels are those run
-    # until then, the last one cut short, its stopped sessions failed with the tests they had finished.
+    # Set (to why) when the run stopped early because the server was lost: the levels are those run until then,
+    # the last one cut short, its stopped sessions failed with the tests they had finished.
     incomplete: str | None = None
 
 
@@ -131,6 +149,26 @@ class TestInfo:
         return cls(test.id, test.category, test.title)
 
 
+UNSCORED_REASONS_KEPT = 3  # a failing server gives every agent the same few reasons; the transcripts keep them all
+
+
+def counts(level: LevelResult) -> str:
+    """What the pooled rate rests on, to print beside it: "15 scored, 1 unscored, 1 not run"."""
+    return f"{level.pooled_scored} scored, {level.pooled_unscored} unscored, {level.pooled_not_run} not run"
+
+
+def cut_short(run: SuiteRun) -> str | None:
+    """How far the run got when the server was lost ("server lost after 3 of 8 sessions at 8 agents"), or None
+    for a run that was not cut short. A session is one agent's whole suite; the stopped ones did not finish."""
+    if run.incomplete is None:
+        return None
+    if not run.levels:
+        return "server lost before any level ran"
+    last = run.levels[-1]
+    finished = sum(a.status is not AgentStatus.FAILED for a in last.agent_results)
+    return f"server lost after {finished} of {last.agents} sessions at {last.agents} agent{'s' * (last.agents != 1)}"
+
+
 def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values), q)) if values else None
 
@@ -144,6 +182,8 @@ def compile_level(
     for test in tests:
         mine = [r for a in done for r in a.tests if r.test_id == test.id]
         n_pass = sum(r.status is Status.PASS for r in mine)
+        n_fail = sum(r.status is Status.FAIL for r in mine)
+        unscored = [r for r in mine if r.status is Status.UNSCORED]
         hops = [r.break_hop for r in mine if r.break_hop is not None]
         per_test.append(
             TestSummary(
@@ -151,14 +191,20 @@ def compile_level(
                 category=test.category,
                 title=test.title,
                 passed=n_pass,
-                failed=sum(r.status is Status.FAIL for r in mine),
-                unscored=sum(r.status is Status.UNSCORED for r in mine),
-                pass_rate=n_pass / agents if agents else 0.0,
+                failed=n_fail,
+                unscored=len(unscored),
+                scored=n_pass + n_fail,
+                not_run=max(agents - len(mine), 0),
+                pass_rate=n_pass / (n_pass + n_fail) if n_pass + n_fail else None,
+                seed_pass_rate=n_pass / agents if agents else 0.0,
+                unscored_reasons=list(dict.fromkeys(r.reason for r in unscored))[:UNSCORED_REASONS_KEPT],
                 median_break_hop=statistics.median(hops) if hops else None,
             )
         )
     pooled = [s for s in per_test if s.category is not Category.MULTIHOP]
-    pooled_rate = sum(s.passed for s in pooled) / (agents * len(pooled)) if pooled and agents else None
+    passes = sum(s.passed for s in pooled)
+    scored = sum(s.scored for s in pooled)
+    seed_rate = passes / (agents * len(pooled)) if pooled and agents else None
     finished = [a for a in done if a.status is not AgentStatus.FAILED]
     records = [rec for a in done for r in a.tests for rec in r.transcript.records()]
     ttfts = [x for rec in records if rec.ok and (x := rec.ttft) is not None]
@@ -169,7 +215,11 @@ def compile_level(
         wall_clock_s=wall_clock_s,
         per_test=per_test,
         pooled_tests=[s.test_id for s in pooled],
-        pooled_pass_rate=pooled_rate,
+        pooled_pass_rate=passes / scored if scored else None,
+        pooled_scored=scored,
+        pooled_unscored=sum(s.unscored for s in pooled),
+        pooled_not_run=sum(s.not_run for s in pooled),
+        seed_pooled_pass_rate=seed_rate,
         completed=sum(a.status is AgentStatus.COMPLETED for a in done),
         unscored=sum(a.status is AgentStatus.UNSCORED for a in done),
         failed=sum(a.status is AgentStatus.FAILED for a in done),
@@ -235,9 +285,20 @@ def rescore(run: SuiteRun, tests: Mapping[str, SuiteTest] | None = None) -> Suit
     return run.model_copy(update={"levels": levels, "suite_version": SUITE_VERSION})
 
 
+def refigure(run: SuiteRun) -> SuiteRun:
+    """Every level's figures compiled again from its stored verdicts (nothing re-scored): a result saved before
+    a figure existed, or while it was defined another way, reads as one saved now."""
+    levels = []
+    for level in run.levels:
+        infos = [TestInfo(s.test_id, s.category, s.title) for s in level.per_test]
+        again = compile_level(level.agents, level.wall_clock_s, infos, level.agent_results)
+        levels.append(again.model_copy(update={"suite_version": level.suite_version}))
+    return run.model_copy(update={"levels": levels})
+
+
 def load_run(path: Path) -> SuiteRun:
     try:
-        return SuiteRun.model_validate_json(path.read_bytes())
+        return refigure(SuiteRun.model_validate_json(path.read_bytes()))
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except ValidationError as exc:
