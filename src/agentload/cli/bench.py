@@ -142,7 +142,13 @@ def bench(
     soak: Annotated[str | None, typer.Option(help="Hold --agents for this long (e.g. 30m) and report drift.")] = None,
     agents: Annotated[int | None, typer.Option(min=1, help="Agents for a single level or a soak.")] = None,
     warmup: Annotated[str, typer.Option(help="Warm-up per level, discarded.")] = "120s",
-    window: Annotated[str, typer.Option(help="Measured window per level.")] = "300s",
+    window: Annotated[
+        str,
+        typer.Option(
+            help="Measured window per level, a cap: at its end the requests in flight get a grace of a quarter of "
+            "it (10-120 s), then are cut and recorded."
+        ),
+    ] = "300s",
     tolerance: Annotated[float, typer.Option(min=0.01, max=0.9, help="Drop below the best that marks the knee.")] = (
         0.10
     ),
