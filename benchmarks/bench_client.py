@@ -8,7 +8,7 @@ of the read that brought it (``endpoint.transport``), so the lag is the kernel's
 queue and the parsing ahead of a read (milliseconds in a burst over a thousand streams) are no longer in the
 timings the records keep. Elsewhere it is the loop's select or the read, and the lag includes them. Whether the
 client keeps up shows in chunks/s against what was asked and in its CPU per chunk (this process's CPU time over
-the run divided by the chunks it parsed). Goals (issues 3 and 16): p99 lag ≤ 2 ms at 256 streams, ≤ 5 ms at
+the run divided by the chunks it parsed). Goals: p99 lag ≤ 2 ms at 256 streams, ≤ 5 ms at
 1,024. Measured 3 December 2026 (this machine, two runs): p99 0.10 / 0.10 ms at 256, 0.12 / 0.08 ms at 1,024
 (with the select stamp before: 4.15 / 8.30 ms and 19.6 / 20.8 ms in runs alternated with these).
 

@@ -1,4 +1,4 @@
-"""A fleet whose server dies or freezes mid-run: time to exit, what is left resumable, and the resume (issue 15.2).
+"""A fleet whose server dies or freezes mid-run: time to exit, what is left resumable, and the resume.
 
 The issue's experiment, as a user runs it: ``agentload sim`` (profile laptop) in one process, ``agentload run
 examples/laptop-knee.toml --url …`` in another; ``--at`` seconds after the first committed turn the server is

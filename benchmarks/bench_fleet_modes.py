@@ -1,4 +1,4 @@
-"""Sequential vs auto: the wall clock of the same 64-agent job on the ``laptop`` simulator profile (issue 3).
+"""Sequential vs auto: the wall clock of the same 64-agent job on the ``laptop`` simulator profile.
 
 The job is ``--agents`` copies of one agent: ``--context`` tokens of unique context, ``--rounds`` tool-calling
 turns that each add ~``--result`` tokens, ``--think`` seconds between turns. ``sequential`` runs one agent at a

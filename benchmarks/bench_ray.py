@@ -1,4 +1,4 @@
-"""How many concurrent streams one process carries against two Ray actors, and what the Ray driver costs (issue 12).
+"""How many concurrent streams one process carries against two Ray actors, and what the Ray driver costs.
 
 **Streams carried.** The simulated server runs in its own process with ``--stamp-chunks`` (every token's text is
 the server's CLOCK_MONOTONIC time when it was written) on a profile whose every step takes ``1 / --per-stream``

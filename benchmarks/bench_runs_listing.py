@@ -1,5 +1,5 @@
-"""How long ``agentload runs`` takes to list a root of many runs of every kind (issue 10: the listing scans the
-directories the history does not index, so its cost grows with the unfinished runs).
+"""How long ``agentload runs`` takes to list a root of many runs of every kind (the listing scans the directories
+the history does not index, so its cost grows with the unfinished runs).
 
 Builds N run directories under a temporary root through the store — a third finished fleet runs, a third
 interrupted fleet runs, a third suite runs with a manifest still ``running`` (incomplete) — and times

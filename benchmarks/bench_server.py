@@ -3,7 +3,7 @@
 The server runs in its own process pinned to core 0 with a profile whose modelled steps are tiny, so the only
 limit is the server's own CPU; a lean raw-socket client (pinned to core 1) opens N concurrent streams and
 counts SSE events. Prints chunks/s of wall time and chunks per second of server CPU time (from /proc).
-Goal (issue 2): ≥ 20,000 streamed chunks/s on one core.
+Goal: ≥ 20,000 streamed chunks/s on one core.
 
     .venv/bin/python benchmarks/bench_server.py [--streams 256] [--tokens 400] [--seconds 10]
 """

@@ -14,7 +14,7 @@ Scenarios (pick with ``--scenario``; default: all):
 * ``qwen-24`` / ``deepseek-48`` — the capacity-curve runs of tests/test_virtual.py at 900 s (300 s warm-up):
   Qwen3-235B at its knee (24 sessions near 40k tokens) and the sliding-window model at 48 sessions.
 
-Measured (issue 16, 2 December 2026, one core of a shared 2-core machine, CPU-time figures, each the mean of two
+Measured (2 December 2026, one core of a shared 2-core machine, CPU-time figures, each the mean of two
 runs alternated with the code before the change): fleet 465× → 600× (the goal is 1,000×), fleet-fits 54× → 69×
 (the goal is 300×), fleet-1gpu 475× → 503×, qwen-24 968× → 1,013×, deepseek-48 290× → 290×; every digest unchanged
 (8bed5aede8701ca9, 72d2ca5a1e8e212f, b7eb7a44515e5c6a, b2ea95e559aa5191, fbcde2e32dc056b0). What is left is

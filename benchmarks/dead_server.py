@@ -1,4 +1,4 @@
-"""Seconds from a server's death or freeze to the command's exit, for bench, suite and run (issue 15, item 1).
+"""Seconds from a server's death or freeze to the command's exit, for bench, suite and run.
 
 Each command runs against ``agentload sim --profile laptop`` in its own process; once the server has completed
 ``--after`` requests (its own counter) it is killed (SIGKILL) or frozen (SIGSTOP: connections are still accepted,

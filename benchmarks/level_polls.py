@@ -1,6 +1,6 @@
 """How often one bench level asks the server about itself: /metrics and /health requests, and timeline samples.
 
-Issue 10: a level used to run two pollers at once (the watchdog's ``SignalPoller`` and the bench sampler's own
+Why: a level used to run two pollers at once (the watchdog's ``SignalPoller`` and the bench sampler's own
 /metrics scraper), each at 1 Hz. With one connection there is one monitor, so every /metrics request is one poll
 that feeds the watchdog and becomes one timeline sample. The level runs against the in-process simulator on
 virtual time (no sockets; the request counts do not depend on the machine's speed).

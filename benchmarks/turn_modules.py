@@ -1,4 +1,4 @@
-"""Which agentload modules one agent turn walks, for `bench`, `suite` and `run` (issue 10's must-show).
+"""Which agentload modules one agent turn walks, for `bench`, `suite` and `run`: how much of one path they share.
 
 Each command runs in process against the embedded simulator with one agent, under ``sys.setprofile``. A turn is
 the span from one ``ChatClient.chat`` call of the agent's task to its next one: the request, its retries, the

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Property-based fuzzers (issue 15) run a fixed, derandomised budget so CI is reproducible and never timed:
+# Property-based fuzzers run a fixed, derandomised budget so CI is reproducible and never timed:
 # ``AGENTLOAD_FUZZ_EXAMPLES`` raises it (the closing notes' 10,000-example runs): see tests/fuzzing.py.
 settings.register_profile(
     "agentload",

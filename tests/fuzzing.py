@@ -1,4 +1,4 @@
-"""The example budget of the property-based fuzzers (issue 15).
+"""The example budget of the property-based fuzzers.
 
 CI runs each fuzzer's small default (derandomised, see conftest.py); ``AGENTLOAD_FUZZ_EXAMPLES=10000 pytest -k fuzz``
 is the full run whose figures the closing notes quote.

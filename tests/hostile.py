@@ -1,4 +1,4 @@
-"""A hostile server for the property-based fuzzers (issue 15): strategies for what a broken or malicious server
+"""A hostile server for the property-based fuzzers: strategies for what a broken or malicious server
 sends, and a MockTransport that streams it.
 
 The strategies mix shapes a real server sends with the same shapes whose fields hold anything JSON can carry

@@ -1,4 +1,4 @@
-"""A hostile server for the secret tests (issue 15, item 4): the simulator behind a gateway that guards every path.
+"""A hostile server for the secret tests: the simulator behind a gateway that guards every path.
 
 Every path — /v1, /metrics, /health, /version, /props — wants the credentials the test names (a bearer key, a
 Basic user:password, query parameters). A request without them gets a 401 whose body quotes what it was sent;

@@ -1,4 +1,4 @@
-"""Chunk arrival stamps come from where the bytes arrive, not from when the reading task got to them (issue 16).
+"""Chunk arrival stamps come from where the bytes arrive, not from when the reading task got to them.
 
 A loopback server writes SSE events with pauses between them and notes the loop time of each write; the reader
 waits until all of them have arrived before it reads. Stamps taken at read time would all equal that late read;

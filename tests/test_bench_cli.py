@@ -34,7 +34,7 @@ def test_qwen_gb300_knee_is_the_dense_formula_and_is_explained(tmp_path: Path) -
     assert knee.explanation.cause in ("cache_eviction", "preemption")
     ev = knee.explanation.evidence
     assert ev["prefix_hit_rate_past_knee"] < ev["prefix_hit_rate_at_knee"]
-    # Pool ÷ the realised context (issue 9): the held sessions' server-counted context, a little under the target.
+    # Pool ÷ the realised context: the held sessions' server-counted context, a little under the target.
     est = run.capacity[0]
     assert est.target_context == 40960
     assert 0.99 * 40960 <= est.context <= 40960
@@ -61,7 +61,7 @@ def test_sweep_and_search_agree_and_the_search_is_cheaper(tmp_path: Path) -> Non
     k_sweep, k_search = sweep.knee[0], search.knee[0]
     # The sweep can only name one of its points: the search's knee lies between it and the next point.
     assert k_sweep.agents <= k_search.agents < 32
-    # Probes measure until they have 8 turns per agent (at least 60; issue 9), so a search costs more than the
+    # Probes measure until they have 8 turns per agent (at least 60), so a search costs more than the
     # eighth-of-a-window probes did (1,539 agent-turns vs the sweep's 3,487 here), and still under half a sweep.
     assert k_search.agent_turns <= k_sweep.agent_turns / 2
 

@@ -1,4 +1,4 @@
-"""``agentload bench --resume``: an interrupted bench continues where it stopped (issue 10: every run kind resumes).
+"""``agentload bench --resume``: an interrupted bench continues where it stopped (every run kind resumes).
 
 The simulator runs in virtual time and is deterministic for a seed, so a run cut after some levels and resumed must
 give the levels, the knee and the capacity of the same run left uninterrupted — and must not measure again the

@@ -33,7 +33,7 @@ def test_every_model_the_issue_names_is_in_the_catalogue() -> None:
     assert set(ISSUE_MODELS) <= set(catalog.models())
 
 
-# (name, memory GB, bandwidth GB/s, dense bf16 TFLOP/s) from domain.md §6.
+# (name, memory GB, bandwidth GB/s, dense bf16 TFLOP/s) from docs/background.md §6.
 DOMAIN_GPUS = [
     ("h100", 80, 3350, 989),
     ("h200", 141, 4800, 989),

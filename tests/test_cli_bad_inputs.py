@@ -1,5 +1,5 @@
-"""Bad input ends in one ``error:`` line and exit status 2, never a traceback, a hang or a huge allocation (issue 15,
-items 6 and 7): the inputs the adversarial campaign found, and more of the same kinds.
+"""Bad input ends in one ``error:`` line and exit status 2, never a traceback, a hang or a huge allocation: the
+inputs the adversarial campaign found, and more of the same kinds.
 
 Each case builds its files under ``tmp_path`` and runs the command in process (typer's CliRunner); a case that
 reached the code it names would have raised (UnicodeDecodeError, RecursionError, ValueError, a numpy

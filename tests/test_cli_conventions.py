@@ -1,4 +1,4 @@
-"""The options every server-facing command shares (issue 10): one name, one meaning, one root of runs.
+"""The options every server-facing command shares: one name, one meaning, one root of runs.
 
 ``--api-key-env`` is checked on the wire — a simulator that records each request's Authorization header — and in
 every file a run leaves behind; the root of runs is checked for each run kind with ``--out``, ``$AGENTLOAD_RUNS``

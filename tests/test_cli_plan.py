@@ -155,7 +155,7 @@ def test_bad_flag_values_exit_2_naming_the_flag(flag: str, value: str) -> None:
     _fails_cleanly([*QWEN_GB300, flag, value, "--no-curve"], flag)
 
 
-# The source article's DeepSeek-V4-Flash runs (domain.md §11): its vLLM log lines are the expected output.
+# The source article's DeepSeek-V4-Flash runs (docs/deepseek-v4.md): its vLLM log lines are the expected output.
 V4_FLASH = [
     *("plan", "--model", "deepseek-v4-flash", "--gpu", "dgx-station-gb300", "--kv-cache-dtype", "fp8"),
     "--no-curve",

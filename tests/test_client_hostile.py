@@ -1,4 +1,4 @@
-"""endpoint.client against a hostile server (issue 15, item 3): a malformed chunk or body is a failed record with a
+"""endpoint.client against a hostile server: a malformed chunk or body is a failed record with a
 clear message, never an exception out of the client."""
 
 from __future__ import annotations

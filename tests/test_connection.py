@@ -47,7 +47,7 @@ def _sim() -> SimServer:
 
 
 def test_a_bench_level_scrapes_metrics_once_per_poll_for_both_the_watchdog_and_the_timeline() -> None:
-    """Before issue 10 a level ran two pollers (the watchdog's and the sampler's), so /metrics was asked twice as
+    """A level once ran two pollers (the watchdog's and the sampler's), so /metrics was asked twice as
     often as /health. Now every /metrics request is one poll of the one monitor and becomes one timeline sample."""
 
     async def go() -> tuple[Counting, int, bool]:

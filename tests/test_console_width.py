@@ -1,4 +1,4 @@
-"""The console's per-level table stays readable at any width and off a terminal (issue 9).
+"""The console's per-level table stays readable at any width and off a terminal.
 
 Piped to a file or a CI log, rich assumes 80 columns and used to squeeze every column to "…". Now a terminal
 gets the table folded into parts that fit, anything else the whole table at its natural width; times carry one

@@ -1,4 +1,4 @@
-"""An agent's conversations run by agent/loop.ConversationDriver; workloads only produce them (issue 10).
+"""An agent's conversations run by agent/loop.ConversationDriver; workloads only produce them.
 
 The structural half reads the workload modules with ``ast``: a module that defines conversations (a class with
 ``request`` and ``reply``) must not call what runs them (``converse``, ``pause``, ``wait_until``, ``run_agent``),
@@ -130,7 +130,7 @@ class Scripted:
 
 def test_the_suite_and_the_fleet_yield_their_conversations_and_never_run_them() -> None:
     # The suite's sessions (and bench's suite workload) and the fleet's agents are agents of ConversationDriver too:
-    # no module of theirs runs a conversation (issue 10: one driver shape).
+    # no module of theirs runs a conversation (one driver shape).
     src = WORKLOAD.parent
     checked = []
     for path in sorted([*(src / "suite").glob("*.py"), *(src / "fleet").glob("*.py"), WORKLOAD / "suite.py"]):

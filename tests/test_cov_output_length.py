@@ -1,4 +1,4 @@
-"""Asking each engine for exactly the reply length a workload wants (domain.md §12): vLLM and the simulator take
+"""Asking each engine for exactly the reply length a workload wants (docs/background.md §9): vLLM and the simulator take
 ``ignore_eos`` + ``min_tokens``, SGLang ``ignore_eos``, llama.cpp ``ignore_eos`` + ``n_predict``; Ollama and unknown
 servers have no switch and the body goes unchanged. Also the prompt-size guess the watchdog budgets with."""
 

@@ -1,4 +1,4 @@
-"""bench and suite notice a killed or frozen server, stop, save what they collected and exit 2 (issue 15, item 1).
+"""bench and suite notice a killed or frozen server, stop, save what they collected and exit 2.
 
 The end-to-end tests run the commands as a user does: the simulator in its own process on 127.0.0.1, killed
 (SIGKILL) or frozen (SIGSTOP: the kernel still accepts connections, nothing answers) once the command has

@@ -1,4 +1,5 @@
-"""The simulated engine's scheduling semantics (domain.md §3), checked through what it does, on tiny pools."""
+"""The simulated engine's scheduling semantics (vLLM V1's, docs/background.md §3), checked through what it does,
+on tiny pools."""
 
 from __future__ import annotations
 

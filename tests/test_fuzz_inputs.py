@@ -1,4 +1,4 @@
-"""Property-based fuzzers for the input parsers (issue 15): traces, FLEET.toml, profiles and config.json.
+"""Property-based fuzzers for the input parsers: traces, FLEET.toml, profiles and config.json.
 
 Each generates hostile input — random bytes, and well-formed files whose values are out of range, of the wrong
 type, huge, NaN or infinite — and holds the parser to its contract: a valid object or an ``AgentloadError``

@@ -1,6 +1,6 @@
 """DeepSeek-V4's vLLM KV layout and accounting, checked against published log lines and hand arithmetic.
 
-Independent figures used here (domain.md §11):
+Independent figures used here (docs/deepseek-v4.md):
 * the source article's vLLM log: 76,220 blocks (74.66 GiB) at max-model-len 40,960 → "GPU KV cache size: 997,753
   tokens", 24.36x; 74,697 blocks (73.17 GiB) at 1,048,576 → 11,086,409 tokens, 10.57x;
 * a third-party vLLM 0.22.1rc1 log: 37.93 GiB, L = 256,000 → 38,724 blocks, 2,497,693 tokens, 9.76x.
@@ -46,7 +46,7 @@ def test_page_sizes_are_vllms_fp8_ds_mla_pages() -> None:
     assert pages["C4 compressor state"] == 21 * (37_440 + 8_640) == 967_680
     assert pages["C128 compressor state"] == 20 * 37_440 == 748_800
     assert v4.slab_bytes == 22 * 47_808 == 1_051_776
-    # domain.md §11: the constant part of one request's reservation.
+    # The constant part of one request's reservation (vLLM's kv_cache_planning.py, docs/deepseek-v4.md).
     assert v4.constant_reservation_bytes(40_960) == 2_975_112_000
 
 
@@ -172,7 +172,7 @@ def test_fp16_kv_for_deepseek_v4_is_refused_with_one_line() -> None:
 
 
 def _flash_config() -> dict[str, Any]:
-    """DeepSeek-V4-Flash's config.json fields as domain.md §11 lists them (44 compress ratios: 43 + 1 MTP)."""
+    """DeepSeek-V4-Flash's config.json fields as its config.json lists them (44 compress ratios: 43 + 1 MTP)."""
     return {
         "_name_or_path": "deepseek-ai/DeepSeek-V4-Flash",
         "model_type": "deepseek_v4",
@@ -209,7 +209,7 @@ def test_config_json_gives_the_catalogue_layout(tmp_path: Path) -> None:
     assert spec.compress_ratios == FLASH.compress_ratios  # the MTP layer's entry is dropped
     layout = kv_layout(spec, KVDtype.FP8, max_model_len=40_960)
     assert layout.logged_pool_tokens(76_220) == 997_753
-    # Published: ~284B total, 13B active (domain.md §11); the estimate leaves out the compressors and indexer.
+    # Published: ~284B total, 13B active (its model card); the estimate leaves out the compressors and indexer.
     assert spec.total_params == pytest.approx(284e9, rel=0.03)
     assert spec.active_params == pytest.approx(13e9, rel=0.05)
 

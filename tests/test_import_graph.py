@@ -1,4 +1,4 @@
-"""No package-level import cycles in src/agentload (issue 10).
+"""No package-level import cycles in src/agentload.
 
 The graph is read from the source with ``ast``, not from ``sys.modules``, so an import hidden in a function body
 (the usual way to dodge a cycle) counts like one at the top of a module. Imports under ``if TYPE_CHECKING:`` count

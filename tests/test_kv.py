@@ -1,4 +1,4 @@
-"""KV arithmetic against the worked numbers of domain.md §3 and §5 (literal figures, not the formula again)."""
+"""KV arithmetic against the worked numbers of docs/background.md §3 and §5 (literal figures, not the formula again)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_mla_kv_per_token_is_the_latent(model: str) -> None:
 
 
 def test_sparse_read_attention_stores_as_much_as_dense_mla() -> None:
-    # DSA limits what a step reads, not what is stored (domain.md §3).
+    # DSA limits what a step reads, not what is stored (docs/background.md §3).
     v3 = kv_layout(get_model("deepseek-v3"), KVDtype.FP8)
     v32 = kv_layout(get_model("deepseek-v3.2"), KVDtype.FP8)
     assert v32.bytes_per_token == v3.bytes_per_token

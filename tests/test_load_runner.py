@@ -1,4 +1,4 @@
-"""The one runner's lifecycle (issue 10): start, stop, grace, cancel, a lost server, a driver bug, strategies.
+"""The one runner's lifecycle: start, stop, grace, cancel, a lost server, a driver bug, strategies.
 
 Every test runs on the virtual-time loop, so "a turn takes 3 s" costs nothing and every time below is exact: the
 figures are the sleeps the fake drivers are written with, not anything the runner computes.

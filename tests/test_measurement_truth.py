@@ -1,4 +1,4 @@
-"""Issue 9 on a server whose tokenizer is not agentload's: sizing, the held context's closed loop, exact output,
+"""Measuring right on a server whose tokenizer is not agentload's: sizing, the held context's closed loop, exact output,
 quiet window edges and the one knee rule — against in-process fakes that count tokens like a real model would."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``agentload plan --slots N``: llama.cpp's question (llama-server -np N), answered with hand arithmetic.
 
 Llama-3.1-8B keeps 2 (K, V) × 32 layers × 8 KV heads × 128 dims × 2 bytes = 131,072 B = 128 KiB of KV per token
-(domain.md's worked number). A slot of 32,768 tokens therefore allocates 32,768 × 128 KiB = 4 GiB =
+(the worked number in docs/background.md §5). A slot of 32,768 tokens therefore allocates 32,768 × 128 KiB = 4 GiB =
 4,294,967,296 B, and 4 slots 16 GiB = 17,179,869,184 B (llama.cpp allocates all of -c at start). Its weights in
 int8 are its 8.03 B parameters × 1 byte = 8.03 GB; one L40S has 48 GB, so beside the weights and the planner's
 default 2 GiB of activations (2,147,483,648 B) it holds ⌊(48e9 − 8.03e9 − 2,147,483,648) ÷ 4,294,967,296⌋ =

@@ -102,7 +102,7 @@ def test_weight_formats_keep_their_public_name() -> None:
 
 
 def test_a_profile_fits_big_agent_payloads_and_the_laptop_states_its_limit() -> None:
-    # Issue 13: agent tests send 50k-token tool results; rehearsing them needs a context of 64k or more.
+    # Agent tests send 50k-token tool results; rehearsing them needs a context of 64k or more.
     long = load_profile("qwen3-235b-gb300-128k")
     assert long.max_model_len >= 65_536
     assert long.startup_lines()[1] == "Maximum concurrency for 131,072 tokens per request: 7.61x"

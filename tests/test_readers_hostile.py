@@ -1,4 +1,4 @@
-"""/metrics → signals, the engine pool readers and the probe against a hostile server (issue 15, item 3): a bad
+"""/metrics → signals, the engine pool readers and the probe against a hostile server: a bad
 reading is None for that field or one clear EndpointError sentence, never a crash."""
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def test_fuzz_probe(routes: dict[str, tuple[int, bytes]]) -> None:
 
 
 def test_hostile_queue_buckets_are_dropped_not_raised() -> None:
-    """bench's sampler keeps the good buckets of a histogram whose other buckets are not numbers (issue 15)."""
+    """bench's sampler keeps the good buckets of a histogram whose other buckets are not numbers."""
     from agentload.bench.sampler import QUEUE_HISTOGRAM, to_sample
     from agentload.endpoint.scrape import parse_metrics
 

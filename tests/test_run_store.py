@@ -1,4 +1,4 @@
-"""One run store for every run kind (issue 10): bench, suite and fleet runs land under one root with one manifest,
+"""One run store for every run kind: bench, suite and fleet runs land under one root with one manifest,
 ``agentload runs`` lists each with its kind and status (finished, interrupted, incomplete), ``agentload report``
 renders each, and a fleet resumes from there.
 

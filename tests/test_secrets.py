@@ -1,4 +1,4 @@
-"""The API key and --url credentials never reach disk or the screen; polls carry them (issue 15, item 4)."""
+"""The API key and --url credentials never reach disk or the screen; polls carry them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The simulator's HTTP front against hostile clients (issue 15, item 8): bad JSON is a 400, never a 500; idle,
+"""The simulator's HTTP front against hostile clients: bad JSON is a 400, never a 500; idle,
 half-sent and slow connections are closed; a client that hangs up is one log line; bad fault and pinned step-time
 figures are refused with one ``error:`` line."""
 

@@ -1,4 +1,4 @@
-"""The agent behaviour as a foreign harness meets it (issue 13): an agent loop written here, not agentload's, with
+"""The agent behaviour as a foreign harness meets it: an agent loop written here, not agentload's, with
 17 tool-use tasks in the style of common agent suites, driven over HTTP with the ``openai`` SDK and
 ``tool_choice="auto"`` — tool calls where a task needs them, none where it does not, 0 HTTP errors."""
 
@@ -336,7 +336,7 @@ async def test_a_behaviour_that_raises_gets_a_plain_answer_and_one_log_line(capl
 @pytest.mark.parametrize(
     ("scenario", "tool", "result"),
     [
-        # The two crashes of issue 13: T6 met a result without figures, T17 a list result without items.
+        # Two crashes a foreign harness once caused: T6 met a result without figures, T17 a list result without items.
         ("T6", "order_subtotal", '{"subtotal": null}'),
         ("T17", "list_show", '{"items": null}'),
         ("T10", "search_catalogue", ""),

@@ -1,4 +1,4 @@
-"""Fuzzed chat bodies against every behaviour (issue 13): no response is ever an HTTP 500, and no behaviour raises
+"""Fuzzed chat bodies against every behaviour: no response is ever an HTTP 500, and no behaviour raises
 (the server's guard would turn that into a plain answer; the fuzzer asserts the guard never had to).
 
 Bodies are mostly well-formed enough to reach the behaviour — roles, tool calls with odd arguments, tool results

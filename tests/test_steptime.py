@@ -1,4 +1,4 @@
-"""The step-time model against the sanity figures of domain.md §6, and the shapes it must have."""
+"""The step-time model against the sanity figures of docs/background.md §6, and the shapes it must have."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The suite survives what bench survives: injected stalls, resets, 5xx, 429s and a cold start leave its scores as
-a clean run's, because its load goes through the same connection (watchdog + retries, issue 10).
+a clean run's, because its load goes through the same connection (watchdog + retries).
 
 The suite runs exactly as ``agentload suite`` runs it (``cli.suite.suite_over`` on an ``endpoint.connection``),
 against the oracle simulator in process on virtual time, with the production watchdog and retry defaults: a

@@ -192,7 +192,7 @@ async def test_t8_t9_t10_report_the_failure_without_inventing() -> None:
 
 
 async def test_raw_tool_results_handed_back_fail_t8_t9_t10_t14() -> None:
-    # Issue 13: a bare 404, a null or an error string is the tool speaking; the model must say it in words.
+    # A bare 404, a null or an error string is the tool speaking; the model must say it in words.
     invoice = [("get_invoice", {"invoice_id": stress.INVOICE_ID})]
     raw_404 = json.dumps({"error": {"status": 404, "message": f"invoice {stress.INVOICE_ID} not found"}})
     await fails("T8", "raw tool result", invoice, raw_404)

@@ -94,7 +94,7 @@ async def test_each_known_bad_behaviour_fails_its_test(test_id: str, bad: str) -
     assert run.levels[0].per_test[0].pass_rate == 0.0
 
 
-# What the two cheats of issue 13 passed before the scorers were closed against them (suite 1.0).
+# What the two cheats (echo-result, placeholder-args) passed before the scorers were closed against them (suite 1.0).
 CHEATS_PASSED_BEFORE = {
     "echo-result": ["T1", "T2", "T4", "T5", "T8", "T9", "T10", "T12", "T14"],
     "placeholder-args": ["T4"],

@@ -1,6 +1,6 @@
 """Agentic sessions on the simulator in virtual time: the shapes they are meant to have, measured from the records.
 
-The published agent shape (domain.md §1): >94% of prompt tokens served from the prefix cache, 131:1 input to
+The published agent shape (docs/background.md §1): >94% of prompt tokens served from the prefix cache, 131:1 input to
 output, ~43 turns, sessions opening near 12k tokens and growing toward the target; ``agentic-hold`` keeps every
 turn near the target instead.
 """

@@ -1,4 +1,4 @@
-"""The file tools cannot be led out of the agent's workspace: hostile paths, links, races, FIFOs, sizes (issue 15.9).
+"""The file tools cannot be led out of the agent's workspace: hostile paths, links, races, FIFOs, sizes.
 
 Every call goes through the tool registry, as the agent loop makes it, so a refusal is checked as what the model
 would see: a ``ToolResult`` with ``error`` set, never an exception.

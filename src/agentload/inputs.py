@@ -1,4 +1,5 @@
-"""Reading the files a user hands us (fleets, profiles, config.json, traces) within stated limits (issue 15).
+"""Reading the files a user hands us (fleets, profiles, config.json, traces) within stated limits:
+they are untrusted input.
 
 Every loader reads through here, so a file that is not UTF-8 text, is larger than any real input of its kind, is
 nested deeper than the parsers' recursion allows, or spells a number as ``NaN`` / ``Infinity``, is one

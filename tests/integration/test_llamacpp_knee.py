@@ -8,7 +8,7 @@ be found at SLOTS and explained as slots full (queueing), not as a paged pool ov
 full). Unpinned, llama.cpp's similarity rule put new conversations into other agents' idle slots (agents share a
 system prompt) and the knee came one early in half the runs. Then ``agentload calibrate`` against the same server
 writes a profile in slot mode (``slots = SLOTS``), and ``bench --sim`` runs the same search in virtual time, pinned
-the same way. Issue 17's goal is ±15 % per level; the ratios are printed, and what is gated is what the simulator
+the same way. The goal is ±15 % per level; the ratios are printed, and what is gated is what the simulator
 must do whatever the real run's noise on two shared cores: the same knee, and within a factor of two up to it.
 """
 

@@ -1,4 +1,4 @@
-"""``agentload probe``, the client's usage and /metrics scraping against a real llama-server (issue 17).
+"""``agentload probe``, the client's usage and /metrics scraping against a real llama-server.
 
 The figures probe reports are checked against what the server itself says on /props and /slots (read here with
 plain urllib, not through agentload), and the prompt-cache reuse a client computes from usage against the

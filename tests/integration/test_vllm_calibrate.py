@@ -1,7 +1,7 @@
-"""Calibrate a real vLLM, serve the profile in the simulator, and run the same knee search on it (issue 9).
+"""Calibrate a real vLLM, serve the profile in the simulator, and run the same knee search on it.
 
 On both tier models, ``agentload calibrate`` measures TTFT over prompt lengths and ITL over batch sizes and writes a
-profile with the server's pool; ``bench --sim PROFILE`` then runs the same knee search in virtual time. Issue 9's
+profile with the server's pool; ``bench --sim PROFILE`` then runs the same knee search in virtual time. The
 goal is the same knee and throughput within ±15 % at every level up to it, and that is what is gated where the real
 knee is the pool's: the knee within one agent, throughput within ±15 % at every level both runs put at or before
 their knee — output tok/s, or agent-turns/s where a run's turns asked shorter replies than the workload drew
@@ -133,9 +133,9 @@ def test_the_calibrated_simulator_reproduces_the_knee_search(
     # The fit and the knee search each measured the machine at its own moment: where another process took part of
     # it during either, the real server ran slower than the fit by what that process took (seen with a spinning
     # core: up to 1.22 at levels to the knee, where quiet runs gave ≤ 1.11), so a factor of 1.5 is gated there and the
-    # figures printed; issue 9's ±15 % is gated where both had the machine to themselves.
+    # figures printed; the ±15 % goal is gated where both had the machine to themselves.
     busy = [step for step in (f"knee ({label})", f"calibrate ({label})") if NEIGHBOURS.get(step, Neighbours()).busy]
-    # Issue 9's ±15 % is gated on both models. The realistic model's held sessions cache 30 or 31 of their 32 blocks
+    # The ±15 % goal is gated on both models. The realistic model's held sessions cache 30 or 31 of their 32 blocks
     # by the luck of where their opening's server-token count lands (3,937-4,026 tokens seen, a block edge at 3,968),
     # so a level's hit rate reads 0.945-0.977 and its throughput moves ~10 % with it. Three things make the simulated
     # sessions draw the same luck: the profile counts agentload's words as the server does (calibrate's /tokenize),

@@ -1,4 +1,4 @@
-"""The knee on a real vLLM, and what bench counts there, on both tier models (issue 9).
+"""The knee on a real vLLM, and what bench counts there, on both tier models.
 
 Both models get the whole knee search: the tiny one (one token per agentload word, replies run to max_tokens and
 come back as the same tokens) and the realistic one (1.46 tokens per word, replies that stop after a few tokens
@@ -105,7 +105,7 @@ def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[st
     realistic one, with no preemption at those levels, and the cause is not yet understood (a re-admission after
     a preemption cannot explain it: vLLM 0.32 counts those in its separate ``preempted_*`` stats, and usage's
     ``cached_tokens`` then comes from the admission that finished the prefill — so each preempted turn is allowed
-    on top). Gated at 3 % + preemptions ÷ turns past the knee; issue 9 asks 1 % at every level, and the figures
+    on top). Gated at 3 % + preemptions ÷ turns past the knee; the goal is 1 % at every level, and the figures
     are printed.
     """
     label, run = model
@@ -137,7 +137,7 @@ def test_client_and_server_prefix_hit_rates_agree_at_every_level(model: tuple[st
 async def test_the_knee_is_where_the_pool_runs_out(model: tuple[str, RunResult], server: VllmServer) -> None:
     """Measured knee vs pool ÷ the realised context, in whole blocks as vLLM counts them, with the server's pool.
 
-    Issue 9's goal is ±1 agent; what is gated is the knee between 0.85× and 2× the estimate (see the module
+    The goal is ±1 agent; what is gated is the knee between 0.85× and 2× the estimate (see the module
     docstring: compute saturation on two CPU cores smears the cliff). The figure is printed either way.
     """
     label, knee_run = model
@@ -181,7 +181,7 @@ def test_bench_reports_the_servers_pool_and_measured_over_predicted(model: tuple
     assert knee.measured_over_predicted is not None
     if reason := compute_bound(knee_run):
         pytest.skip(reason)
-    # Or, below 0.85, within one agent of pool ÷ realised context (issue 9's ±1; the prediction may be the
+    # Or, below 0.85, within one agent of pool ÷ realised context (the ±1 goal; the prediction may be the
     # shared-prefix one, 6.5 where the pool holds 6).
     low_ok = knee.measured_over_predicted >= 0.85 or knee.agents >= estimate.sessions - 1
     assert low_ok, why(label)

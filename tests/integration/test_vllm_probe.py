@@ -14,7 +14,7 @@ from tests.integration.harness.runs import counter_increase, missing_metrics
 from tests.integration.harness.runs import probe as run_probe
 from tests.integration.vllm import BLOCK_TOKENS, FIGURES, MAX_MODEL_LEN, MODEL, POOL_BLOCKS, VllmServer
 
-# The names domain.md §3 says vLLM exposes (counters with _total); probe lists histograms once, by base name.
+# The names vLLM exposes (vllm/v1/metrics/loggers.py; counters with _total); probe lists histograms once, by base name.
 VLLM_METRICS = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

@@ -1,7 +1,7 @@
 """The realistic tier model (build_model.py ``--variant realistic``) acts like real models where the tiny one is kind.
 
 Real tokenizers count agentload's words at more than one token each, and real models stop long before the
-``max_tokens`` a workload asks for unless told ``ignore_eos`` (issue 9). These tests pin that the second server does
+``max_tokens`` a workload asks for unless told ``ignore_eos``. These tests pin that the second server does
 both, and that ``ignore_eos`` with ``min_tokens`` still gives exact lengths, so later tests can measure how agentload
 copes with a model that does not do what the word count and ``max_tokens`` promise.
 """

@@ -134,7 +134,7 @@ def vllm_realistic(vllm_tier: Path) -> Iterator[VllmServer]:
 
 # -- the knee search (shared by test_vllm_knee and test_vllm_calibrate) -------------------------------------
 # A probe measures at least 0.12 × the window (14 s here) after half the warm-up (15 s), and until it has 8
-# completed turns per agent and 30 in all, the 120 s window being the cap (issue 9: a level is judged on enough
+# completed turns per agent and 30 in all, the 120 s window being the cap (a level is judged on enough
 # turns). A held agent takes a turn every ~3 s here, so the 1-agent probe takes ~90 s. Past the knee a level never
 # reaches its count (every turn re-prefills 4k tokens at a few hundred tokens/s on two cores) and runs to the cap:
 # the cap and --max-agents 12 are what keep the search near 20 minutes (with 300 s and 16 it took over 40).
@@ -189,7 +189,7 @@ def knee_run_realistic(vllm_realistic: VllmServer, tmp_path_factory: pytest.Temp
 
 
 def pool_knee_range(estimate: float) -> tuple[float, float]:
-    """The knees the pool tests accept for pool ÷ context ``estimate``: from issue 9's ±1 agent (or 0.85×, if
+    """The knees the pool tests accept for pool ÷ context ``estimate``: from the ±1 agent goal (or 0.85×, if
     lower) up to twice the estimate (compute saturation on two cores can smear the cliff upward)."""
     return min(0.85 * estimate, estimate - 1), 2.0 * estimate
 

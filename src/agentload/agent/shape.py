@@ -18,7 +18,7 @@ import numpy as np
 
 from agentload.errors import ConfigError
 
-# -- the published shape (domain.md §1) ----------------------------------------------------------------------
+# -- the published shape (docs/background.md §1) -------------------------------------------------------------
 PUBLISHED_TURNS = 43  # median turns per session (one essay's figures)
 PUBLISHED_OUTPUT_TOKENS = 444  # median reply
 PUBLISHED_IO_RATIO = 131.0  # input : output tokens (Codex traces on SWE-bench Pro)

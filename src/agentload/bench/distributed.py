@@ -1,4 +1,4 @@
-"""A bench level on Ray (issue 12): its agents spread over async actors, its window kept by the driver.
+"""A bench level on Ray: its agents spread over async actors, its window kept by the driver.
 
 The driver (``bench.runner.run_level``) keeps everything a level decides globally — the warm-up and the window, the
 quiet edges, the server's samples, the end — and the actors (``LevelWorker``, one per core, started by

@@ -145,6 +145,10 @@ def with_shared_prefix(estimate: CapacityEstimate, shared_tokens: int) -> Capaci
     return estimate.model_copy(update={"shared_prefix_tokens": shared_tokens, "sessions_shared_prefix": sessions})
 
 
+# The first-token floor of token sizing on a server that shows no load (see ``measure_token_sizing``).
+COLD_FIRST_TOKEN_S = 300.0
+
+
 class _ServerLost(Exception):
     """A level stopped because the server was lost; ends the search (caught in ``run_bench``)."""
 
@@ -154,9 +158,18 @@ async def measure_token_sizing(target: Target, seed: int) -> tuple[TokenSizing, 
 
     Its requests go through the stall watchdog, so a server that froze since the probe is given up within ~25 s
     rather than the 300 s a plain first-token deadline would wait, and that is a lost server, not a note.
+
+    The first token may be long in coming: a cold server compiles or loads on its first request (Ollama loads the
+    model then, for minutes). A server that shows its load (running / waiting gauges, llama.cpp's slots) needs no
+    long floor for that — the watchdog waits past the default one while the server shows a request queued or
+    running — so the ``COLD_FIRST_TOKEN_S`` floor is kept only for a server that shows none, where nothing else
+    can tell a cold model from a dead engine behind a proxy that answers with keep-alives.
     """
-    options = ConnectionOptions(first_token_floor_s=300.0, single_attempt=True)
+    options = ConnectionOptions(first_token_floor_s=COLD_FIRST_TOKEN_S, single_attempt=True)
     async with open_connection(target.base_url, target.transport, options=options) as conn:
+        signals = await conn.monitor.poll_once()
+        if signals.running is not None or signals.slots_busy is not None:
+            conn.watchdog.first_token_floor_s = ConnectionOptions().first_token_floor_s
         try:
             return await measure_sizing(conn.backend, target.model, seed=seed), None
         except EndpointError as exc:
@@ -282,8 +295,8 @@ async def run_bench(
         return summary
 
     # Held sessions sit at their context all the time, so pool ÷ the context the server counted is their capacity
-    # (issue 9: tokenizers differ). Growing sessions pass through every size up to the target within a window
-    # too short to see many of them end, so for them the target stays the divisor.
+    # (tokenizers differ: our words are not the server's tokens). Growing sessions pass through every size up to
+    # the target within a window too short to see many of them end, so for them the target stays the divisor.
     holds = isinstance(plan.workload, AgenticWorkload) and plan.workload.growth == "hold"
 
     def estimate_at(context: int, knee: int | None) -> CapacityEstimate:

@@ -71,8 +71,8 @@ class LevelSummary(BaseModel):
     mean_waiting: float | None = None
     preemptions: float | None = None
     recomputed_tokens: float | None = None
-    # Work measured: completed agent-turns per second of window, and how many turns the level wanted (issue 9:
-    # a level measures until it has enough turns, the window being the cap; ``too_few_turns`` when it did not).
+    # Work measured: completed agent-turns per second of window, and how many turns the level wanted (a
+    # level measures until it has enough turns, the window being the cap; ``too_few_turns`` when it did not).
     turns_per_s: float | None = None
     min_turns: int | None = None
     too_few_turns: bool = False
@@ -100,7 +100,7 @@ class LevelSummary(BaseModel):
         return self.output_realised_mean / self.output_requested_mean
 
 
-# A level whose replies average under this share of the requested length is flagged (issue 9).
+# A level whose replies average under this share of the requested length is flagged.
 OUTPUT_SHORT_RATIO = 0.8
 # A level whose turns asked for under this share of the lengths the workload drew is flagged, and its output tok/s
 # is not compared with other levels' by the knee rule (their asks differ, so their tok/s do).
@@ -175,6 +175,6 @@ class RunResult(BaseModel):
     knee: list[Knee] = Field(default_factory=list)
     real_over_synthetic: float | None = None
     notes: list[str] = Field(default_factory=list)
-    # Set (to why) when the run stopped before its plan was done — the server was lost mid-run (issue 15): the
+    # Set (to why) when the run stopped before its plan was done — the server was lost mid-run: the
     # levels are those measured until then, and no knee or capacity is claimed for the context it stopped in.
     incomplete: str | None = None

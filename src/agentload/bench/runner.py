@@ -47,7 +47,8 @@ from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 # Called once a level's connection is open (the live dashboard subscribes to its monitor); returns the unsubscribe.
 ConnectHook = Callable[[Connection], Callable[[], None]]
 
-# Completed turns a level wants before its window may end (issue 9): per agent, and in all.
+# Completed turns a level wants before its window may end (a level judged on a handful of turns is noise): per
+# agent, and in all.
 MIN_TURNS_PER_AGENT = 8
 MIN_TURNS_TOTAL = 60
 # The longest an edge waits for the requests in flight to finish before cutting them (and saying so).

@@ -43,7 +43,7 @@ def to_sample(snapshot: MetricsSnapshot, t: float) -> RawSample:
     buckets: dict[float, float] = {}
     for s in snapshot.named(QUEUE_HISTOGRAM):
         # A hostile or broken exporter's bucket (a bound that is no number, a NaN or negative count) is dropped
-        # rather than poisoning the percentile deltas or ending the run (issue 15).
+        # rather than poisoning the percentile deltas or ending the run.
         try:
             bound = float(s.labels.get("le", ""))
         except ValueError:
@@ -61,7 +61,7 @@ class MetricsSampler:
     SignalPoller``), whose periodic /metrics poll also feeds the stall watchdog, so a level asks the server once a
     second, not twice. ``sample_once`` asks for a scrape now (the window's quiesced edges need their counters at
     that instant) and returns that scrape's sample. A poll whose /metrics gave no usable answer counts as a failure
-    and adds no sample; the poller's deadline keeps a frozen server from hanging an edge (issue 15, item 1).
+    and adds no sample; the poller's deadline keeps a frozen server from hanging an edge.
     """
 
     def __init__(self, monitor: SignalPoller, *, t0: float = 0.0) -> None:

@@ -23,7 +23,7 @@ What these measurements identify:
 * ``kv_s_per_token`` — the ITL slope in batch × context; ``request_s`` — the ITL slope in batch alone (a few µs
   per request: weakly determined, reported with its standard error);
 * ``weights_s + step_s + layer_s × layers`` — only their sum, the decode intercept. ``step_s`` is set to the
-  profile default (1e-4 s, domain.md §6), ``layer_s`` to 0, and ``weights_s`` takes the rest;
+  profile default (1e-4 s, docs/background.md §6), ``layer_s`` to 0, and ``weights_s`` takes the rest;
 * ``api_overhead_s + step_s + request_s`` plus the network round trip — the TTFT intercept. The round trip of a
   trivial request (``GET /v1/models``) is measured and subtracted, so the profile holds the server's own overhead.
 
@@ -131,7 +131,7 @@ class CalibrationPlan(BaseModel):
     steady_tokens: int = Field(default=48, ge=4, description="output tokens wanted in the steady window")
     min_gaps: int = Field(default=8, ge=2, description="fewest steady gaps per stream for a usable ITL point")
     # A steady window lasts about a second at batch 1; one per point let a second of a faster (or slower) machine
-    # set the whole decode fit (issue 9: the calibrated simulator 10 % fast at every level in one quiet run).
+    # set the whole decode fit (it once left the calibrated simulator 10 % fast at every level of a quiet run).
     itl_repeats: int = Field(default=2, ge=1, description="passes over every (context, batch) point, interleaved")
     pool_share: float = Field(default=0.8, gt=0, le=1, description="most of the pool the ITL streams may hold")
     step_s: float = Field(default=StepSpec().step_s, ge=0, description="assumed: not identifiable")

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class GpuSpec(BaseModel):
     """One accelerator (or a CPU standing in for one). Figures are per device."""
 
-    # Finite and bounded (issue 15): a [gpu] table in a profile is user input. The bounds are ~100x today's parts.
+    # Finite and bounded: a [gpu] table in a profile is user input. The bounds are ~100x today's parts.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str

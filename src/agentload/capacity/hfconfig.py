@@ -40,9 +40,9 @@ from agentload.inputs import parse_json, read_text
 
 CONFIG_NAME = "config.json"
 
-# Upper bounds on integer fields (issue 15), the model's own where it has one: the layer count sizes loops here
-# (``num_hidden_layers: 1e9`` looped for minutes) and every figure sizes a product. Any other integer field is
-# capped at ``MAX_INT``, far past any vocabulary, MLP width or context length.
+# Upper bounds on integer fields (config.json is user input), the model's own where it has one: the layer count sizes
+# loops here (``num_hidden_layers: 1e9`` looped for minutes) and every figure sizes a product. Any other integer field
+# is capped at ``MAX_INT``, far past any vocabulary, MLP width or context length.
 MAX_INT = 2**40
 FIELD_MAX = {
     "num_hidden_layers": MAX_LAYERS,

@@ -1,4 +1,4 @@
-"""vLLM's KV layout for DeepSeek-V4 (fp8), and the pool accounting vLLM logs for it (domain.md §11).
+"""vLLM's KV layout for DeepSeek-V4 (fp8), and the pool accounting vLLM logs for it (docs/deepseek-v4.md).
 
 DeepSeek-V4 keeps several kinds of cache per layer, each with its own page size and its own positions per page:
 
@@ -38,7 +38,7 @@ ALIGN = 576  # fp8_ds_mla page alignment
 SCALE_BYTES = 8  # per main entry: one UE8M0 scale per 64 NoPE values (7), padded to 8
 INDEXER_SCALE_BYTES = 4  # one fp32 scale per indexer key
 # Compressor state pages (fp32 running sums), as vLLM sizes them: 32,832 B before padding to the page bucket of
-# the group they share tensors with (domain.md §11). C4: 4 positions per page, window 8; C128: 8 per page, 128.
+# the group they share tensors with (docs/deepseek-v4.md). C4: 4 positions per page, window 8; C128: 8 per page, 128.
 STATE_BYTES = 32_832
 C4_STATE_BLOCK, C4_STATE_WINDOW = 4, 8
 C128_STATE_BLOCK, C128_STATE_WINDOW = 8, 128

@@ -1,4 +1,4 @@
-"""The knee rule, in one place: bench judges measured levels with it, the planner's curve simulated ones (issue 9).
+"""The knee rule, in one place: bench judges measured levels with it, the planner's curve simulated ones.
 
 A level of N agents is *past the knee* when, against the smaller levels that are not past it, any of these holds:
 

@@ -3,8 +3,9 @@
 vLLM's hybrid allocator splits layers into KV cache groups of equal size; every group draws blocks from one
 shared pool, and a block of group g holds ``block_size`` tokens for all of g's layers. A full-attention group
 needs ceil(ctx / block_size) blocks per request; a sliding-window group only about ceil((W - 1) / block_size) + 1
-(domain.md §3). Dense and MLA models have a single full-attention group holding every layer. Sparse-read
-attention (DSA) limits what is read, not what is stored, so it does not change anything here.
+(``vllm/v1/core/kv_cache_utils.py``; docs/background.md §3). Dense and MLA models have a single full-attention
+group holding every layer. Sparse-read attention (DSA) limits what is read, not what is stored, so it does not
+change anything here.
 
 Tensor parallelism splits KV heads across ranks, but a rank never holds less than one head: with more ranks than
 KV heads vLLM replicates heads (``num_kv_head_replicas``), and MLA's latent is shared by all heads, so every rank
@@ -27,7 +28,7 @@ from agentload.capacity.models import AttentionKind, ModelSpec
 from agentload.errors import ConfigError
 
 DEFAULT_BLOCK_SIZE = 16
-DEFAULT_BATCHED_TOKENS = 8192  # vLLM's max_num_batched_tokens on big GPUs (domain.md §3)
+DEFAULT_BATCHED_TOKENS = 8192  # vLLM's max_num_batched_tokens on big GPUs (vllm/engine/arg_utils.py)
 
 
 class KVDtype(StrEnum):

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Bytes per parameter of each weight format. fp4/int4 ignore the per-group scales (≈ +3-6%), which is inside the
 # error of a memory estimate anyway.
-# Upper bounds on a model's shape (issue 15), far past any published model (126 layers, 18,432 wide, 256 experts).
+# Upper bounds on a model's shape (user input), far past any published model (126 layers, 18,432 wide, 256 experts).
 MAX_LAYERS = 10_000
 MAX_WIDTH = 1_048_576
 MAX_HEADS = 65_536
@@ -28,14 +28,15 @@ class AttentionKind(StrEnum):
     MLA = "mla"  # multi-head latent attention (DeepSeek V2/V3): one compressed latent per token per layer
     HYBRID = "hybrid"  # some layers full attention, the others a sliding window
     # DeepSeek-V4: every layer keeps a sliding window of raw entries; "C4A" layers also keep one compressed entry
-    # per 4 positions (plus an indexer key), "C128A" layers one per 128; compressor state rides along (domain.md §11)
+    # per 4 positions (plus an indexer key), "C128A" layers one per 128; compressor state rides along
+    # (docs/deepseek-v4.md)
     DEEPSEEK_V4 = "deepseek-v4"
 
 
 class ModelSpec(BaseModel):
     """A model as the serving engine sees it."""
 
-    # Finite and bounded (issue 15): a profile's [model] table and a config.json are user input, and the layer
+    # Finite and bounded: a profile's [model] table and a config.json are user input, and the layer
     # count drives loops. Each bound is ~100x the largest published model's figure.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 

@@ -9,7 +9,7 @@ read the ``Plan``; it round-trips through JSON.
 What is exact and what is estimated (each figure carries its own note in ``Plan.derivations``):
 
 * KV bytes per token, block layout and vLLM's "Maximum concurrency" follow from the architecture and the pool
-  exactly as vLLM computes them (domain.md §3, §5);
+  exactly as vLLM computes them (docs/background.md §3, §5);
 * weights memory and the pool from GPU memory are estimates (datasheet memory × utilisation − weights −
   activation allowance); real pools are often 20-30% off, so ``pool_tokens`` from a real server's startup log
   replaces the estimate when known;
@@ -58,18 +58,19 @@ from agentload.errors import ConfigError
 # llama-server's --slot-prompt-similarity default (sim/slots.py models the rule).
 SLOT_PROMPT_SIMILARITY = 0.1
 
-# vLLM's defaults (domain.md §3): 8,192 batched tokens and 1,024 sequences on big GPUs, 2,048 / 256 otherwise.
+# vLLM's defaults (vllm/engine/arg_utils.py): 8,192 batched tokens and 1,024 sequences on big GPUs, 2,048 / 256
+# otherwise.
 BIG_GPU_GB = 70.0
 MAX_NUM_SEQS_CAP = 1024
 
 
-MAX_TOKENS = 2_000_000  # an agent's system prompt, tool result or reply (issue 15's bounds)
+MAX_TOKENS = 2_000_000  # an agent's system prompt, tool result or reply (a bound on user input)
 
 
 class AgentShape(BaseModel):
-    """What each simulated agent does per turn (defaults: the agent traffic of domain.md §1, shortened)."""
+    """What each simulated agent does per turn (defaults: the agent traffic of docs/background.md §1, shortened)."""
 
-    # Finite and bounded (issue 15): these come from flags.
+    # Finite and bounded: these come from flags.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     system_tokens: int = Field(default=2_000, gt=0, le=MAX_TOKENS, description="system prompt shared by every agent")

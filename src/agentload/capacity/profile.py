@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-# Upper bounds on a profile's numbers (issue 15), each far past real deployments and low enough that the simulator
+# Upper bounds on a profile's numbers (user input), each far past real deployments and low enough that the simulator
 # can allocate what they ask for: a pool of 1e17 blocks asked numpy for 355 PiB. The simulator keeps ~40 bytes
 # per pool block; the largest pool in the source articles is 11M tokens (≈ 700k blocks of 16).
 MAX_POOL_BLOCKS = 4_000_000
@@ -102,7 +102,7 @@ class StepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Finite per field rather than for the model: ``pinned`` is validated on its own (issue 15).
+    # Finite per field rather than for the model: ``pinned`` is validated on its own.
     mfu: float = Field(default=0.45, gt=0, le=1, allow_inf_nan=False)
     bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     step_s: float = Field(default=1e-4, ge=0, le=MAX_STEP_S, allow_inf_nan=False)

@@ -1,6 +1,6 @@
 """The one step-time model: how long one engine step takes for the batch it runs.
 
-A step's cost is a roofline of two linear parts plus fixed costs (domain.md §6):
+A step's cost is a roofline of two linear parts plus fixed costs (docs/background.md §6):
 
 * compute — prefill is compute-bound: ``prefill_s_per_token`` × new tokens (2 × active params FLOPs each) plus
   ``attention_s_per_pair`` × Σ new × (context read + new / 2) (4 × layers × q heads × head dim FLOPs each),

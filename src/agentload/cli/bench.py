@@ -66,7 +66,7 @@ from agentload.workload.registry import get_workload
 DEFAULT_SIM = "qwen3-235b-gb300"
 # One decimal number ("90", "1.5", ".5"), so "1.2.3s" is refused here rather than by float() with a traceback.
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h)?\s*$")
-# Upper bounds on the flags (issue 15): far past any real run, low enough that a typo cannot start a billion
+# Upper bounds on the flags: far past any real run, low enough that a typo cannot start a billion
 # agents or a window that never ends.
 MAX_DURATION_S = 30 * 86_400.0
 MAX_AGENTS = 100_000
@@ -586,7 +586,7 @@ def run(
 
 
 async def wait_for_server(url: str, key: str | None, timeout_s: float) -> None:
-    """Wait for a server that is still coming up (item 5 of issue 15), saying so on stderr every 10 s."""
+    """Wait for a server that is still coming up, saying so on stderr every 10 s."""
     server, transport = signed_transport(url, key)  # the poll carries the run's credentials, its URL none
     poller = SignalPoller(server.base, transport=transport)
     try:

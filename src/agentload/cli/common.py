@@ -29,7 +29,7 @@ R = TypeVar("R")
 EXIT_USAGE = 2
 
 # The options every command that talks to a server or writes results shares: one name, one help text, one meaning
-# (issue 10). A command that has no use for one leaves it out rather than accepting it and ignoring it.
+# everywhere. A command that has no use for one leaves it out rather than accepting it and ignoring it.
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 ApiKeyEnvOption = Annotated[
     str | None,
@@ -152,7 +152,7 @@ def default_book() -> ScenarioBook:
     """The simulator's built-in scenarios plus one per behaviour-suite test, for ``OracleBehaviour``.
 
     Built here, at the composition root, because the suite imports the simulator: were the simulator to load the
-    suite's scenarios itself, the two packages would import each other (issue 10).
+    suite's scenarios itself, the two packages would import each other.
     """
     return ScenarioBook([*builtin_scenarios(), *suite_scenarios()])
 
@@ -163,7 +163,7 @@ def clean_errors() -> Iterator[None]:
     try:
         yield
     except AgentloadError as exc:
-        # Redacted: an error may quote what a server said, and a server may echo the key (issue 15).
+        # Redacted: an error may quote what a server said, and a server may echo the key.
         # Escaped: the message may quote the user's input, and "[/x]" in it is text, not a markup tag.
         err_console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}", markup=True, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from exc

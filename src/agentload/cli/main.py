@@ -60,7 +60,7 @@ app.command("dashboard")(dashboard_cmd.dashboard)
 
 
 def main() -> None:
-    """The console script: typer's app, with a bad flag reported like every other bad input (issue 15).
+    """The console script: typer's app, with a bad flag reported like every other bad input.
 
     typer shows a usage error (a port over 65535, ``nan`` for a float) in a boxed panel; agentload's rule is one
     ``error:`` line and exit 2, the same as a malformed config or trace.

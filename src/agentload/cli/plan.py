@@ -147,7 +147,7 @@ class _CurveBar:
 
 
 def _size(n: float) -> str:
-    """Bytes the way domain.md writes them: KiB per token, MiB per session, GB for memory."""
+    """Bytes the way docs/background.md §5 writes them: KiB per token, MiB per session, GB for memory."""
     if n >= 1e9:
         return f"{n / 1e9:,.1f} GB"
     if n >= 2**20:

@@ -109,7 +109,7 @@ class RunOptions:
 async def embedded_simulator(profile: str, behaviour: str = "agent") -> AsyncIterator[str]:
     """The simulator on 127.0.0.1 (a free port) for the length of the block; yields its base URL."""
     server = SimServer(SimConfig(profile=load_profile(profile), behaviour=make_behaviour(behaviour)))
-    runner = server.app_runner()  # the idle and half-sent connection limits of `agentload sim` (issue 15)
+    runner = server.app_runner()  # the idle and half-sent connection limits of `agentload sim`
     # An agent stopped mid-stream (--stop-after, Ctrl-C) makes the simulator's handler fail its next write, and
     # aiohttp logs each such disconnect with a traceback; in the embedded server they are expected, not news.
     server_log = logging.getLogger("aiohttp.server")
@@ -144,7 +144,7 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
         run_id="",
         fleet=fleet,
         fleet_source=str(opts.fleet),
-        url=redact_url(opts.url) if opts.url is not None else None,  # run.json holds no credential (issue 15)
+        url=redact_url(opts.url) if opts.url is not None else None,  # run.json holds no credential
         profile=opts.profile if opts.url is None else None,
         model=opts.model,
         virtual=opts.virtual,
@@ -222,7 +222,7 @@ async def _open_server(opts: RunOptions, manifest: RunManifest, stack: AsyncExit
         stack.push_async_callback(signed.aclose)
         return _Server(server.base, server.shown, signed)
     profile = manifest.profile or opts.profile
-    # The agent behaviour by default, so a fleet on the simulator calls its tools over rounds (issue 13); a resume
+    # The agent behaviour by default, so a fleet on the simulator calls its tools over rounds; a resume
     # keeps the model the run started with (the same conversation must get the same kind of replies).
     behaviour = manifest.behaviour or opts.behaviour
     if manifest.virtual:
@@ -396,7 +396,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
 
 
 def _per_task(result: FleetResult) -> str:
-    """Rounds and tool calls per task, in fleet order: what the agents did, not only how fast (issue 13)."""
+    """Rounds and tool calls per task, in fleet order: what the agents did, not only how fast."""
     tasks: dict[str, list[int]] = {}
     for a in result.agents:
         agg = tasks.setdefault(a.task_id, [0, 0, 0])

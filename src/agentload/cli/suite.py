@@ -55,7 +55,7 @@ from agentload.suite.scoring import Status
 
 EMBEDDED_PROFILE = "qwen3-235b-gb300"  # the source benchmark's deployment, and short simulated steps
 
-# Upper bounds on the flags (issue 15), far past a real suite run: a typo must not start a billion agents.
+# Upper bounds on the flags, far past a real suite run: a typo must not start a billion agents.
 MAX_AGENTS = 100_000
 MAX_TOKENS = 2_000_000
 
@@ -95,7 +95,7 @@ def parse_tests(tests: str | None) -> list[str] | None:
 async def embedded_simulator(profile: str) -> AsyncIterator[tuple[str, str]]:
     """The simulator with the oracle on 127.0.0.1 (a free port) in this event loop; yields (URL, model)."""
     server = SimServer(SimConfig(profile=load_profile(profile), behaviour=OracleBehaviour(default_book())))
-    runner = server.app_runner()  # the idle and half-sent connection limits of `agentload sim` (issue 15)
+    runner = server.app_runner()  # the idle and half-sent connection limits of `agentload sim`
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -183,7 +183,7 @@ async def suite_over(
 
     The same stack as bench and ``run``: a passing 503 or reset is resent (same turn, same body) rather than
     costing the agent a test, the stall watchdog gives up a request on a frozen server within ~22 s and waits out
-    a cold start, and the liveness watch stops the whole run when the server is gone (issue 15).
+    a cold start, and the liveness watch stops the whole run when the server is gone.
     """
     # The connection's clock: wall time on a normal loop, simulated time when the target is in process.
     return await run_suite(conn.backend, tests, config, counts, conn.clock, endpoint=endpoint, on_level=on_level,

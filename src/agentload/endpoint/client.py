@@ -4,15 +4,21 @@ SSE is parsed by us (``wire.py``) on top of a ``Transport``; every token-bearing
 bytes came off the socket, not when the parse reached them, so a burst of chunks is not stamped in parse order); tool
 calls are assembled from their streamed deltas; usage comes from the server's final chunk
 (``stream_options.include_usage``) or is counted and marked as counted. Every field read from a chunk or body is
-type- and range-checked as it is read (``wire``, issue 15): a hostile chunk, a body that is not HTTP or an event
-that never ends is a failed record of kind ``malformed``, never an exception out of ``chat``.
+type- and range-checked as it is read (``wire``; a server is untrusted input): a hostile chunk, a body that is not
+HTTP or an event that never ends is a failed record of kind ``malformed``, never an exception out of ``chat``.
 
-Deadlines are phase-aware (domain.md §8) and owned by a ``StallPolicy``: CONNECT (until the status line),
+Deadlines are phase-aware (docs/background.md §8) and owned by a ``StallPolicy``: CONNECT (until the status line),
 FIRST_TOKEN (until the first content or tool-call token — a role-only chunk is not progress, since vLLM sends
 it before a long prefill), IDLE (between tokens), and a TOTAL cap. When a phase's budget runs out the policy may
 grant more time (the watchdog does while the server says the request is still queued, prefilling or warming
 up); otherwise the request is cancelled and recorded as a timeout of that phase. Timers are ``loop.call_at``
 handles re-armed per chunk — cheaper than a task or ``wait_for`` per read, which matters at 1,000 streams.
+
+Only content is progress: SSE comments and empty events (keep-alives a proxy sends for a dead engine as readily as
+for a slow one) reset no deadline; they are counted on the record and named in a timeout's message. A stream that
+goes past its ``max_tokens`` (``overrun_limit``) is cut as an ``overrun``: a server that ignores the cap, or a
+reply that never ends, cannot hold an agent for the total deadline. And the load that sent a request can end it
+(``CutScope``: a bench level's window), which still returns its record.
 """
 
 from __future__ import annotations

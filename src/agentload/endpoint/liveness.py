@@ -1,6 +1,6 @@
 """Is the server still there, and is it up yet? One answer for every command that holds a load on a server.
 
-Issue 15, item 1: bench and suite ran on for minutes against a killed server (every turn a failed connect, exit 0)
+Why: bench and suite once ran on for minutes against a killed server (every turn a failed connect, exit 0)
 and forever against a frozen one. ``agentload run`` already noticed, because its requests go through the stall
 watchdog, whose dead-server rule reads a ``SignalPoller``: no answer of any kind for ``dead_after_s`` (20 s by
 default). This module does not add a third rule; it watches that one from the outside, so a command can stop its

@@ -1,8 +1,8 @@
-"""Asking an engine for exactly the output length a workload wants (issue 9: output length under control).
+"""Asking an engine for exactly the output length a workload wants.
 
 Real models stop early — a small model asked for hundreds of tokens replied with five — and then output tok/s
 measures the model's verbosity, not the deployment. Engines that can be told to ignore the end-of-sequence
-token (domain.md §12) get the request's ``max_tokens`` as a floor too, so the reply is exactly that long:
+token (docs/background.md §9) get the request's ``max_tokens`` as a floor too, so the reply is exactly that long:
 
 * vLLM (and agentload's simulator, which mirrors it): ``ignore_eos`` + ``min_tokens`` (``min_tokens`` also holds
   back the model's other stop tokens, which ``ignore_eos`` alone does not);

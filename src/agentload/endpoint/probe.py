@@ -1,6 +1,6 @@
 """What kind of server is at a URL, and how wide a fleet it can take: ``agentload probe`` and the run preflight.
 
-``probe`` asks the endpoints engines are known by, all at once, and reads what each says (domain.md §3-4):
+``probe`` asks the endpoints engines are known by, all at once, and reads what each says (docs/background.md §3-4):
 
 * the engine, from the simulator's ``/version``, the metric prefix on ``/metrics`` (``vllm:``, ``sglang:``,
   ``llamacpp:``), ``owned_by`` on ``/v1/models``, llama.cpp's ``/props``, SGLang's server info, Ollama's

@@ -1,4 +1,4 @@
-"""The secrets of this run, and the one place that hides them from anything written or printed (issue 15, item 4).
+"""The secrets of this run, and the one place that hides them from anything written or printed.
 
 A run has up to three kinds of secret: the API key read from the environment (``--api-key-env``), the password
 (or bare user token) in ``--url``'s userinfo, and credential query parameters in ``--url`` (``?api_key=``,

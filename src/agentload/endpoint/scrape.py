@@ -2,17 +2,17 @@
 
 * ``/metrics`` is parsed with prometheus_client's own text parser into plain samples, plus a small normalised view
   (running, waiting, KV usage, token and cache counters) that means the same on vLLM, SGLang and llama.cpp
-  (domain.md §3-4).
+  (docs/background.md §3-4).
 * The KV pool is read from the engine, never estimated: vLLM's ``vllm:cache_config_info`` labels
   ``num_gpu_blocks`` and ``block_size`` (the simulator emits them exactly as vLLM does); SGLang's
   ``max_total_num_tokens`` and ``page_size`` from ``/get_server_info`` (``/server_info`` on newer versions);
   llama.cpp's ``/props`` (``total_slots`` × per-slot ``n_ctx``). A server that offers none of these gets one error
   naming what it lacks.
 * ``/v1/models`` gives the served model id and, on vLLM and the simulator, ``max_model_len``.
-* Every figure is checked where it is read (issue 15): a NaN / infinite / negative gauge is left out of the
-  normalised view, a line of garbage in /metrics costs that line only, and a pool figure that is missing, of the
-  wrong type or impossible (a page larger than the pool, ``total_slots: -4``) is one ``ServerCapabilityError``
-  sentence naming it, never a pydantic or arithmetic error.
+* Every figure is checked where it is read (a server is untrusted input): a NaN / infinite / negative gauge is left out
+  of the normalised view, a line of garbage in /metrics costs that line only, and a pool figure that is missing, of the
+  wrong type or impossible (a page larger than the pool, ``total_slots: -4``) is one ``ServerCapabilityError`` sentence
+  naming it, never a pydantic or arithmetic error.
 * ``ServerProbe.stream_completion`` times one streamed ``/v1/completions`` request chunk by chunk (what
   calibration measures). It is deliberately minimal; the fleet's streaming client should take it over.
 
@@ -89,7 +89,7 @@ class Sample:
     value: float
 
 
-# Engine-agnostic names → each engine's sample name (domain.md §3-4). vLLM's KV gauge was gpu_cache_usage_perc
+# Engine-agnostic names → each engine's sample name (docs/background.md §3-4). vLLM's KV gauge was gpu_cache_usage_perc
 # before the V1 engine renamed it.
 _NORMALISED: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {

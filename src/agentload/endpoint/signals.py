@@ -6,7 +6,7 @@ many llama.cpp slots are busy, and did anything answer at all. The watchdog (``w
 latest readings, so a timer callback never waits on the network (the client's ``StallPolicy.extend`` must not
 block).
 
-Per-engine adapters (domain.md §3-4), chosen by the ``engine`` the probe found:
+Per-engine adapters (docs/background.md §3-4), chosen by the ``engine`` the probe found:
 
 ==================  =========================================  ================================================
 engine              polled                                     read

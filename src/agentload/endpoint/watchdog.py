@@ -1,5 +1,5 @@
 """The phase-aware stall watchdog: the chat client's ``StallPolicy`` that waits as long as the server's own signals
-say a request is still on its way, and gives up fast when the server is gone (issue 3, item 2; domain.md §8).
+say a request is still on its way, and gives up fast when the server is gone (docs/background.md §8).
 
 One "no byte for N minutes" timer makes two mistakes: it kills agents while a server is still loading its weights,
 and it takes N minutes to notice a dead one. The watchdog separates the questions.

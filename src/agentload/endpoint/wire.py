@@ -9,7 +9,7 @@ parser is incremental: feed it whatever the socket delivered and it returns the 
 ends (a server streaming bytes without a blank line) is refused past ``max_event_bytes`` rather than buffered until
 memory runs out.
 
-**Fields read from a server's bodies, checked** (issue 15, item 3). A server is untrusted input: one chunk with
+**Fields read from a server's bodies, checked**. A server is untrusted input: one chunk with
 ``"choices": "oops"`` or ``"usage": [1, 2]`` used to escape the client as a TypeError and crash bench, run and probe.
 Everything read from a body goes through here first:
 

@@ -1,4 +1,4 @@
-"""The one runner (issue 10): every command that puts agents on a server runs them here.
+"""The one runner: every command that puts agents on a server runs them here.
 
 ``runner.run_load`` executes agent drivers with one lifecycle — start, stop signal, grace, cancel, a lost server,
 a driver bug surfaced after cleanup. ``strategy`` decides how many run at once: ``AllAtOnce`` (a level's fixed

@@ -1,4 +1,4 @@
-"""The Ray executor's generic part (issue 12): a cluster of async actors that run a load's agents, one per core.
+"""The Ray executor's generic part: a cluster of async actors that run a load's agents, one per core.
 
 One process runs its agents on one event loop, so on one core; past a few thousand streams the client, not the
 server, would set the figures. ``--executor ray`` spreads a load's agents over Ray **async actors** — each its own

@@ -1,4 +1,4 @@
-"""The one runner (issue 10): runs agent drivers with one lifecycle, however many a strategy lets run at once.
+"""The one runner: runs agent drivers with one lifecycle, however many a strategy lets run at once.
 
 One load, start to end:
 
@@ -13,7 +13,7 @@ One load, start to end:
   or not (the server is gone: a turn in flight will not finish); the outcome says why;
 * **bug** — any other exception out of a driver, the body or the strategy's loop ends the load at once and is
   raised after the cleanup (per-request failures are data, inside the drivers; run-level failures are
-  exceptions — style.md §6, after guidellm's ``scheduler/worker.py``).
+  exceptions — after guidellm's ``scheduler/worker.py``).
 
 The drivers' context is the profile's (bench's level, the suite's accumulator, nothing for fleet agents): the
 runner hands it over untouched and only owns the stop signal inside it.

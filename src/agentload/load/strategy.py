@@ -5,7 +5,8 @@ back what admitted it when its run ends (``leave``, however it ended; ``finished
 and may keep a loop of its own while the load runs (``background``). The runner runs the driver itself, between
 ``admit`` and ``leave``: a turn's stack holds the runner, never the strategy, which is done before the first turn.
 Which loads to run is the profile's business, when each driver starts is the strategy's, and
-running them is the runner's (style.md §4, after guidellm's profiles / strategies / scheduler).
+running them is the runner's (after guidellm's ``benchmark/profiles/profile.py`` and ``scheduler/strategies.py``;
+docs/background.md §10).
 
 * ``AllAtOnce`` — every driver at once, a level's fixed count; optionally staggered over ``stagger_s`` so a bench
   level's agents do not move in lockstep.
@@ -13,8 +14,8 @@ running them is the runner's (style.md §4, after guidellm's profiles / strategi
   ``AgentGate`` with priorities, its policy ticked by ``control`` every ``interval_s``); a driver starts once every
   group it depends on is finished (``depends_on``: the fleet's tasks, which make its waves).
 
-The gate and the drivers are declared here as protocols (the consumer owns the interface, style.md §3): the
-fleet's ``AgentGate`` fits ``Gate``; its agent drivers fit ``GatedDriver``.
+The gate and the drivers are declared here as protocols (the consumer owns the interface, as in guidellm's
+``scheduler/schemas/backend.py``): the fleet's ``AgentGate`` fits ``Gate``; its agent drivers fit ``GatedDriver``.
 """
 
 from __future__ import annotations

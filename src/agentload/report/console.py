@@ -2,7 +2,7 @@
 
 It shows the same cells and sentences as the HTML report (``report.levels``, ``report.text``), so the two never
 disagree. A terminal gets the level table folded into parts that fit its width; a pipe, a file or a CI log gets
-it whole (issue 9): no cell is ever cut to "…".
+it whole: no cell is ever cut to "…".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ is embedded once, each figure travels as a JSON block (``<script type="applicati
 never executes), and one small script draws them all. When every plot has been drawn the script sets
 ``<body data-plots-drawn="N">``, and ``data-plots-failed`` (plus a console error) if one cannot be — the
 browser test waits for either. Reports render from the saved run directories
-only (style.md §5), never from a live benchmark.
+only (accumulate, then compile: guidellm's ``benchmark/schemas`` do the same), never from a live benchmark.
 """
 
 from __future__ import annotations

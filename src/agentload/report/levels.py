@@ -1,7 +1,7 @@
 """The per-level table of a run, cell by cell: the same strings in the console and the HTML report.
 
 Times are in one unit per column, chosen from the column's largest value and named in its header, so a
-column never mixes "42.3 ms" with "1.84 s" (issue 9). Flags are markers in the cells ("12 !", "4% !"),
+column never mixes "42.3 ms" with "1.84 s". Flags are markers in the cells ("12 !", "4% !"),
 explained once by ``legend``; a level's own warnings travel with the table as sentences.
 """
 

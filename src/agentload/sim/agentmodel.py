@@ -1,4 +1,4 @@
-"""``AgentBehaviour``: a simulated model that acts like a plausible tool-calling model on any request (issue 13).
+"""``AgentBehaviour``: a simulated model that acts like a plausible tool-calling model on any request.
 
 Filler text is the right load but no use to someone rehearsing their own agent harness: under
 ``tool_choice="auto"`` it never calls a tool. This behaviour reads the conversation the way a small instruction-
@@ -208,7 +208,7 @@ _WORD = re.compile(r"[a-z][a-z0-9'-]*")
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _URL = re.compile(r"https?://[^\s\"'<>]+")
 _FILE = re.compile(r"(?<![\w@/.-])((?:[\w.-]+/)*[\w-]+\.(?:md|txt|py|json|csv|toml|yaml|yml|log|js|ts|html|rs|go))\b")
-# "write it to report.md", "save into out/plan.md": a file the instruction asks to produce, not one to read.
+# "write it to report.md", "save into out/notes.md": a file the instruction asks to produce, not one to read.
 _WRITE_TARGET = re.compile(r"\b(?:to|into)\s+(?:the\s+)?(?:file\s+)?" + _FILE.pattern)
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 _CLOCK = re.compile(r"\b\d{1,2}:\d{2}\b")
@@ -450,7 +450,7 @@ class _Filler:
         if not options:
             return None
         head = self.ctx.request.strip().split("\n\n", 1)[0]
-        # Named on its own: "plan.md" is not named by "from/plan/plan.md".
+        # Named on its own: "notes.md" is not named by "from/plan/notes.md".
         named = [o for o in options if re.search(r"(?<![\w/.-])" + re.escape(o) + r"(?![\w-])", head)]
         if not named:
             return options[0]

@@ -6,7 +6,7 @@
   ``[agentload:scenario=ID]`` is answered by the scenario registered under ID in a ``ScenarioBook`` —
   correctly, or, with probability ``error_rate`` or always when ``known_bad`` names one, by one of the
   scenario's named known-bad behaviours, so every scorer can be shown to fail when it should. Three known-bad
-  behaviours are generic (``GENERIC_BAD``): ``refuse``, and the two cheats of issue 13 — ``echo-result`` (the raw
+  behaviours are generic (``GENERIC_BAD``): ``refuse``, and two cheats a weak model uses — ``echo-result`` (the raw
   tool results handed back as the answer) and ``placeholder-args`` (every offered tool called with placeholders,
   then an invented outcome). Conversations without a marker get the fallback behaviour.
 * ``GuardedBehaviour`` — what the server actually calls: any behaviour, unable to turn a request into a 500.
@@ -158,7 +158,7 @@ def _placeholder_args(tool: Tool | None) -> str:
     """Arguments for a forced call: every required property gets a value of its declared type."""
     if tool is None:
         return "{}"
-    # A client's schema may be any JSON (issue 13's fuzzer sends "properties": null): read only what fits.
+    # A client's schema may be any JSON (a fuzzer sends "properties": null): read only what fits.
     params = tool.function.parameters if isinstance(tool.function.parameters, dict) else {}
     found = params.get("properties")
     props: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -247,7 +247,7 @@ def _since_user(turn: Turn) -> list[Message]:
 
 
 def _echo_result(scenario: Scenario, turn: Turn) -> Reply:
-    """Cheat: make the calls the test wants, then hand back the raw tool results as the answer (issue 13).
+    """Cheat: make the calls the test wants, then hand back the raw tool results as the answer.
 
     With no tool to call it echoes the request. A scorer that a bare ``404``, ``null`` or error string satisfies
     ("said it was not found") passes this; every test must fail it.
@@ -318,7 +318,7 @@ class OracleBehaviour:
 class GuardedBehaviour:
     """Any behaviour, made unable to fail a request: what it cannot interpret gets a plain answer and one log line.
 
-    The server wraps its behaviour in this (issue 13): a foreign client sends content no behaviour was written
+    The server wraps its behaviour in this: a foreign client sends content no behaviour was written
     for, and a reply is the model's business — never an HTTP 500.
     """
 

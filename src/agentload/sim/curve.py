@@ -8,11 +8,11 @@ end, so the knee is computed from data, never from live simulator state.
 
 The knee is judged by the same rule as bench's (``capacity.knee``: turns/s or tok/s falls, the prefix-hit rate
 collapses, or TTFT jumps, against the smaller counts) — past it, sessions' prefixes are evicted while their agents
-think, and every turn re-prefills the whole conversation (domain.md §1). A cliff seen between two grid counts is
-bisected to one agent.
+think, and every turn re-prefills the whole conversation (docs/background.md §1). A cliff seen between two grid
+counts is bisected to one agent.
 
 It lives beside the simulator it drives, not in ``capacity``: the simulator imports capacity's KV and step-time
-model, so a curve in ``capacity`` made the two packages import each other (issue 10).
+model, so a curve in ``capacity`` made the two packages import each other.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The simulated engine: vLLM V1's scheduler step over a paged KV cache (domain.md §3).
+"""The simulated engine: vLLM V1's scheduler step over a paged KV cache (``vllm/v1/core/sched/scheduler.py``;
+docs/background.md §3).
 
 ``Engine.step(now)`` is a pure state transition: it schedules one batch, asks the shared step-time model how
 long that batch takes, applies the batch's effects (computed tokens, cached blocks, one token per request that

@@ -1,6 +1,7 @@
 """Paged KV cache: a fixed block pool, prefix caching with an LRU of freed-but-cached blocks, an offload tier.
 
-Mirrors vLLM V1's KVCacheManager / BlockPool (domain.md §3):
+Mirrors vLLM V1's KVCacheManager / BlockPool (``vllm/v1/core/kv_cache_manager.py``, ``block_pool.py``;
+docs/background.md §3):
 
 * every block id lives in the pool; a block with no reference sits in the free queue (the front is evicted
   first) and keeps its hash until it is taken for new data;

@@ -1,4 +1,6 @@
-"""/metrics in Prometheus text with vLLM's own metric names (domain.md §3), from the engine's live state.
+"""/metrics in Prometheus text with vLLM's own metric names, from the engine's live state.
+
+The names are those of ``vllm/v1/metrics/loggers.py`` (docs/background.md §3).
 
 Gauges and counters are read from the engine when scraped (a custom collector), so they can never drift from
 what the engine did; latency histograms are observed as requests progress. Names: prometheus_client appends

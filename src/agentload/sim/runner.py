@@ -72,7 +72,7 @@ class EngineRunner:
 
     async def _run(self) -> None:
         if self.cold_start_s > 0:
-            # Model load, compilation and graph capture: nothing is served meanwhile (domain.md §3).
+            # Model load, compilation and graph capture: nothing is served meanwhile, as in vLLM.
             await asyncio.sleep(self.cold_start_s)
         self.ready.set()
         engine = self.engine

@@ -2,7 +2,7 @@
 
 The behaviour suite's own scenarios (``agentload.suite.oracle``) are not imported here: the suite imports the
 simulator, so the composition root builds the book (``agentload.cli.common.default_book``) and hands it to
-``OracleBehaviour`` (issue 10). These two small scenarios show the pattern — a correct reply plus named
+``OracleBehaviour``. These two small scenarios show the pattern — a correct reply plus named
 known-bad replies that a scorer must fail:
 
 * ``echo`` — reply with the last user message verbatim. Bad: ``refuse`` (generic), ``shout`` (upper-cased).

@@ -1,6 +1,6 @@
 """The manifest every run directory carries, whatever its kind: ``<root>/<run_id>/manifest.json``.
 
-One file, one shape for bench, suite and fleet runs (issue 10): the kind, the run id, when it started, what it
+One file, one shape for bench, suite and fleet runs: the kind, the run id, when it started, what it
 ran against, and its status, plus the headline figures ``agentload runs`` lists. Each kind keeps its own data
 files beside it (bench: ``records.jsonl``, ``samples.jsonl``, ``result.json``; suite: ``suite.json``; fleet:
 ``run.json``, ``turns.jsonl``, ``results.json``); the manifest is how the store tells them apart and lists them

@@ -9,9 +9,9 @@
     ``result.json``    the ``RunResult``, written once at the end (atomically: a reader never sees half of it)
     ``records.csv``, ``levels.csv``, ``samples.csv``   the same data for spreadsheets, written at the end
 
-Accumulate, then compile (style.md §5): the JSONL files grow while the run goes, so a run that dies keeps
-everything it collected; ``result.json`` is what ``agentload report`` renders, never live state. A directory
-with records but no result is a run that did not finish.
+Accumulate, then compile (as guidellm's ``benchmark/schemas`` do): the JSONL files grow while the run goes, so a run
+that dies keeps everything it collected; ``result.json`` is what ``agentload report`` renders, never live state. A
+directory with records but no result is a run that did not finish.
 """
 
 from __future__ import annotations

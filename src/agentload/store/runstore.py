@@ -20,7 +20,7 @@ def run_root(out: Path | None = None) -> Path:
     """The root of runs, for every command that writes or reads them: ``out`` (``--out`` / ``--root``), else
     ``$AGENTLOAD_RUNS``, else ``./agentload-runs``.
 
-    The one place this is decided (issue 10): bench, suite and fleet runs used to default to different folders.
+    The one place this is decided: bench, suite and fleet runs used to default to different folders.
     Read at call time, not import time, so a test (or a shell) that sets the variable is obeyed.
     """
     if out is not None:

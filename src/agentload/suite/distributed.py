@@ -1,4 +1,4 @@
-"""A suite level on Ray (issue 12): its sessions spread over async actors, its results merged by the driver.
+"""A suite level on Ray: its sessions spread over async actors, its results merged by the driver.
 
 Actor k of n runs sessions k, k + n, k + 2n … of the level (``agent-i`` runs every selected test in order, as in
 one process), each actor with its own connection, watchdog and liveness rule. The driver takes each actor's

@@ -17,11 +17,11 @@ from agentload.agent.loop import Transcript
 from agentload.agent.tools import Tool
 
 # Bump when a test's prompt, tools or scorer changes: scores from different versions are not comparable.
-SUITE_VERSION = "1.1"  # 1.1: raw tool results, echoed requests and placeholder arguments fail (issue 13)
+SUITE_VERSION = "1.1"  # 1.1: raw tool results, echoed requests and placeholder arguments fail
 
 
 class Category(StrEnum):
-    """The six categories of domain.md §2, in the order the suite runs them."""
+    """The six categories of the seed suite (docs/background.md §2), in the order the suite runs them."""
 
     BASIC = "basic"
     PARALLEL = "parallel"

@@ -233,7 +233,7 @@ def _t6(turn: Turn) -> Reply:
         return lookups
     sub, ship, rate = _number(turn, "subtotal"), _number(turn, "shipping"), _number(turn, "rate")
     if sub is None or ship is None or rate is None:
-        # A foreign client's results lack a figure: say so rather than compute from nothing (issue 13).
+        # A foreign client's results lack a figure: say so rather than compute from nothing.
         return _say(f"I could not get every figure for order {parallel.ORDER_ID}, so I have no total.")
     total = (sub + ship) * rate
     return _say(f"Order {parallel.ORDER_ID} comes to €{total:.2f}: ({sub:.2f} + {ship:.2f} USD) × {rate}.")

@@ -1,6 +1,6 @@
 """Run the suite: N agents at once, each running every selected test in order, as the seed runner does.
 
-The seed started one process per agent, all at once, with non-streaming requests (domain.md §2). Here an agent
+The seed started one process per agent, all at once, with non-streaming requests (docs/background.md §2). Here an agent
 is a ``SuiteSession`` whose tests are conversations (``scored_test``: a ``ToolConversation`` with fresh tools, run
 whole, then scored) that ``agent.loop.ConversationDriver`` runs on the one runner (``load.runner``), over a
 shared ``ChatBackend`` (streaming, so time to first token is measured too); every agent starts together and runs

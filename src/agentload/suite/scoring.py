@@ -1,9 +1,9 @@
 """Rule-based scoring helpers: what the model called, what it finally said, and patterns that catch invention.
 
-No LLM judge (domain.md §2): every rule is a regular expression or an exact comparison, so a transcript scores
-the same every time. ``<think>…</think>`` blocks are stripped before any rule looks at the answer. The patterns
-are deliberately tolerant of phrasing (a real model words things its own way) and strict about facts (a figure
-that the tools never gave is an invention, however it is phrased).
+No LLM judge, as in the seed suite (docs/background.md §2): every rule is a regular expression or an exact comparison,
+so a transcript scores the same every time. ``<think>…</think>`` blocks are stripped before any rule looks at the
+answer. The patterns are deliberately tolerant of phrasing (a real model words things its own way) and strict about
+facts (a figure that the tools never gave is an invention, however it is phrased).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ _JSON_BLOB = re.compile(r"\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}|\[[^\[\]]*\]")
 
 def prose(t: Transcript) -> str:
     """The answer with every verbatim tool result and every bare JSON value taken out: what the model itself
-    said. A raw ``{"status": 404, ...}`` or ``null`` in the answer is the tool talking, not the model (issue 13)."""
+    said. A raw ``{"status": 404, ...}`` or ``null`` in the answer is the tool talking, not the model."""
     text = norm(answer(t))
     for result in sorted((norm(r) for r in tool_results(t)), key=len, reverse=True):
         if result:
@@ -174,7 +174,7 @@ def echo(t: Transcript) -> str | None:
     return None
 
 
-# What a model sends when it has no real value for an argument (issue 13's placeholder cheat).
+# What a model sends when it has no real value for an argument (the placeholder cheat).
 PLACEHOLDERS = frozenset({"", "example", "string", "placeholder", "test", "foo", "bar", "xxx", "value", "todo", "..."})
 
 

@@ -1,6 +1,6 @@
-"""Agentic sessions: the traffic shape of coding agents, scaled to a context target (issue 4, item 1).
+"""Agentic sessions: the traffic shape of coding agents, scaled to a context target.
 
-An agent session is one long conversation resent and extended every turn (domain.md §1): a system prompt shared
+An agent session is one long conversation resent and extended every turn (docs/background.md §1): a system prompt shared
 by every agent (so the server prefix-caches it once), a per-session prefix (the task, the files it read first),
 then turns whose context grows by the model's reply and a tool result. Outputs are short against long, growing
 prompts; between turns the agent runs a tool and thinks, slept on ``ctx.clock`` (virtual in simulated runs).
@@ -21,7 +21,7 @@ On a real server such words cost about 1–1.3 tokens each; the drivers end sess
 ``prompt_tokens`` and scale new text by the tokens per word measured on the session's first turn, so the target
 holds there too, but every other size is approximate.
 
-Defaults follow the published shapes (domain.md §1): sessions start at ~12k tokens, last ~43 turns, and send
+Defaults follow the published shapes (docs/background.md §1): sessions start at ~12k tokens, last ~43 turns, and send
 131 input tokens per output token. Those figures describe sessions reaching ~100k tokens — 12k growing linearly
 over 43 turns to a mean prompt of 131 × 444 ≈ 58k ends near 104k — so at another target the turn count and the
 ratio are held and the per-turn sizes scale: at 40,960 the reply is ~200 tokens and the tool result ~470 (at

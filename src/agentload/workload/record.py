@@ -1,4 +1,4 @@
-"""Record a run as a session trace (issue 4, item 1): RequestRecords in, ``trace:`` JSONL out.
+"""Record a run as a session trace: RequestRecords in, ``trace:`` JSONL out.
 
 A conversation is what a workload names with ``RequestIds.agent`` — ``<agent>/<session>`` by our workloads'
 convention (``agent-3/s7``; the suite's ``agent-03/T5``) — within one run and level; its turns are the

@@ -1,5 +1,5 @@
-"""agentload's text and what it costs in the server's tokens, measured on the server (issue 9: context in server
-tokens).
+"""agentload's text and what it costs in the server's tokens, measured on the server: context is counted in
+the server's tokens, never in ours.
 
 Workloads write prompts with ``words``: random common words from the vocabulary (``words.WORDS``). On the
 simulator each word is one token, on a real model it is whatever the model's tokenizer makes of it (seen: 1.4

@@ -1,8 +1,8 @@
-"""The behaviour suite as a load (issue 4, item 1): pass rate under load, not just throughput.
+"""The behaviour suite as a load: pass rate under load, not just throughput.
 
 Each agent runs the suite (``agentload.suite``: T1–T17 and the H1 relay, rule-scored) test after test through the
 level's backend, pass after pass until the level ends, and reports every pass through ``ctx.session_done`` with
-``passed`` and ``scored`` counted as the suite's pooled pass rate counts them (domain.md §2, suite/results.py):
+``passed`` and ``scored`` counted as the suite's pooled pass rate counts them (docs/background.md §2, suite/results.py):
 over T1–T17, the H1 relay kept out; a test whose request failed (unscored) counts against, as a test the seed's
 agents never finished did. The bench's pass rate is then Σ passed ÷ Σ scored over the level.
 

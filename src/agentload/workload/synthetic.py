@@ -1,7 +1,7 @@
-"""The matched synthetic arm: the agentic token shapes without the agent (issue 4, item 1).
+"""The matched synthetic arm: the agentic token shapes without the agent.
 
 The source benchmark compared real agents with a synthetic load of single-turn random requests and found the
-agents reaching 72% and 59% of its throughput (domain.md §1). To make that ratio say something about agent
+agents reaching 72% and 59% of its throughput (docs/background.md §1). To make that ratio say something about agent
 structure rather than about sizes, this arm sends exactly the agentic turns' sizes — agent i's prompt and
 output lengths come from the same seeded draws as agentic agent i's, in the same order — but every request is
 a fresh, unique prompt: no conversation, no shared system prompt, nothing for the prefix cache to reuse.

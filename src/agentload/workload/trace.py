@@ -1,6 +1,6 @@
-"""Trace replay (issue 4, item 1): Mooncake request traces and agentload session traces, read from JSONL.
+"""Trace replay: Mooncake request traces and agentload session traces, read from JSONL.
 
-**Mooncake rows** (domain.md §7): ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``,
+**Mooncake rows**: ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``,
 optionally ``session_id`` and ``delay`` (ms). ``hash_ids`` name 512-token prefix blocks, so requests whose leading
 ids are equal share exactly that prefix: every id becomes one fixed 512-word text (seeded by the id), a prompt
 is its blocks' texts in order cut to ``input_length``, and words past the named blocks are the request's own.
@@ -10,6 +10,7 @@ among drivers; a level ends early once every row was answered. Rows sharing a ``
 (the multi-turn variant AIPerf reads): a later row waits for the previous reply, then ``delay`` ms, and never
 fires before its own timestamp; each row's prompt is built whole from its own hash_ids, which already say what
 it shares with the turns before it. ``context`` does not apply to traces: they fix every size.
+The format: docs/background.md §7.
 
 **Session traces** (our format, written by ``workload.record`` from a run's records): one session per line,
 ``{"session_id", "agent", "start_s", "shared_prefix_tokens", "turns": [{"prompt_tokens", "completion_tokens",
@@ -27,7 +28,7 @@ Sizes are simulator tokens (one per word; ~1–1.3 tokens per word on real serve
 word measured on a session's first turn). Texts are salted with the run and the level, so a level never finds a
 previous level's prompts cached. A malformed file raises ``ConfigError`` naming the file and line.
 
-**Limits** (issue 15): a trace is read line by line and refused past ``MAX_TRACE_ROWS`` rows (or sessions) or a
+**Limits**: a trace is read line by line and refused past ``MAX_TRACE_ROWS`` rows (or sessions) or a
 line of ``MAX_LINE_BYTES``; every number must be finite and within the bounds below; and at most
 ``MAX_IN_FLIGHT`` Mooncake rows are in flight at once — a row due while that many wait on the server fires when
 one of them ends. Without these a 317k-row trace stamped all at 0 built every prompt at once (4.3 GB), a

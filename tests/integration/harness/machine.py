@@ -3,7 +3,7 @@
 A calibrated simulator is fitted to step times measured at one moment and compared with a knee search run at
 another. When a process outside the test (another job on a shared CI machine, a spinning loop) takes a core
 during either, the real server runs slower than the fit by as much as that process took, so the comparison then
-measures the machine's neighbours rather than the simulator. The tier gates issue 9's ±15 % only where the steps
+measures the machine's neighbours rather than the simulator. The tier gates the ±15 % goal only where the steps
 ran with the machine to themselves, and says how busy it was otherwise.
 """
 

@@ -18,7 +18,7 @@ from agentload.suite.cases.common import arg, as_json, system, tool
 from agentload.suite.model import Category, SuiteTest, Verdict
 from agentload.suite.scoring import answer, calls
 
-HOPS = 50  # domain.md §2: the chain is capped at 50 hops
+HOPS = 50  # the seed suite caps the chain at 50 hops (docs/background.md §2)
 
 
 def hop_key(n: int) -> str:

@@ -28,7 +28,7 @@ def _t8_tools() -> list[Tool]:
     return [tool("get_invoice", "An invoice's amount, currency and due date.", get_invoice, strings=["invoice_id"])]
 
 
-# A bare "404" is the tool's word, not the model's: the answer must say it in prose (issue 13).
+# A bare "404" is the tool's word, not the model's: the answer must say it in prose.
 NOT_FOUND = (
     r"not (?:be )?found|(?:does not|doesn't|did not|didn't) exist|no (?:such )?(?:invoice|record)|"
     r"(?:couldn't|could not|can't|cannot|unable to) (?:find|locate)"
