@@ -1,4 +1,4 @@
-"""``examples/fleet.toml`` on the simulator's agent model (issue 13): every agent uses its tools over several
+"""``examples/fleet.toml`` on the simulator's agent model: every agent uses its tools over several
 rounds, the files land in the workspaces, and the dependent waves read the earlier agents' files (handed over
 under ``from/<agent id>/``, fleet/handoff.py) and build on their answers."""
 

@@ -1,4 +1,4 @@
-"""``auto`` settles within ±20% of the width at which throughput peaks, on the ``laptop`` profile (issue 3).
+"""``auto`` settles within ±20% of the width at which throughput peaks, on the ``laptop`` profile.
 
 The job is ``examples/laptop-knee.toml``: 24 agents of ~8k tokens (7k of unique context, 8 rounds of tool calls,
 5 s of think time), so about 8 fit the profile's 65,536-token KV pool. The peak is measured, not assumed: the same
@@ -28,7 +28,7 @@ TOLERANCE = 0.20
 
 def _opts(tmp_path: Path, mode: Mode, width: int, **kwargs: object) -> RunOptions:
     opts = RunOptions(fleet=JOB, mode=mode, width=width, out=tmp_path / f"{mode.value}-{width}", progress="none")
-    # The knee figures were measured with the filler model's load shape (issue 13 made "agent" the default).
+    # The knee figures were measured with the filler model's load shape (the agent model is the default now).
     opts.behaviour = "filler"
     for key, value in kwargs.items():
         setattr(opts, key, value)

@@ -1,4 +1,4 @@
-"""SIGKILL a running ``agentload run`` and resume it: no turn lost, none repeated (issue 3, Done-when).
+"""SIGKILL a running ``agentload run`` and resume it: no turn lost, none repeated.
 
 The run is a real subprocess talking HTTP to a simulator in this process, killed with ``kill -9`` mid-run. The
 proof is taken three ways: the log itself (every agent's rounds 0..n-1, each exactly once, read line by line

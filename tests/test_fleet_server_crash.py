@@ -1,4 +1,4 @@
-"""A server that dies mid-run leaves the fleet resumable, and a resume on a healthy server finishes it (issue 15.2).
+"""A server that dies mid-run leaves the fleet resumable, and a resume on a healthy server finishes it.
 
 The simulator is a real process on 127.0.0.1 (``agentload sim``), killed with SIGKILL once some turns are
 committed — the way the issue's campaign killed a server. The fleet runs in this process through ``run_fleet``,

@@ -3,6 +3,7 @@ and nothing more."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
@@ -14,7 +15,7 @@ import pytest
 
 from agentload.agent.loop import AgentSpec, run_agent
 from agentload.agent.tools import Tool, ToolRegistry
-from agentload.endpoint.backend import RetryingBackend
+from agentload.endpoint.backend import RetryingBackend, TurnCancelled
 from agentload.endpoint.client import ChatClient, FixedDeadlines
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
 from agentload.endpoint.signals import SignalPoller
@@ -241,3 +242,28 @@ async def test_without_retries_the_same_faults_fail_turns() -> None:
         ]
         await client.aclose()
     assert sum(not r.ok for r in finals) == server.faults.injected["reset"] >= 2
+
+
+async def test_a_turn_cancelled_on_its_resend_carries_the_attempts_that_had_ended() -> None:
+    """The cancel that ends a turn mid-retry carries its earlier attempts, and keeps its own message."""
+    resent = asyncio.Event()
+
+    async def handler(request: MockRequest) -> MockResponse:
+        if resent.is_set():
+            raise AssertionError("no third request: the turn was cancelled on the second")
+        if len(transport.requests) == 1:
+            return error(503)
+        resent.set()
+        await asyncio.Event().wait()  # the resend's response never comes: only the cancel ends it
+        raise AssertionError("unreachable")
+
+    transport = MockTransport(handler)
+    backend = RetryingBackend(ChatClient("http://127.0.0.1:9", transport=transport), clock=RecordingSleeper())
+    turn = asyncio.ensure_future(backend.complete(BODY, RequestIds(agent="a", turn=2)))
+    await resent.wait()
+    turn.cancel("the run stopped")
+    with pytest.raises(TurnCancelled) as raised:
+        await turn
+    assert raised.value.args == ("the run stopped",)
+    assert [(r.ids.attempt, r.http_status) for r in raised.value.attempts] == [(0, 503)]
+    assert len(transport.requests) == 2  # the attempt in flight was sent, and has no record: its response never ended

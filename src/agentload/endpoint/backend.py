@@ -8,11 +8,12 @@
 
 They are one module because they are one path: every turn of every command enters the connection here and leaves
 it here with its records, and none of them calls back into the loop or the profile that sent it
-(``benchmarks/turn_modules.py``, issue 10).
+(``benchmarks/turn_modules.py``).
 
 **Retries.** A turn is resent with the very same body, so the conversation cannot gain or lose a message: the agent loop
 appends the assistant reply and tool results only after ``complete`` returns, from the final record. Every attempt
-is returned (``RequestIds.attempt`` counts from 0), because failed attempts are measurements too.
+is returned (``RequestIds.attempt`` counts from 0), because failed attempts are measurements too; a turn cancelled
+on the way raises ``TurnCancelled``, which carries the attempts that had ended.
 
 Which failures are worth a resend is ``RequestRecord.transient``: connect errors, stalls (timeouts), resets,
 malformed streams, HTTP 429/500/502/503/504. The wait before the next attempt:
@@ -65,6 +66,21 @@ class ServerHealth(Protocol):
     def server_dead(self) -> bool: ...
 
 
+class TurnCancelled(asyncio.CancelledError):
+    """The cancel of a turn the retry layer was on, carrying the attempts that had ended by then.
+
+    A turn can be cancelled between attempts (in a backoff) or during one (a run that stops, an agent restarted):
+    its earlier attempts are measurements all the same, and a caller that keeps a cancelled turn's attempts (the
+    fleet logs them as an interrupt) reads them from here. The cancel's own arguments are kept, so whoever told a
+    cancel of theirs from another's by its message still can. The attempt in flight has no record: the client
+    compiles one only when the response is over, and a cancel that lands before then finds nothing to keep.
+    """
+
+    def __init__(self, attempts: list[RequestRecord], *args: object) -> None:
+        super().__init__(*args)
+        self.attempts = attempts
+
+
 @dataclass
 class RetryStatistics:
     turns: int = 0
@@ -113,6 +129,11 @@ class RetryingBackend:
         policy = self.policy or self.client.policy
         return policy if isinstance(policy, ServerHealth) else None
 
+    def server_dead(self) -> bool | None:
+        """The stall policy's dead-server rule, asked now (``ServerHealth``); None where the policy has none."""
+        health = self._health()
+        return None if health is None else health.server_dead()
+
     def delay(self, attempt: int, record: RequestRecord) -> float | None:
         """Seconds to wait after failed attempt ``attempt`` (0-based), or None to stop retrying."""
         if record.retry_after_s is not None:
@@ -129,34 +150,38 @@ class RetryingBackend:
         stats = self.stats
         stats.turns += 1
         why = ""
-        for attempt in range(self.max_attempts):
-            record = await self.client.chat(
-                body, ids=ids.model_copy(update={"attempt": attempt}), policy=self.policy, prompt_tokens_hint=hint
-            )
-            records.append(record)
-            stats.attempts += 1
-            if record.ok:
-                return records
-            if not record.transient:
-                why = "not_transient"
-                break
-            if attempt + 1 >= self.max_attempts:
-                why = "max_attempts"
-                break
-            if health is not None and health.server_dead():
-                why = "server_dead"
-                break
-            wait = self.delay(attempt, record)
-            if wait is None:
-                why = "retry_after_too_long"
-                break
-            failure = _failure(record)
-            stats.retried[failure] = stats.retried.get(failure, 0) + 1
-            stats.slept_s += wait
-            await self.clock.sleep(wait)
-            if health is not None and health.server_dead():
-                why = "server_dead"
-                break
+        try:
+            for attempt in range(self.max_attempts):
+                record = await self.client.chat(
+                    body, ids=ids.model_copy(update={"attempt": attempt}), policy=self.policy, prompt_tokens_hint=hint
+                )
+                # Kept before the next await: a cancel from here on finds this attempt among the ones it carries.
+                records.append(record)
+                stats.attempts += 1
+                if record.ok:
+                    return records
+                if not record.transient:
+                    why = "not_transient"
+                    break
+                if attempt + 1 >= self.max_attempts:
+                    why = "max_attempts"
+                    break
+                if health is not None and health.server_dead():
+                    why = "server_dead"
+                    break
+                wait = self.delay(attempt, record)
+                if wait is None:
+                    why = "retry_after_too_long"
+                    break
+                failure = _failure(record)
+                stats.retried[failure] = stats.retried.get(failure, 0) + 1
+                stats.slept_s += wait
+                await self.clock.sleep(wait)
+                if health is not None and health.server_dead():
+                    why = "server_dead"
+                    break
+        except asyncio.CancelledError as cancel:
+            raise TurnCancelled(list(records), *cancel.args) from cancel
         stats.gave_up[why] = stats.gave_up.get(why, 0) + 1
         return records
 
@@ -185,10 +210,10 @@ BodyFields = Callable[[Mapping[str, Any], RequestIds], Mapping[str, Any]]
 
 @dataclass
 class QuiesceGate:
-    """Quiet window edges: both prefix-hit rates of a level cover the same requests (issue 9).
+    """Quiet window edges: both prefix-hit rates of a level cover the same requests.
 
     vLLM counts a prompt in ``prefix_cache_queries`` / ``_hits`` when it is *scheduled*; usage arrives when the
-    request *finishes* (domain.md §12). A window whose edges cut through requests in flight gives the server's
+    request *finishes* (docs/background.md §3). A window whose edges cut through requests in flight gives the server's
     counter delta and the usage sums different sets of requests, and past the knee — where a turn waits seconds for
     its prefill — they drift apart by several points. So at each edge the level closes this gate: new requests wait,
     the ones in flight finish, the counters are sampled with nothing in flight, and the gate opens again. Then every

@@ -5,9 +5,10 @@
 ``RUN_DIR/turns.jsonl``   one line per event, appended, flushed and fsynced before the run goes on:
                           ``segment`` (a process started or resumed the run), ``turn`` (an agent finished a turn:
                           the whole ``TurnLog``), ``agent`` (an agent finished), ``limit`` (the width changed),
-                          ``interrupt`` (a turn the server failed: its attempts, kept as measurements, but not a
-                          committed turn — the agent is resumable and sends that round again), ``control`` (a
-                          pause, resume, stop, or one agent's stop or restart from the dashboard: for the replay)
+                          ``interrupt`` (a turn the server failed, or one cancelled on the way: its attempts,
+                          kept as measurements, but not a committed turn — the agent sends that round again),
+                          ``control`` (a pause, resume, stop, or one agent's stop or restart from the dashboard:
+                          for the replay)
 ``RUN_DIR/results.json``  the compiled result (written at the end of each segment)
 ``RUN_DIR/workspaces/``   one directory per agent, for its file tools
 
@@ -102,7 +103,9 @@ class LimitLine(BaseModel):
 
 
 class InterruptLine(BaseModel):
-    """A turn that ended in a server-level failure (issue 15, item 2): the run stopped, the agent did not end."""
+    """A turn not committed, with the attempts it made: the server failed it (the run stopped, the agent did not
+    end), or it was cancelled on the way (the run stopped for another agent's failure or its time, or the agent was
+    restarted). Either way the agent sends that round again."""
 
     kind: Literal["interrupt"] = "interrupt"
     agent: str

@@ -49,7 +49,7 @@ T = TypeVar("T")
 # Built-in values for what neither a task nor [defaults] sets.
 DEFAULT_MAX_ROUNDS = 20
 DEFAULT_TOOL_RESULT_TOKENS = 200
-# Upper bounds (issue 15): far past any real fleet, low enough that a typo cannot ask for gigabytes of filler or
+# Upper bounds: far past any real fleet, low enough that a typo cannot ask for gigabytes of filler or
 # millions of agents. A fleet of 2e9 context_tokens grew to 3 GB before it could even notice --stop-after.
 MAX_CONTEXT_TOKENS = 2_000_000  # filler words per agent (≈ 2.6M tokens, past the largest context windows)
 MAX_OUTPUT_TOKENS = 1_000_000

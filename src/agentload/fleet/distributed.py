@@ -1,4 +1,4 @@
-"""``agentload run --executor ray`` (issue 12): a fleet's agents stay in this process; their requests are streamed
+"""``agentload run --executor ray``: a fleet's agents stay in this process; their requests are streamed
 by Ray actors.
 
 Why not the agents themselves on the actors, as ``bench.distributed`` puts a level's and ``suite.distributed`` a

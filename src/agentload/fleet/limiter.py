@@ -1,18 +1,18 @@
 """How many agents may be live at once: the gate, and the policies that set its width.
 
-Three ideas, kept apart (style.md §4): the ``AgentGate`` admits agents up to a limit; a policy decides the limit
-(``FixedWidth`` for ``sequential`` and ``parallel --width N``, ``AdaptiveWidth`` for ``auto``); the ``Limiter``
-joins them and keeps the history shown by ``statistics()``.
+Three ideas, kept apart (as guidellm keeps profiles and strategies): the ``AgentGate`` admits agents up to a
+limit; a policy decides the limit (``FixedWidth`` for ``sequential`` and ``parallel --width N``, ``AdaptiveWidth``
+for ``auto``); the ``Limiter`` joins them and keeps the history shown by ``statistics()``.
 
 The unit is an agent *session*, not a request: a live agent holds its conversation's KV blocks while it thinks,
-so the agent-specific capacity cliff (domain.md §1) is a count of live sessions. Agents ask the gate when they
+so the agent-specific capacity cliff (docs/background.md §1) is a count of live sessions. Agents ask the gate when they
 start and again before every turn: when the limit has been narrowed below the number of live agents, the next
 agents to reach a turn boundary are parked (conversation kept, next turn delayed) until there is room. Without
 that a narrowed limit would wait for whole sessions to end — minutes of a server thrashing. Parked agents come
 back before new agents start: their work is already paid for.
 
 ``AdaptiveWidth`` is a Gradient2 / Vegas-style controller (Netflix concurrency-limits; Envoy adaptive
-concurrency; domain.md §8) fed by finished turns and, when available, the server's own gauges. See its
+concurrency; docs/background.md §8) fed by finished turns and, when available, the server's own gauges. See its
 docstring for the signals and the reasons behind each constant.
 """
 

@@ -1,4 +1,4 @@
-"""The result of a run, compiled from the checkpoint log (accumulate, then compile — style.md §5).
+"""The result of a run, compiled from the checkpoint log (accumulate, then compile, as guidellm's benchmark schemas do).
 
 The runner only appends to the log while it runs; at the end of a segment ``compile_result`` reads the log back
 and builds an immutable ``FleetResult`` that round-trips through ``results.json``. Reports render from that, so

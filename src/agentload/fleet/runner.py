@@ -1,6 +1,6 @@
 """The fleet runner: every agent of a fleet, each isolated, as many at once as the limiter allows.
 
-The runner declares what it needs (style.md §3) and imports no concrete server, poller or display: a
+The runner declares what it needs and imports no concrete server, poller or display: a
 ``ChatBackend`` (the agent loop's protocol — ``SingleAttemptBackend`` or ``RetryingBackend`` fit), an optional
 ``SignalSource`` (``endpoint.signals.SignalPoller`` fits), an optional ``FleetProgress`` and a ``Clock``.
 
@@ -15,13 +15,16 @@ failures (the server refused the request: a bad model, a prompt too long, an err
 as ``failed`` and are data; anything else (a full disk, a bug) stops the whole run, after every agent task has
 been cancelled and awaited.
 
-A turn that fails for the server's sake — the retry layer gave up on a failure it counts as transient: refused
-or reset connections, stalls the watchdog cut (a dead or frozen server), 429/5xx, a malformed stream — is not
-the agent's fault and must not end it (issue 15, item 2: a server killed 15 s in used to mark all 24 agents
-failed for good, the unstarted ones too). Its attempts are logged as an ``interrupt`` line, not as a committed
-turn, and the whole run stops: every other agent is cancelled at once (their uncommitted turns are sent again on
-resume) rather than each burning its own retries on the same dead server. ``SegmentOutcome.server_failure``
-says why; ``--resume`` then runs the interrupted and unstarted agents and keeps the finished ones.
+A turn that fails because the server is gone — the retry layer gave up on refused connections, or on stalls,
+resets, 5xx or malformed streams while the connection's dead-server rule says the server is dead (or there is no
+rule to ask): ``fleet.turns.is_server_failure`` — is not the agent's fault and must not end it (a server killed
+15 s in used to mark all 24 agents failed for good, the unstarted ones too). Its attempts are logged as an
+``interrupt`` line, not as a committed turn, and the whole run stops: every other agent is cancelled at once
+(their uncommitted turns are sent again on resume, and the attempts they had made are logged as interrupts too)
+rather than each burning its own retries on the same dead server. ``SegmentOutcome.server_failure`` says why;
+``--resume`` then runs the interrupted and unstarted agents and keeps the finished ones. A rate limit (429) never
+stops the run, and neither does one agent's run of faults on a server that answers: that turn fails as the
+agent's data, and the limiter narrows on the overload it saw.
 The per-turn side — the backend view that parks and feeds the limiter, the checkpoint hook that commits a
 turn or stops the run — is ``fleet/turns.py``'s, so the loop never calls back into this module during a turn.
 
@@ -43,7 +46,7 @@ import asyncio
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agentload.agent.loop import ChatBackend, ConversationDriver, Steps, ToolConversation
 from agentload.clock import Clock
@@ -65,6 +68,13 @@ CONTROL_INTERVAL_S = 1.0
 DEPENDENCY_RESULT_CHARS = 2000
 # The message of a restart's cancel (``FleetRunner.restart_agent``): the agent takes back only this cancel.
 RESTART = "agentload: restart this agent"
+
+
+@runtime_checkable
+class ServerCheck(Protocol):
+    """A backend that can say whether the server is gone (``RetryingBackend`` over the connection's watchdog)."""
+
+    def server_dead(self) -> bool | None: ...
 
 
 class SignalSource(Protocol):
@@ -182,6 +192,10 @@ class FleetRunner:
         if attempt.cancel(RESTART):  # False: it finished in this very tick, and there is nothing to restart
             self.restarting.add(agent)
 
+    def server_dead(self) -> bool | None:
+        """The backend's dead-server rule (``RetryingBackend.server_dead``), asked now; None without one."""
+        return self.backend.server_dead() if isinstance(self.backend, ServerCheck) else None
+
     def hold(self, agent: str, rounds: int, why: str) -> None:
         self.held.add(agent)
         self.progress.agent(agent, AgentState.STOPPED, rounds=rounds, detail=why)
@@ -291,7 +305,8 @@ class _FleetAgent(ConversationDriver[FleetContext]):
             plan.tools,
             ToolSettings(aid, r.workspaces / aid, plan.tool_result_tokens, plan.tool_latency_s, searches),
         )
-        on_turn = CheckpointHook(r, aid, prior, started, committed, max_rounds=spec.max_rounds)
+        on_turn = CheckpointHook(r, aid, prior, started, committed, max_rounds=spec.max_rounds,
+                                 server_dead=r.server_dead)  # fmt: skip
         task = asyncio.current_task()  # the driver's: a restart cancels it while the conversation is in flight
         assert task is not None
         rejoin: tuple[int, ...] | None = None

@@ -3,7 +3,7 @@
 Workspace tools (``read_file``, ``write_file``, ``list_files``) come from ``agent.tools`` and are confined to the
 agent's own directory. Mock tools stand in for the network and compute a real agent calls: ``search`` returns
 ``tool_result_tokens`` words of deterministic text (so the context grows every turn by a known amount — the
-load shape of domain.md §1), ``calculator`` evaluates arithmetic, ``echo`` returns its text. Nothing is shared
+load shape of docs/background.md §1), ``calculator`` evaluates arithmetic, ``echo`` returns its text. Nothing is shared
 between agents: each gets its own registry, closures and directory.
 """
 

@@ -1,23 +1,25 @@
-"""What one fleet agent's turns go through, apart from the runner that starts the agent (issue 10).
+"""What one fleet agent's turns go through, apart from the runner that starts the agent.
 
 A fleet agent's task is a ``ToolConversation`` that ``agent.loop.ConversationDriver`` runs; the loop calls two
 things of the fleet's on every turn: the backend (``FleetBackend``, the agents' context's: parks an agent at a
-turn boundary when the limiter has narrowed, and reports the turn to the limiter) and the conversation's
-``on_turn`` hook (``CheckpointHook``: commits the turn to the log, or logs an interrupt and
-stops the run when the server failed it). They live here rather than in ``fleet/runner.py`` so that no module is
-called back by one it calls: the runner's agents yield their conversations to the loop, the loop calls these, and
-these call neither.
+turn boundary when the limiter has narrowed, reports the turn to the limiter, and logs the attempts of a turn
+cancelled on the way as an interrupt) and the conversation's ``on_turn`` hook (``CheckpointHook``: commits the
+turn to the log, or logs an interrupt and stops the run when the server failed it). They live here rather than in
+``fleet/runner.py`` so that no module is called back by one it calls: the runner's agents yield their
+conversations to the loop, the loop calls these, and these call neither.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
 from agentload.agent.loop import ChatBackend, TurnLog
 from agentload.clock import Clock
+from agentload.endpoint.backend import TurnCancelled
 from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.fleet.checkpoint import CheckpointLog, InterruptLine, TurnLine
 from agentload.fleet.config import AgentPlan
@@ -86,9 +88,23 @@ class Pause(Protocol):
     async def hold(self, agent: str) -> None: ...
 
 
-def is_server_failure(record: RequestRecord) -> bool:
-    """A final attempt that failed for the server's sake (the retry layer's transient kinds), not the agent's."""
-    return not record.ok and record.transient
+def is_server_failure(record: RequestRecord, server_dead: bool | None = None) -> bool:
+    """A final attempt that failed because the server is gone (refused, dead, frozen), not for the agent's sake.
+
+    Only the retry layer's transient kinds can be, and which of them are depends on what is known of the server
+    (``server_dead``: the connection's dead-server rule, asked now; None where there is none to ask):
+
+    * a refused connection always is: nothing is listening;
+    * a rate limit (429) never is: it is a live server asking for less load. Stopping the fleet for it would cancel
+      every other agent's turn while the server answers; the turn fails as the agent's data instead, and the
+      limiter, which counts a 429 as overload, narrows the fleet;
+    * a stall, a reset, a 5xx or a malformed stream is unless the rule says the server answers: a frozen server
+      stalls every stream and a killed one resets them, but one agent's run of such faults on a server that answers
+      is that agent's bad luck, and at hundreds of agents some turn meets one (a 1-in-4 fault five times in a row).
+    """
+    if record.ok or not record.transient or record.http_status == 429:
+        return False
+    return record.outcome is Outcome.CONNECT_ERROR or server_dead is not False
 
 
 def _is_overload(record: RequestRecord) -> bool:
@@ -150,6 +166,14 @@ class FleetBackend:
             r.limiter.prefill_started(aid, r.clock.now() - r.t0)
         try:
             records = await self.inner.complete(body, ids)
+        except asyncio.CancelledError as cancel:
+            # The turn is abandoned (the run stops, or this agent is restarted): nothing of it is committed, and its
+            # round is sent again. The attempts that had ended are measurements all the same: logged as an
+            # interrupt, as a turn the server failed is. The attempt in flight left no record (``TurnCancelled``).
+            attempts = cancel.attempts if isinstance(cancel, TurnCancelled) else []
+            if attempts:
+                await self._interrupted(ids, attempts)
+            raise
         finally:
             if cold:
                 r.limiter.prefill_finished(aid, r.clock.now() - r.t0)
@@ -177,6 +201,18 @@ class FleetBackend:
             a.previous = final
             a.previous_here = True
         return records
+
+    async def _interrupted(self, ids: RequestIds, attempts: list[RequestRecord]) -> None:
+        r = self.runner
+        last = attempts[-1]
+        detail = (
+            f"{ids.agent} round {ids.turn}: cancelled after {len(attempts)} attempt(s), the last "
+            f"{last.outcome.value}: {last.error_message}"
+        )
+        # Written before append's first await (its fsync): a second cancel cannot lose the line.
+        await r.log.append(
+            InterruptLine(agent=ids.agent, round=ids.turn, segment=r.segment, records=attempts, detail=detail[:300])
+        )
 
 
 @dataclass(frozen=True)
@@ -207,8 +243,10 @@ class CheckpointHook:
         started: float,
         committed: list[TurnLog] | None = None,
         max_rounds: int | None = None,
+        server_dead: Callable[[], bool | None] | None = None,
     ) -> None:
         self.run = run
+        self.server_dead = server_dead  # the connection's dead-server rule (``is_server_failure``); None: none
         self.agent = agent
         self.max_rounds = max_rounds  # the agent's round cap: a stop on its last round is no stop (it ends anyway)
         self.prior_s = prior_s  # the agent's active seconds in earlier segments
@@ -217,7 +255,8 @@ class CheckpointHook:
 
     async def __call__(self, turn: TurnLog) -> None:
         r, aid = self.run, self.agent
-        if turn.assistant is None and is_server_failure(turn.final):
+        dead = self.server_dead() if self.server_dead is not None else None
+        if turn.assistant is None and is_server_failure(turn.final, dead):
             detail = f"{aid} round {turn.round}: {turn.final.outcome.value}: {turn.final.error_message}"
             await r.log.append(
                 InterruptLine(agent=aid, round=turn.round, segment=r.segment, records=turn.records, detail=detail[:300])
