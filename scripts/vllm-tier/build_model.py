@@ -20,11 +20,11 @@ Two choices make the default variant, ``tiny``, behave like a load generator wan
   sends them back: digits run together ("591" + "along" is "591along"), byte pieces decode to "\ufffd". A held
   session then finds its next prompt tens of tokens longer than the reply it carries and has to shorten the
   next reply to stay at its context, so the real server is asked for other reply lengths than the simulator
-  (issue 9: the calibrated simulator's output tok/s read 1.3-1.5x the real one's at the same turn rate). Every
+  (once, the calibrated simulator's output tok/s read 1.3-1.5x the real one's at the same turn rate). Every
   token but the whole words with their leading space (the ids that encode back to themselves) points against
   the constant dimension like the stop tokens, so a reply is a run of words that round-trips token for token.
 
-That model is kind; real ones are not (issue 9). The ``realistic`` variant, same layers and about the same size,
+That model is kind; real ones are not. The ``realistic`` variant, same layers and about the same size,
 undoes both choices the way real models do:
 
 * Its tokenizer is trained on text where only ``REALISTIC_SEEN`` of agentload's words (a seeded pick) occur, among
