@@ -1,9 +1,10 @@
 """The fault matrix of tests/test_fault_matrix.py at more agents, as a table.
 
 Each cell runs one command (a bench level, the suite, a fleet run) through the function its CLI calls, against the
-simulator in process on virtual time with one injected fault kind, and counts: requests sent, failed attempts by
-kind, records lost, turns repeated, requests without a fault killed by a deadline, and how far past its deadline
-(+ 5 s) the worst hostile stream ended. See the test module's docstring for what each column means.
+simulator in process on virtual time with one injected fault kind (or a cold start, or a restart), and counts:
+requests sent, failed attempts by kind, records lost, turns repeated, requests without a fault killed by a
+deadline, how far past its deadline (+ 5 s) the worst hostile stream ended, turns that never succeeded, and whether
+the command stopped with the server lost. See the test module's docstring for what each column means.
 
     .venv/bin/python benchmarks/fault_matrix.py [--agents 1,32,256] [--kinds reset,comments,...]
         [--commands bench,suite,run]
@@ -30,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     counts = [int(a) for a in args.agents.split(",")]
     head = f"{'kind':<13} {'agents':>6} {'command':<7} {'requests':>8} {'lost':>5} {'repeated':>8} {'killed':>6} " \
-           f"{'over_s':>7} {'wall_s':>6}  failed by kind"  # fmt: skip
+           f"{'over_s':>7} {'unfin':>5} {'stop':>4} {'wall_s':>6}  failed by kind"  # fmt: skip
     print(head)
     print("-" * len(head))
     started = time.perf_counter()
@@ -42,9 +43,10 @@ def main() -> None:
                     cell = run_cell(KIND[name], agents, command, Path(tmp))
                 wall = time.perf_counter() - t0
                 failed = ", ".join(f"{k} {n}" for k, n in sorted(cell.failed.items())) or "-"
+                stop = "yes" if cell.stopped is not None else "-"
                 print(f"{name:<13} {agents:>6} {command:<7} {len(cell.sent):>8} {cell.lost:>5} {cell.repeated:>8} "
-                      f"{cell.wrongly_killed:>6} {max(0.0, cell.over_deadline()):>7.1f} {wall:>6.1f}  {failed}",
-                      flush=True)  # fmt: skip
+                      f"{cell.wrongly_killed:>6} {max(0.0, cell.over_deadline()):>7.1f} {cell.unfinished:>5} "
+                      f"{stop:>4} {wall:>6.1f}  {failed}", flush=True)  # fmt: skip
     print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 

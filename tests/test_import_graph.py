@@ -8,6 +8,15 @@ name counts as an import — the sim ↔ suite cycle was hidden exactly that way
 
 A node is a sub-package of ``agentload`` (``sim``, ``store``, ...), a top-level module (``clock``, ``errors``,
 ``inputs``) or ``agentload`` itself (``__version__``); imports inside one node are not edges.
+
+A second, finer graph has one node per module (a package's ``__init__`` is the package's node), read the same way:
+hidden, ``TYPE_CHECKING`` and ``import_module`` imports count, for the same reasons; so no two modules of one
+package import each other either, directly or round a circle. A circle between modules is the same defect one level
+down: whichever module Python starts on sees the other half-initialised, and a function-body import that dodges
+that only moves the failure to whoever first calls it. What two modules share belongs in a module below both. The
+one edge not counted is the import of a module's own enclosing packages that Python runs first: it is implicit
+(never written) and every ``__init__`` that re-exports its submodules would otherwise be a circle with each of them;
+an explicit ``from agentload.store import X`` inside ``store`` does count, and with such an ``__init__`` is one.
 """
 
 from __future__ import annotations
@@ -79,6 +88,31 @@ def build_graph(src: Path = SRC, package: str = ROOT_PACKAGE) -> Graph:
     return graph
 
 
+def build_module_graph(src: Path = SRC, package: str = ROOT_PACKAGE) -> Graph:
+    """Every import between two modules of ``package`` under ``src``, wherever in a module it is written.
+
+    A name is given to the longest module it starts with: ``from agentload.store.rundir import RunDir`` is an edge to
+    ``agentload.store.rundir``, ``from agentload.store import RunDir`` one to ``agentload.store`` (its ``__init__``).
+    """
+    paths = {_module_name(path, src): path for path in sorted((src / package).rglob("*.py"))}
+    modules = {module for module, _ in paths}
+
+    def module_of(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: Graph = {}
+    for (module, is_package), path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            targets = {module_of(name) for name in _imported(node, module, is_package)}
+            for target in sorted(t for t in targets if t is not None and t != module):
+                line = getattr(node, "lineno", 0)
+                graph.setdefault((module, target), []).append(f"{module}:{line} {ast.unparse(node)}")
+    return graph
+
+
 def cycles(graph: Mapping[tuple[str, str], object]) -> list[list[str]]:
     """The strongly connected components with more than one node (Tarjan), each sorted; empty when acyclic."""
     succ: dict[str, list[str]] = {}
@@ -136,6 +170,24 @@ def test_the_package_graph_has_no_cycle() -> None:
     assert not found, "package import cycles:\n" + describe(graph, found)
 
 
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = build_module_graph()
+    found = cycles(graph)
+    assert not found, "module import circles:\n" + describe(graph, found)
+
+
+def test_the_module_graph_sees_imports_inside_a_package() -> None:
+    graph = build_module_graph()
+    # Edges inside one package (what the package graph cannot see), one to a package's __init__, one across.
+    for edge in [
+        ("agentload.store.runstore", "agentload.store.catalog"),
+        ("agentload.dashboard.server", "agentload.dashboard.replay"),
+        ("agentload.cli.report", "agentload.store"),
+        ("agentload.fleet.samples", "agentload.endpoint.samples"),
+    ]:
+        assert edge in graph, edge
+
+
 def test_the_graph_sees_the_packages_and_the_composition_root() -> None:
     graph = build_graph()
     # A vacuous graph would pass the test above: pin a few edges that must exist.
@@ -168,3 +220,39 @@ def test_hidden_imports_count_and_a_cycle_is_named(tmp_path: Path) -> None:
 def test_an_acyclic_graph_has_no_cycle() -> None:
     assert cycles({("a", "b"): [], ("b", "c"): [], ("a", "c"): []}) == []
     assert cycles({("a", "b"): [], ("b", "a"): [], ("c", "d"): [], ("d", "c"): []}) == [["a", "b"], ["c", "d"]]
+
+
+def test_a_circle_between_two_modules_is_found_and_named(tmp_path: Path) -> None:
+    pkg = tmp_path / "agentload"
+    _write(pkg / "__init__.py", "")
+    _write(pkg / "store" / "__init__.py", "from agentload.store.rundir import RunDir\n")
+    # The circle: a module-level import one way, the other hidden in a function body.
+    _write(pkg / "store" / "rundir.py", "from agentload.store.csvexport import export\nclass RunDir: ...\n")
+    _write(pkg / "store" / "csvexport.py", "def export():\n    from .rundir import RunDir\n")
+    # Not circles: a module's own package run first (implicit), a type-only import of a module that imports nothing.
+    _write(
+        pkg / "store" / "jsonl.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import atomic\n"
+    )
+    _write(pkg / "store" / "atomic.py", "")
+    graph = build_module_graph(tmp_path)
+    assert set(graph) == {
+        ("agentload.store", "agentload.store.rundir"),
+        ("agentload.store.rundir", "agentload.store.csvexport"),
+        ("agentload.store.csvexport", "agentload.store.rundir"),
+        ("agentload.store.jsonl", "agentload.store.atomic"),
+    }
+    found = cycles(graph)
+    assert found == [["agentload.store.csvexport", "agentload.store.rundir"]]
+    message = describe(graph, found)
+    assert "agentload.store.csvexport:2 from .rundir import RunDir" in message
+    assert "agentload.store.rundir:1 from agentload.store.csvexport import export" in message
+    # The package graph sees none of it: the circle is inside one node.
+    assert cycles(build_graph(tmp_path)) == []
+
+
+def test_an_import_of_the_own_package_closes_a_circle_with_its_init(tmp_path: Path) -> None:
+    pkg = tmp_path / "agentload"
+    _write(pkg / "__init__.py", "")
+    _write(pkg / "store" / "__init__.py", "from agentload.store.catalog import dir_info\n")
+    _write(pkg / "store" / "catalog.py", "from agentload.store import RunStore\n")
+    assert cycles(build_module_graph(tmp_path)) == [["agentload.store", "agentload.store.catalog"]]

@@ -259,7 +259,7 @@ def test_fuzz_probe(routes: dict[str, tuple[int, bytes]]) -> None:
 
 def test_hostile_queue_buckets_are_dropped_not_raised() -> None:
     """bench's sampler keeps the good buckets of a histogram whose other buckets are not numbers."""
-    from agentload.bench.sampler import QUEUE_HISTOGRAM, to_sample
+    from agentload.endpoint.samples import QUEUE_HISTOGRAM, to_sample
     from agentload.endpoint.scrape import parse_metrics
 
     name = QUEUE_HISTOGRAM

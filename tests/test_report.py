@@ -18,8 +18,8 @@ from markupsafe import escape
 from rich.console import Console
 from typer.testing import CliRunner
 
-from agentload.bench.results import ServerSample
 from agentload.cli.report import report as report_command
+from agentload.endpoint.samples import ServerSample
 from agentload.report.console import levels_table, print_result
 from agentload.report.figures import hit_rate_steps
 from agentload.report.html import load_runs, render_report, write_report

@@ -25,7 +25,7 @@ from agentload.fleet.limiter import Mode
 from agentload.store import ROOT_ENV, RunStore
 from agentload.store.atomic import atomic_file, write_atomic
 from agentload.store.manifest import MANIFEST, RunInfo, read_info
-from agentload.store.suiterun import save_suite_run
+from agentload.store.runstore import save_suite_run
 from agentload.suite.results import SuiteRun
 from tests.test_cli_run import SMALL
 from tests.test_store import SyntheticRun, save, synthetic_run

@@ -31,10 +31,10 @@ from agentload.bench.results import (
     LevelSummary,
     Percentiles,
     RunResult,
-    ServerSample,
 )
 from agentload.cli.runs import runs as runs_command
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
+from agentload.endpoint.samples import ServerSample
 from agentload.errors import CheckpointError
 from agentload.report.console import history_table
 from agentload.store import JsonlReader, JsonlWriter, LevelSample, RunDir, RunStore

@@ -21,7 +21,8 @@ from agentload.cli import suite as suite_cli
 from agentload.cli.common import console
 from agentload.cli.main import app
 from agentload.report.runpages import suite_section
-from agentload.store.suiterun import save_suite_run, suite_info
+from agentload.store.runstore import save_suite_run
+from agentload.store.suiterun import suite_info
 from agentload.suite.cases import all_tests
 from agentload.suite.model import Category, SuiteTest
 from agentload.suite.results import (

@@ -17,7 +17,7 @@ from agentload.endpoint.client import ChatClient, FixedDeadlines
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
-from agentload.store.suiterun import save_suite_run as save_run
+from agentload.store.runstore import save_suite_run as save_run
 from agentload.suite.cases import all_tests, by_id, select
 from agentload.suite.model import SuiteTest, failed
 from agentload.suite.oracle import STOP_EARLY_AFTER, WRONG_KEY_AT, scenarios

@@ -19,10 +19,9 @@ from agentload.bench.results import (
     KneeExplanation,
     LevelSummary,
     Percentiles,
-    ServerSample,
 )
-from agentload.bench.sampler import RawSample
 from agentload.endpoint.records import ErrorKind, RequestRecord, UsageSource
+from agentload.endpoint.samples import RawSample, ServerSample
 
 
 @dataclass

@@ -13,23 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 RESULT_SCHEMA = 1
 
 
-class ServerSample(BaseModel):
-    """One scrape of the server's /metrics, normalised across engines (None where the engine has no such metric)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    t: float  # client clock, seconds since the run started
-    running: float | None = None
-    waiting: float | None = None
-    kv_usage: float | None = None  # 0–1
-    prompt_tokens: float | None = None  # counters (cumulative)
-    generation_tokens: float | None = None
-    prefix_queries: float | None = None
-    prefix_hits: float | None = None
-    preemptions: float | None = None
-    recomputed_tokens: float | None = None  # simulator extension
-
-
 class Percentiles(BaseModel):
     model_config = ConfigDict(frozen=True)
 

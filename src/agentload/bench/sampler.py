@@ -3,55 +3,18 @@
 The server's own counters are the ground truth for throughput, prefix-cache reuse and preemptions; sampling
 them during the run (not only before and after, as the source benchmark did) is what shows *when* the KV cache
 filled and the hit rate fell. Histogram buckets (queue time) are kept raw for percentile deltas per level.
+What one scrape becomes (``ServerSample``, ``to_sample``) is ``endpoint.samples``: the fleet keeps the same
+samples, and profiles do not import each other.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from agentload.bench.results import ServerSample
+from agentload.endpoint.samples import RawSample, to_sample
 from agentload.endpoint.scrape import MetricsSnapshot
 from agentload.endpoint.signals import ServerSignals, SignalPoller
-
-QUEUE_HISTOGRAM = "vllm:request_queue_time_seconds_bucket"
-
-
-@dataclass
-class RawSample:
-    sample: ServerSample
-    queue_buckets: dict[float, float] = field(default_factory=dict)  # upper bound → cumulative count
-
-
-def to_sample(snapshot: MetricsSnapshot, t: float) -> RawSample:
-    norm = snapshot.normalised()
-    recomputed = [s.value for s in snapshot.named("agentload_sim:recomputed_prompt_tokens_total")]
-    sample = ServerSample(
-        t=t,
-        running=norm.get("running"),
-        waiting=norm.get("waiting"),
-        kv_usage=norm.get("kv_usage"),
-        prompt_tokens=norm.get("prompt_tokens"),
-        generation_tokens=norm.get("generation_tokens"),
-        prefix_queries=norm.get("prefix_queries"),
-        prefix_hits=norm.get("prefix_hits"),
-        preemptions=norm.get("preemptions"),
-        recomputed_tokens=sum(recomputed) if recomputed else None,
-    )
-    buckets: dict[float, float] = {}
-    for s in snapshot.named(QUEUE_HISTOGRAM):
-        # A hostile or broken exporter's bucket (a bound that is no number, a NaN or negative count) is dropped
-        # rather than poisoning the percentile deltas or ending the run.
-        try:
-            bound = float(s.labels.get("le", ""))
-        except ValueError:
-            continue
-        if math.isnan(bound) or not math.isfinite(s.value) or s.value < 0:
-            continue
-        buckets[bound] = buckets.get(bound, 0.0) + s.value
-    return RawSample(sample, buckets)
 
 
 class MetricsSampler:

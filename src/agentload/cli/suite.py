@@ -43,8 +43,7 @@ from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreach
 from agentload.load.cluster import ExecutorSpec, RayCluster
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.server import SimConfig, SimServer
-from agentload.store.runstore import run_root
-from agentload.store.suiterun import save_suite_run
+from agentload.store.runstore import run_root, save_suite_run
 from agentload.suite.cases import select
 from agentload.suite.cases.stress import PAYLOAD_TOKENS
 from agentload.suite.distributed import RaySuite, SuiteWorker

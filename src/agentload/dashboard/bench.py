@@ -18,30 +18,9 @@ from agentload.bench.search import SearchStep
 from agentload.clock import Clock
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.server import Dashboard
-from agentload.dashboard.state import BenchView, LiveState
+from agentload.dashboard.state import BenchView, LiveState, level_row
 from agentload.endpoint.connection import Connection
 from agentload.endpoint.records import RequestRecord
-
-
-def level_row(s: LevelSummary) -> dict[str, Any]:
-    """One row of the page's level table."""
-    hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
-    return {
-        "level": s.level,
-        "agents": s.agents,
-        "context": s.context,
-        "workload": s.workload,
-        "output_tps": s.output_tps,
-        "turns": s.turns,
-        "turns_per_s": s.turns_per_s,
-        "ttft_p50": s.ttft_s.p50,
-        "ttft_p95": s.ttft_s.p95,
-        "hit": hit,
-        "peak_kv": s.peak_kv_usage,
-        "preemptions": s.preemptions,
-        "too_few_turns": s.too_few_turns,
-        "warnings": list(s.warnings),
-    }
 
 
 class BenchBoard:

@@ -20,7 +20,7 @@ from typing import Any
 
 from agentload.bench.results import LevelSummary
 from agentload.bench.search import Search, Slo, parse_slo
-from agentload.dashboard.bench import level_row
+from agentload.dashboard.state import level_row
 from agentload.endpoint.scrape import prefix_hit_rate
 from agentload.errors import CheckpointError, ConfigError
 from agentload.store.manifest import read_info

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from agentload.dashboard.benchreplay import BenchReplay
 from agentload.dashboard.state import reply_preview
 from agentload.endpoint.records import RequestRecord
 from agentload.endpoint.scrape import prefix_hit_rate
@@ -450,9 +451,6 @@ class Replay(Protocol):
 
 def open_replay(run_dir: Path) -> Replay:
     """The replay of a fleet or bench run directory; anything else is a ``CheckpointError``."""
-    # Imported here: benchreplay → dashboard.bench → dashboard.server → this module (a cycle at import time).
-    from agentload.dashboard.benchreplay import BenchReplay
-
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir} is not a run directory")
     info = read_info(run_dir)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentload.agent.loop import TurnLog
+from agentload.bench.results import LevelSummary
 from agentload.clock import Clock
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.endpoint.scrape import MetricsSnapshot, prefix_hit_rate
@@ -145,6 +146,27 @@ class BenchView:
     current: dict[str, Any] | None = None
     levels: list[dict[str, Any]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def level_row(s: LevelSummary) -> dict[str, Any]:
+    """One row of the page's level table (``BenchView.levels``), live and in a replay."""
+    hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+    return {
+        "level": s.level,
+        "agents": s.agents,
+        "context": s.context,
+        "workload": s.workload,
+        "output_tps": s.output_tps,
+        "turns": s.turns,
+        "turns_per_s": s.turns_per_s,
+        "ttft_p50": s.ttft_s.p50,
+        "ttft_p95": s.ttft_s.p95,
+        "hit": hit,
+        "peak_kv": s.peak_kv_usage,
+        "preemptions": s.preemptions,
+        "too_few_turns": s.too_few_turns,
+        "warnings": list(s.warnings),
+    }
 
 
 def _calls_preview(calls: Iterable[tuple[str, str]]) -> str:

@@ -26,8 +26,10 @@ malformed streams, HTTP 429/500/502/503/504. The wait before the next attempt:
   retries spread out but never come back at once.
 
 A server that is gone is not retried into: when the stall policy can tell (``Watchdog.server_dead()``: no answer
-to its signal poller for ``dead_after_s``), the turn ends. Without that, refused connections end after
-``max_attempts`` — 0.5 + 1 + 2 + 4 = 7.5 s of backoff at most with the defaults.
+to its signal poller for ``dead_after_s``), the turn ends. And a server that restarts is ridden out: refused
+connections are resent past ``max_attempts`` (whose backoff is 0.5 + 1 + 2 + 4 = 7.5 s at most with the defaults,
+shorter than the rule's 20 s) until the server answers again, or the rule says it is gone, or ``max_ride_out_s``
+runs out. Without a rule, refused connections end after ``max_attempts``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentload.clock import Clock, RealClock
 from agentload.endpoint.client import ChatClient, StallPolicy
-from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.endpoint.records import Outcome, RequestIds, RequestRecord
 from agentload.endpoint.watchdog import estimate_prompt_tokens
 
 
@@ -110,6 +112,7 @@ class RetryingBackend:
         clock: Clock | None = None,
         max_retry_after_s: float = 120.0,
         rng: random.Random | None = None,
+        max_ride_out_s: float = 120.0,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -121,6 +124,7 @@ class RetryingBackend:
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
         self.max_retry_after_s = max_retry_after_s
+        self.max_ride_out_s = max_ride_out_s
         self.clock: Clock = clock or RealClock()
         self._rng = rng or random.Random()
         self.stats = RetryStatistics()
@@ -143,6 +147,15 @@ class RetryingBackend:
         ceiling = min(self.max_backoff_s, self.base_backoff_s * 2.0**attempt)
         return ceiling / 2 + self._rng.uniform(0.0, ceiling / 2)
 
+    def _ride_out(self, refused_since: float | None, health: ServerHealth | None) -> bool:
+        """Past the attempts, go on resending a turn whose connections are refused while the server is not known to
+        be gone: a restarting server refuses for seconds, and the attempts' backoff (7.5 s with the defaults) would
+        fail the turn before the dead-server rule (20 s) can tell a restart from a death. Bounded by
+        ``max_ride_out_s``, for a health rule that never says dead."""
+        if refused_since is None or health is None or health.server_dead():
+            return False
+        return self.clock.now() - refused_since < self.max_ride_out_s
+
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
         records: list[RequestRecord] = []
         hint = estimate_prompt_tokens(body)
@@ -150,8 +163,11 @@ class RetryingBackend:
         stats = self.stats
         stats.turns += 1
         why = ""
+        refused_since: float | None = None  # when this turn's run of refused connections began
+        attempt = -1
         try:
-            for attempt in range(self.max_attempts):
+            while True:
+                attempt += 1
                 record = await self.client.chat(
                     body, ids=ids.model_copy(update={"attempt": attempt}), policy=self.policy, prompt_tokens_hint=hint
                 )
@@ -163,7 +179,8 @@ class RetryingBackend:
                 if not record.transient:
                     why = "not_transient"
                     break
-                if attempt + 1 >= self.max_attempts:
+                refused_since = (refused_since or self.clock.now()) if record.outcome is Outcome.CONNECT_ERROR else None
+                if attempt + 1 >= self.max_attempts and not self._ride_out(refused_since, health):
                     why = "max_attempts"
                     break
                 if health is not None and health.server_dead():
@@ -295,11 +312,18 @@ class RecordingBackend:
             await self.gate.enter()
         try:
             attempts = await self.inner.complete(body, ids)
+        except TurnCancelled as cancel:
+            # The load stopped mid-turn (a lost server, the runner's end): the attempts that had ended are kept.
+            self._keep(cancel.attempts)
+            raise
         finally:
             if self.gate is not None:
                 self.gate.leave()
+        self._keep(attempts)
+        return attempts
+
+    def _keep(self, attempts: list[RequestRecord]) -> None:
         self.records.extend(attempts)
         if self.sink is not None:
             for r in attempts:
                 self.sink(r)
-        return attempts

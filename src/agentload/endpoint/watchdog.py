@@ -77,6 +77,8 @@ class _Watch:
 
 _current: ContextVar[_Watch] = ContextVar("agentload_watchdog_request")
 
+# How long after a warm-up ends a request that waited through it may still be on its way into the engine.
+JUST_READY_S = 5.0
 # Learning: EWMA weight of a new sample, and the prompt size above which TTFT is taken to be mostly prefill.
 _ALPHA = 0.2
 _LONG_PROMPT = 256
@@ -202,6 +204,10 @@ class Watchdog:
         phase_start = now - waited
         if sig.warming:
             return self._grant("warming") if waited < self.warmup_cap_s else self._refuse("warmup_cap")
+        if phase is not Phase.IDLE and not sig.busy and self._just_ready(now, signals):
+            # Ready only a moment ago: the requests held through the warm-up are on their way into the engine (a
+            # front admits them after its own overhead), so a reading with nothing queued yet does not show them.
+            return self._grant("just_ready")
         if sig.t <= phase_start:
             # The freshest reading predates this phase (a prediction shorter than the poll interval): it cannot
             # show this request yet, so wait one check for a reading that can. A silent server ends this via
@@ -231,6 +237,11 @@ class Watchdog:
                 return self._refuse("stuck")
             return self._grant("queued")
         return self._refuse("not_in_server")
+
+    def _just_ready(self, now: float, signals: SignalSource) -> bool:
+        """The server was still warming up ``JUST_READY_S`` ago."""
+        was = signals.at(now - JUST_READY_S)
+        return was is not None and was.warming
 
     @staticmethod
     def _progressed_since(t: float, sig: ServerSignals, signals: SignalSource) -> bool:

@@ -2,7 +2,7 @@
 
 A fleet run scrapes the server's /metrics once a second anyway (the connection's monitor feeds the width limiter
 and the watchdog); each scrape is appended to ``server.jsonl`` as a ``SegmentSample``: the bench's normalised
-``ServerSample`` (``bench.sampler.to_sample``) with the segment it was taken in, its ``t`` on that segment's
+``ServerSample`` (``endpoint.samples.to_sample``) with the segment it was taken in, its ``t`` on that segment's
 process clock, the clock the turn records' times are on, so ``agentload dashboard RUN`` lays the samples on the
 same axis as the agents' turns. Each line also carries the stall watchdog's decisions so far in that segment (its
 extensions granted and refused, by phase), which the replay shows as the live page does. Not ``samples.jsonl``: a
@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from agentload.bench.results import ServerSample
-from agentload.bench.sampler import to_sample
+from agentload.endpoint.samples import ServerSample, to_sample
 from agentload.endpoint.scrape import MetricsSnapshot
 from agentload.endpoint.signals import ServerSignals
 from agentload.endpoint.watchdog import WatchdogStatistics

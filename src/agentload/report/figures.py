@@ -22,7 +22,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from agentload.bench.results import LevelSummary, RunResult, ServerSample
+from agentload.bench.results import LevelSummary, RunResult
+from agentload.endpoint.samples import ServerSample
 from agentload.endpoint.scrape import prefix_hit_rate
 from agentload.report.text import context_label, num, secs
 from agentload.store.rundir import LevelSample

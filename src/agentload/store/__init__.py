@@ -7,11 +7,10 @@ Layouts: bench ``store.rundir``; suite ``store.suiterun``; fleet ``fleet.checkpo
 store and writes its log and files through it). ``store.catalog`` reads any of them back, old runs included.
 """
 
-from agentload.store.csvexport import export_csv
 from agentload.store.history import HistoryEntry, RunHistory
 from agentload.store.jsonl import JsonlReader, JsonlWriter
 from agentload.store.manifest import MANIFEST, RunInfo, new_run_id
-from agentload.store.rundir import LevelSample, RunDir, RunWriter, best_output_tps
+from agentload.store.rundir import LevelSample, RunDir, RunWriter, best_output_tps, export_csv
 from agentload.store.runstore import DEFAULT_ROOT, ROOT_ENV, RunStore, run_root
 
 __all__ = [

@@ -3,20 +3,21 @@
 For spreadsheets and pandas: one row per request, per level, per server sample, with flat columns. The JSON
 files stay the source of truth (they keep every chunk time and every tool call; the CSV keeps counts).
 Columns follow the models' fields, so a field added to ``LevelSummary`` or ``ServerSample`` appears here
-without a change to this module.
+without a change to this module. It is handed what to write and never reads a run directory itself: the run
+directory (``store.rundir``) exports itself through it (``rundir.export_csv``) when a run finishes.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agentload.bench.results import LevelSummary, Percentiles, RunResult, ServerSample
+from agentload.bench.results import LevelSummary, Percentiles
 from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.samples import ServerSample
 from agentload.store.atomic import atomic_file
-from agentload.store.rundir import RunDir
 
 RECORDS_CSV = "records.csv"
 LEVELS_CSV = "levels.csv"
@@ -120,20 +121,20 @@ def _write_csv(path: Path, header: list[str], rows: Iterable[list[Any]]) -> int:
     return count
 
 
-def export_csv(run: RunDir, result: RunResult | None = None) -> dict[str, int]:
-    """Write the three CSV files into the run directory; returns rows written per file name."""
-    result = result if result is not None else run.result()
-
-    def records() -> Iterator[list[Any]]:
-        for r in run.records():
-            yield _record_row(r)
-
-    def samples() -> Iterator[list[Any]]:
-        for s in run.samples():
-            yield [s.level, *s.sample.model_dump().values()]
-
+def write_csv_files(
+    directory: Path,
+    records: Iterable[RequestRecord],
+    levels: Iterable[LevelSummary],
+    samples: Iterable[tuple[int, ServerSample]],
+) -> dict[str, int]:
+    """Write the three CSV files into ``directory`` (``samples``: each with the level it was taken in); returns
+    rows written per file name."""
     return {
-        RECORDS_CSV: _write_csv(run.path / RECORDS_CSV, RECORD_COLUMNS, records()),
-        LEVELS_CSV: _write_csv(run.path / LEVELS_CSV, level_columns(), (_level_row(lv) for lv in result.levels)),
-        SAMPLES_CSV: _write_csv(run.path / SAMPLES_CSV, sample_columns(), samples()),
+        RECORDS_CSV: _write_csv(directory / RECORDS_CSV, RECORD_COLUMNS, (_record_row(r) for r in records)),
+        LEVELS_CSV: _write_csv(directory / LEVELS_CSV, level_columns(), (_level_row(lv) for lv in levels)),
+        SAMPLES_CSV: _write_csv(
+            directory / SAMPLES_CSV,
+            sample_columns(),
+            ([level, *sample.model_dump().values()] for level, sample in samples),
+        ),
     }

@@ -17,7 +17,7 @@ directory with records but no result is a run that did not finish.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,10 +31,12 @@ from pydantic import (
     model_validator,
 )
 
-from agentload.bench.results import RESULT_SCHEMA, LevelSummary, RunResult, ServerSample
+from agentload.bench.results import RESULT_SCHEMA, LevelSummary, RunResult
 from agentload.endpoint.records import RequestRecord
+from agentload.endpoint.samples import ServerSample
 from agentload.errors import CheckpointError
 from agentload.store.atomic import write_atomic
+from agentload.store.csvexport import write_csv_files
 from agentload.store.jsonl import JsonlReader, JsonlWriter
 from agentload.store.manifest import KneeEntry, RunInfo, check_run_id, now_iso, read_info, write_info
 
@@ -55,7 +57,7 @@ class LevelSample(BaseModel):
     """A server sample and the load level that was running when it was taken.
 
     On disk it is one flat object (``{"level": 3, "t": 12.0, "running": 24, ...}``) so ``jq`` and the CSV
-    export see plain columns; in Python the sample stays the bench's own ``ServerSample``.
+    export see plain columns; in Python the sample stays a ``ServerSample``.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -223,6 +225,18 @@ class RunDir:
         return moved
 
 
+def export_csv(run: RunDir, result: RunResult | None = None) -> dict[str, int]:
+    """Write ``records.csv``, ``levels.csv`` and ``samples.csv`` into the run directory (its levels from
+    ``result``, else its ``result.json``); returns rows written per file name."""
+    result = result if result is not None else run.result()
+
+    def samples() -> Iterator[tuple[int, ServerSample]]:  # read when its file is written, after the records'
+        for s in run.samples():
+            yield s.level, s.sample
+
+    return write_csv_files(run.path, run.records(), result.levels, samples())
+
+
 class RunWriter:
     """Where a running benchmark puts what it collects; ``finish`` writes the compiled result and the CSVs.
 
@@ -293,9 +307,6 @@ class RunWriter:
 
     def finish(self, result: RunResult) -> RunDir:
         """Close the logs, write ``result.json`` and the CSV export, and index the run in the history."""
-        # Imported here: csvexport reads run directories back, so a module-level import would be circular.
-        from agentload.store.csvexport import export_csv
-
         if result.run_id != self.run_id:
             raise CheckpointError(f"result of run {result.run_id!r} written into the directory of {self.run_id!r}")
         self.close()

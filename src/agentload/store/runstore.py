@@ -7,10 +7,13 @@ import os
 from pathlib import Path
 
 from agentload.errors import CheckpointError
+from agentload.store.atomic import write_atomic
 from agentload.store.catalog import RESULT_FILES, dir_info, safe_dir_info
 from agentload.store.history import HistoryEntry, RunHistory
-from agentload.store.manifest import RunInfo, check_run_id, new_run_id, write_info
+from agentload.store.manifest import RunInfo, check_run_id, new_run_id, now_iso, write_info
 from agentload.store.rundir import RESULT, RunDir, RunWriter
+from agentload.store.suiterun import SUITE_PREFIX, SUITE_RESULT, suite_info
+from agentload.suite.results import SuiteRun
 
 ROOT_ENV = "AGENTLOAD_RUNS"
 DEFAULT_ROOT = Path("agentload-runs")
@@ -145,3 +148,14 @@ class RunStore:
 
     def runs(self, limit: int | None = None) -> list[HistoryEntry]:
         return self.history.entries(limit)
+
+
+def save_suite_run(run: SuiteRun, root: Path | None = None) -> Path:
+    """Write ``run`` as ``<root>/suite-<stamp>-<tail>/suite.json`` with its manifest, index it in the history
+    when it finished, and return the result file (``root``: ``run_root``'s choice when None)."""
+    store = RunStore(root)
+    run_dir, _ = store.new_dir(RunInfo(kind="suite", run_id="", created=now_iso()), prefix=SUITE_PREFIX)
+    path = run_dir / SUITE_RESULT
+    write_atomic(path, run.model_dump_json())
+    store.finish(run_dir, suite_info(run, run_dir.name))
+    return path

@@ -1,15 +1,14 @@
 """Suite runs in the store: ``<root>/suite-<stamp>-<tail>/suite.json`` beside ``manifest.json``.
 
 The suite's own format (``suite.results.SuiteRun``, transcripts included) is unchanged; the store owns where it
-goes and how it is written (atomically, with the manifest every run kind carries).
+goes and how it is written (atomically, with the manifest every run kind carries). This module is the layout and
+the manifest, which ``store.catalog`` reads runs back with; writing a new one (``runstore.save_suite_run``) needs
+the root of runs and its history, which sit above the catalog.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from agentload.store.atomic import write_atomic
-from agentload.store.manifest import RunInfo, now_iso
+from agentload.store.manifest import RunInfo
 from agentload.suite.results import SuiteRun, counts, cut_short
 
 SUITE_RESULT = "suite.json"
@@ -40,17 +39,3 @@ def suite_info(run: SuiteRun, run_id: str) -> RunInfo:
         levels=len(levels),
         outcome=(f"pass {outcome}" if outcome else "no level ran") + (f"; {stopped}" if stopped else ""),
     )
-
-
-def save_suite_run(run: SuiteRun, root: Path | None = None) -> Path:
-    """Write ``run`` as ``<root>/suite-<stamp>-<tail>/suite.json`` with its manifest, index it in the history
-    when it finished, and return the result file (``root``: ``store.run_root``'s choice when None)."""
-    # Imported here: the store's directory helpers import this module to read suite runs back.
-    from agentload.store.runstore import RunStore
-
-    store = RunStore(root)
-    run_dir, _ = store.new_dir(RunInfo(kind="suite", run_id="", created=now_iso()), prefix=SUITE_PREFIX)
-    path = run_dir / SUITE_RESULT
-    write_atomic(path, run.model_dump_json())
-    store.finish(run_dir, suite_info(run, run_dir.name))
-    return path

@@ -29,6 +29,7 @@ from agentload.agent.loop import (
     Step,
     Steps,
     ToolConversation,
+    TurnLog,
     Whole,
 )
 from agentload.agent.tools import ToolRegistry
@@ -105,10 +106,14 @@ def scored_test(
     run_id: str,
     level: int,
     started: float,
+    interrupted: list[TestResult] | None = None,
 ) -> Generator[Step, Ending | None, TestResult]:
     """One test as an agent's steps: its conversation (fresh tools), run whole, then scored (``yield from`` it).
 
-    ``started`` is the level's start on ``clock``: the result says how far into the level the test began.
+    ``started`` is the level's start on ``clock``: the result says how far into the level the test began. A test
+    cancelled on its way (the level stopped: the server was lost) is judged on what it did — its turns, and the
+    attempts of the turn in flight that had ended (a retrying backend's cancel carries them) — and put in
+    ``interrupted`` before the cancel goes on, so no request it sent is lost from the transcript.
     """
     t0 = clock.now()
     spec = AgentSpec(
@@ -121,7 +126,21 @@ def scored_test(
     )
     tools = ToolRegistry.of(test.tools())  # fresh per agent: the T17 list is this agent's own
     conversation = ToolConversation(spec, tools, clock, run_id=run_id, level=level)
-    ending = yield Whole(conversation)
+    try:
+        ending = yield Whole(conversation)
+    except asyncio.CancelledError as cancel:
+        turns = conversation.transcript.turns
+        attempts = list(getattr(cancel, "attempts", ()))
+        if attempts:
+            turns.append(TurnLog(round=len(turns), records=attempts))
+        if interrupted is not None and turns:  # a test that recorded no request has nothing to keep
+            transcript = conversation.finish(Ending("failed", len(turns)))
+            interrupted.append(TestResult(
+                test_id=test.id, category=test.category, status=Status.UNSCORED,
+                reason="stopped before it ended: the server was lost", suite_version=SUITE_VERSION,
+                played_version=SUITE_VERSION, started_s=t0 - started, duration_s=clock.now() - t0,
+                transcript=transcript))  # fmt: skip
+        raise
     assert ending is not None  # the driver sends a conversation's ending back
     transcript = conversation.finish(ending)
     return judge(test, transcript, played_version=SUITE_VERSION, started_s=t0 - started, duration_s=clock.now() - t0)
@@ -149,7 +168,8 @@ class SuiteSession:
         try:
             for test in self.tests:
                 result = yield from scored_test(self.agent_id, test, ctx.config, clock, run_id=ctx.run_id,
-                                                level=acc.agents, started=acc.started)  # fmt: skip
+                                                level=acc.agents, started=acc.started,
+                                                interrupted=results)  # fmt: skip
                 results.append(result)
                 acc.test_done()
                 if self.on_test is not None:
