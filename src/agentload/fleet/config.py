@@ -12,7 +12,7 @@ A fleet file has optional top-level ``name``, a ``[defaults]`` table that every 
 
     [[tasks]]
     id = "setup"
-    prompt = "Write a plan to plan.md."
+    prompt = "Write a plan to notes.md."
     tools = ["write_file"]
 
     [[tasks]]
