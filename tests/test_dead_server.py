@@ -33,7 +33,7 @@ from agentload.bench.target import Target
 from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.liveness import ServerLiveness, wait_until_up
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import AiohttpTransport, MockRequest, MockResponse, MockTransport
+from agentload.endpoint.transport import AiohttpTransport, ConnectTimedOut, MockRequest, MockResponse, MockTransport
 from agentload.errors import EndpointTimeoutError, ServerLostError
 from agentload.workload.registry import get_workload
 from tests.simserver import sim_process
@@ -108,6 +108,18 @@ async def test_liveness_tells_a_frozen_server_from_a_killed_one() -> None:
         await poller.stop()
     assert "answers nothing" in frozen
     assert "refuses connections" in killed
+
+
+async def test_liveness_does_not_call_a_connect_that_timed_out_a_refusal() -> None:
+    """A frozen server whose backlog is full drops new connections: they time out, which is not a refusal."""
+
+    async def handler(req: MockRequest) -> MockResponse:
+        raise ConnectTimedOut("connect timed out")
+
+    poller = SignalPoller("http://mock.invalid", transport=MockTransport(handler), clock=LoopClock())
+    said = await ServerLiveness(_Dead(), poller, LoopClock()).describe()
+    assert "answers nothing" in said
+    assert "refuses" not in said
 
 
 async def test_liveness_waits_while_the_rule_says_alive() -> None:

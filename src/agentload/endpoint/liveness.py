@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from agentload.clock import Clock
 from agentload.endpoint.signals import SignalPoller
-from agentload.endpoint.transport import ConnectFailed, TransportError
+from agentload.endpoint.transport import ConnectFailed, ConnectTimedOut, TransportError
 from agentload.errors import EndpointTimeoutError, EndpointUnreachableError
 
 # How long the start waits for the resolver: a name that does not resolve in this long is not coming.
@@ -67,6 +67,8 @@ class ServerLiveness:
                 resp = await self.poller.transport.send("GET", self.poller.url + "/health", None, {})
                 resp.close()
             how = f"answered again just now (HTTP {resp.status}) but too late to go on"
+        except ConnectTimedOut:
+            how = "answers nothing, not even a connection in time (frozen, hung or unreachable)"
         except ConnectFailed:
             how = "refuses connections (the server is down)"
         except TimeoutError:

@@ -11,6 +11,15 @@ each read to the client in the event loop's callback for it, stamped with when i
 kernel's receive stamp on Linux), so a streamed chunk costs no task wake-up (the client takes it when a response
 has it) and its timing does not depend on how many reads the loop handled before it.
 
+Where a read's stamp comes from is decided once, at import (``stamp_path()`` says which and why): ``kernel``, the
+kernel's receive stamp, read by standing in for asyncio's socket read (Linux x86-64/arm64); ``select``, when the
+loop's select found the bytes, by wrapping the loop's selector; ``read``, the loop's clock when the read is handed
+over, through public asyncio only. Each is taken only where asyncio's internals are what it expects; a connection
+or loop that is not (uvloop, a proactor, another Python's transport) falls to the next. ``AGENTLOAD_STAMPS``, read
+once at import, caps the choice: ``read`` forces the public path (no private attribute of asyncio replaced, wrapped
+or called on a connection or loop), ``select`` rules out the kernel's, ``kernel`` or ``auto`` (or unset) takes the
+best there is; any other value is ignored (``stamp_path()``'s reason says so).
+
 A transport raises only ``TransportError`` subclasses; the client turns them into data on the record.
 """
 
@@ -19,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import os
 import platform
 import selectors
 import socket
@@ -28,7 +38,7 @@ import time
 from asyncio import selector_events
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aiohttp
@@ -50,6 +60,11 @@ class TransportError(Exception):
 
 class ConnectFailed(TransportError):
     """No response began: refused, unreachable, or reset before the status line."""
+
+
+class ConnectTimedOut(ConnectFailed):
+    """No connection in the time allowed: a host that drops what it is sent (a frozen server's full backlog), not
+    one that refuses."""
 
 
 class StreamBroken(TransportError):
@@ -138,6 +153,64 @@ def _kernel_read(transport: asyncio.BaseTransport) -> bool:
     return True
 
 
+# Where a read's arrival stamp comes from (the module docstring): the setting, and the choice made with it at import.
+STAMPS_ENV = "AGENTLOAD_STAMPS"
+_SETTINGS = ("auto", "kernel", "select", "read")
+StampPath = Literal["kernel", "select", "read"]
+
+
+class StampChoice(NamedTuple):
+    path: StampPath
+    reason: str
+
+
+def _choose(setting: str | None) -> StampChoice:
+    """The best stamping this platform and asyncio allow, at most ``setting`` (``AGENTLOAD_STAMPS``'s value)."""
+    want = (setting or "auto").strip().lower() or "auto"
+    if want not in _SETTINGS:
+        # Read at import, where no command can turn an error into its one line: an unknown value is set aside, and
+        # the choice's reason says so.
+        best = _choose("auto")
+        return StampChoice(best.path, f"{STAMPS_ENV}={setting!r} is not one of {', '.join(_SETTINGS)}: ignored; "
+                                      f"{best.reason}")  # fmt: skip
+    if want == "read":
+        return StampChoice("read", f"{STAMPS_ENV}=read: stamped at the read, no private part of asyncio touched")
+    if want == "select":
+        why = f"{STAMPS_ENV}=select"
+    elif not _KERNEL_STAMPS:
+        why = "no SO_TIMESTAMPNS read here (Linux x86-64 and arm64 only)"
+    elif _ASYNCIO_READ is None:
+        why = "this asyncio has no _SelectorSocketTransport._read_ready__data_received to stand in for"
+    else:
+        return StampChoice("kernel", "the kernel's receive stamp (SO_TIMESTAMPNS), read with recvmsg")
+    if fcntl is None or termios is None:
+        return StampChoice("read", f"{why}; no FIONREAD to count a select's bytes: stamped at the read")
+    return StampChoice("select", f"{why}: stamped when the loop's select found the bytes")
+
+
+_STAMPS = _choose(os.environ.get(STAMPS_ENV))
+
+
+def _loop_selector(loop: asyncio.AbstractEventLoop) -> selectors.BaseSelector | _SelectStamp | None:
+    """The selector an asyncio selector event loop reads on every iteration; None for another loop (uvloop, a
+    proactor). asyncio has no public hook on it: ``_selector`` is BaseSelectorEventLoop's own."""
+    selector = getattr(loop, "_selector", None)
+    if not isinstance(loop, asyncio.BaseEventLoop) or not isinstance(selector, selectors.BaseSelector | _SelectStamp):
+        return None
+    return selector
+
+
+def stamp_path(loop: asyncio.AbstractEventLoop | None = None) -> StampChoice:
+    """Where the arrival stamps of this process's responses come from, and why (decided once, at import); given a
+    ``loop``, those of connections made on it: stamped at the read on a loop without asyncio's selector. (A socket
+    that refuses the kernel's stamps still falls to ``select``, connection by connection.)"""
+    choice = _STAMPS
+    if loop is None or choice.path == "read" or _loop_selector(loop) is not None:
+        return choice
+    kind = f"{type(loop).__module__}.{type(loop).__qualname__}"
+    return StampChoice("read", f"{kind} is not asyncio's selector event loop: stamped at the read")
+
+
 class _SelectStamp:
     """An asyncio selector event loop's selector that notes when each ``select`` found the client's bytes.
 
@@ -179,12 +252,9 @@ def _select_stamp(loop: asyncio.AbstractEventLoop) -> _SelectStamp | None:
     a platform without ``FIONREAD``."""
     if fcntl is None or termios is None:
         return None
-    # asyncio has no public hook on its selector; _selector is what BaseSelectorEventLoop reads on every iteration.
-    selector = getattr(loop, "_selector", None)
-    if isinstance(selector, _SelectStamp):
+    selector = _loop_selector(loop)
+    if selector is None or isinstance(selector, _SelectStamp):
         return selector
-    if not isinstance(selector, selectors.BaseSelector) or not isinstance(loop, asyncio.BaseEventLoop):
-        return None
     stamp = _SelectStamp(selector, loop)
     loop._selector = stamp  # type: ignore[attr-defined]
     return stamp
@@ -220,7 +290,10 @@ class _StampingHandler(ResponseHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if _kernel_read(transport):
+        path = _STAMPS.path  # decided at import (stamp_path): read per connection, never per read
+        if path == "read":  # the public path: data_received stamps each read with the loop's clock
+            return
+        if path == "kernel" and _kernel_read(transport):
             # asyncio calls the transport's _read_ready_cb when the socket is readable; its stock read is replaced
             # by the same steps with recvmsg (the reader is registered only after connection_made, so no read
             # has happened yet).
@@ -547,7 +620,7 @@ class AiohttpTransport:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError) as exc:
             raise ConnectFailed(str(exc) or type(exc).__name__) from exc
         except TimeoutError as exc:
-            raise ConnectFailed("connect timed out") from exc
+            raise ConnectTimedOut("connect timed out") from exc
         except aiohttp.ClientResponseError as exc:  # a status line or header aiohttp's parser refuses
             raise _malformed(exc) from exc
         return _AiohttpResponse(resp)
