@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from agentload.endpoint import transport as transport_module
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import RequestRecord, UsageSource
 from agentload.endpoint.transport import AiohttpTransport, Response, StampChoice, stamp_path
+from tests.test_arrival_stamps import serving
 
 _WORDS = ["Hel", "lo", ",", " wor", "ld", "!", " again"]
 _PROMPT_TOKENS = 11
@@ -63,14 +63,8 @@ async def sse_server() -> AsyncIterator[str]:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield f"http://127.0.0.1:{server.port}/v1"
-    finally:
-        await server.close()
+    async with serving(handler) as url:
+        yield url
 
 
 class _Watching:
