@@ -267,3 +267,35 @@ async def test_a_turn_cancelled_on_its_resend_carries_the_attempts_that_had_ende
     assert raised.value.args == ("the run stopped",)
     assert [(r.ids.attempt, r.http_status) for r in raised.value.attempts] == [(0, 503)]
     assert len(transport.requests) == 2  # the attempt in flight was sent, and has no record: its response never ended
+
+
+class _Alive:
+    """A stall policy's dead-server rule that never says dead (a restart the rule has not yet judged)."""
+
+    total_s = 3600.0
+
+    def budget(self, phase: Any, prompt_tokens: int) -> float:
+        return 30.0
+
+    def extend(self, phase: Any, waited: float) -> float | None:
+        return None
+
+    def observe(self, record: RequestRecord) -> None:
+        return None
+
+    def server_dead(self) -> bool:
+        return False
+
+
+async def test_refused_connections_are_ridden_out_past_the_attempts_but_only_up_to_their_bound() -> None:
+    """A server that refuses while its rule says it is there is resent to past ``max_attempts``, until
+    ``max_ride_out_s`` from the first refusal — counted from a refusal at time 0.0 too."""
+    clock = ManualClock(0.0)
+    transport = scripted(*[ConnectFailed("refused")] * 50)
+    client = ChatClient("http://127.0.0.1:9", transport=transport, policy=_Alive())
+    backend = RetryingBackend(client, max_attempts=3, max_backoff_s=2.0, max_ride_out_s=10.0, clock=clock)
+    records = await backend.complete(BODY, RequestIds(agent="a"))
+    assert len(records) > 3  # past the attempts: the rule did not say the server was gone
+    assert all(r.outcome is Outcome.CONNECT_ERROR for r in records)
+    assert 10.0 <= clock.t <= 10.0 + 2.0  # ended at the bound (one backoff past it at most), not never
+    assert backend.stats.gave_up == {"max_attempts": 1}

@@ -179,7 +179,10 @@ class RetryingBackend:
                 if not record.transient:
                     why = "not_transient"
                     break
-                refused_since = (refused_since or self.clock.now()) if record.outcome is Outcome.CONNECT_ERROR else None
+                if record.outcome is not Outcome.CONNECT_ERROR:
+                    refused_since = None
+                elif refused_since is None:  # not ``or``: a virtual clock's first refusal may come at 0.0
+                    refused_since = self.clock.now()
                 if attempt + 1 >= self.max_attempts and not self._ride_out(refused_since, health):
                     why = "max_attempts"
                     break
