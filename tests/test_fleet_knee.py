@@ -64,8 +64,11 @@ def test_auto_settles_near_the_throughput_peak_in_simulated_time(tmp_path: Path)
         assert result.totals.done == 24
         assert abs(result.settled_width - peak) <= TOLERANCE * peak, f"auto from {start}"
         assert result.limiter.history, "auto moved the width"
-    # From below, auto pays only the climb: within 10% of the best fixed width's wall clock.
-    assert autos[2].wall_s <= 1.10 * points[peak].wall_s
+    # From below, auto pays only the climb: within 10% of the wall clock of the best fixed width next to the peak.
+    # (Not of the peak's own: at the pool's edge one width is worth 15 % — 8 agents fit, 7 leave a slot idle — and a
+    # controller that settles within a width of the peak spends part of the run on each side of it.)
+    beside = min(points[w].wall_s for w in points if 0 < abs(w - peak) <= 1)
+    assert autos[2].wall_s <= 1.10 * beside
 
 
 @pytest.mark.slow

@@ -76,8 +76,18 @@ def types(exposition: str) -> list[tuple[str, str]]:
     return re.findall(r"^# TYPE (\S+) (\S+)$", exposition, flags=re.M)
 
 
+def _word(i: int) -> str:
+    """A distinct word for each ``i``, all letters: one token of the simulator's tokenizer (a digit is a token)."""
+    letters = ""
+    while True:
+        i, r = divmod(i, 26)
+        letters += chr(ord("a") + r)
+        if not i:
+            return "w" + letters
+
+
 def words(n: int, start: int = 0) -> str:
-    return " ".join(f"w{i}" for i in range(start, start + n))
+    return " ".join(_word(i) for i in range(start, start + n))
 
 
 # -- the recorded real server through agentload's readers ------------------------------------------------------

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from agentload.sim.behaviour import _WORDS
 from agentload.sim.hashchain import HashChain, hash_array
 from agentload.sim.tokens import (
     VOCAB_SIZE,
@@ -15,9 +16,12 @@ from agentload.sim.tokens import (
     block_hashes,
     extend_block_hashes,
     split_tokens,
+    split_words,
     token_id,
     tokenize,
+    tokenize_words,
 )
+from agentload.workload.words import WORDS
 
 BS = 16
 
@@ -26,8 +30,9 @@ def test_split_tokens_keeps_every_character() -> None:
     text = "  Hello,  world!\n\tnew line  über café 東京 "
     pieces = split_tokens(text)
     assert "".join(pieces) == text
-    # A token is a word with the white space after it, or leading white space.
-    assert pieces[:3] == ["  ", "Hello,  ", "world!\n\t"]
+    # Pre-tokens as a GPT-2-style pre-tokenizer cuts them, each taking the single space after it.
+    assert pieces[:5] == ["  ", "Hello", ",", "  ", "world"]
+    assert split_words(text)[:3] == ["  ", "Hello,  ", "world!\n\t"]
 
 
 def test_tokenize_is_deterministic_and_in_vocabulary() -> None:
@@ -41,9 +46,21 @@ def test_tokenize_is_deterministic_and_in_vocabulary() -> None:
     assert len(set(ids)) == 5
 
 
-def test_the_default_tokenizer_is_one_token_a_word() -> None:
+def test_the_default_tokenizer_counts_like_bpe_not_a_token_a_word() -> None:
+    # Digits one by one (and a space before a digit apart), punctuation by its runs, a word with its space.
+    assert split_tokens("id 4521, ok") == ["id", " ", "4", "5", "2", "1", ", ", "ok"]
+    assert len(tokenize('{"user_id": 123456}')) == len(split_tokens('{"user_id": 123456}')) == 13
+    # A generated reply re-tokenises to the very ids it was generated as (a piece is one token).
+    reply = "Sure, the build passed: 14 tests ran in 3.2s and the coverage is 91%. "
+    assert tokenize(reply) == [token_id(p) for p in split_tokens(reply)]
+    # A template's header with its role is one token, and a message's end marker is folded into its last word, as
+    # the simulator's ChatML has always cost (the workloads' sizing counts on it); after a space it is a token.
+    assert len(tokenize("<|im_start|>user\nhello<|im_end|>\n")) == 2
+    assert len(tokenize("<|im_start|>user\nhello <|im_end|>\n")) == 3
+    assert len(tokenize("<|pad|> <|pad|> ")) == 2
+    # The one-token-a-word split is a calibrated Tokenizer's (one that counted a token a word).
     text = "  Hello,  world!\n\tnew line  über café 東京 " * 3
-    assert Tokenizer().tokenize(text) == Tokenizer((1.0,)).tokenize(text) == tokenize(text)
+    assert Tokenizer().tokenize(text) == Tokenizer((1.0,)).tokenize(text) == tokenize_words(text)
     assert Tokenizer().tokens_per_word == 1.0
 
 
@@ -112,8 +129,15 @@ def test_a_split_must_be_shares(shares: tuple[float, ...]) -> None:
 
 
 def test_retokenising_generated_text_gives_back_the_generated_ids() -> None:
-    pieces = ["Sure, ", "here ", "is ", "the ", "answer."]
+    pieces = ["Sure", ", ", "here ", "is ", "the ", "answer", "."]
+    assert split_tokens("".join(pieces)) == pieces
     assert tokenize("".join(pieces)) == [token_id(p) for p in pieces]
+    # The simulator's filler ("word " a token) stays a token a word, as the engine generated it.
+    filler = "the agent reads the file and then runs a test to check the result before it writes a patch "
+    assert tokenize(filler) == [token_id(w + " ") for w in filler.split()]
+    # Every word the workloads and the filler write is one token, so a text sized in words has that many tokens.
+    vocabulary = sorted({*WORDS, *_WORDS})
+    assert len(tokenize(" ".join(vocabulary))) == len(vocabulary)
 
 
 def test_only_full_blocks_are_hashed() -> None:

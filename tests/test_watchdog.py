@@ -350,10 +350,20 @@ async def test_agents_sent_during_a_cold_start_all_complete_while_fixed_deadline
 
 
 @pytest.mark.slow
+def letters(n: int) -> str:
+    """``n`` written in the letters a-z (0 → "a", 26 → "ba"): a word a BPE tokenizer counts as one token."""
+    out = ""
+    while True:
+        n, d = divmod(n, 26)
+        out = chr(97 + d) + out
+        if n == 0:
+            return out
+
+
 async def test_a_long_prefill_after_the_role_chunk_is_not_killed_while_the_server_shows_it_running() -> None:
     # laptop profile: a 15,000-token prompt prefills for ~4.4 s; the role chunk arrives at once, then silence.
     async with running_sim("laptop") as (server, url):
-        words = " ".join(f"p{i}" for i in range(15_000))
+        words = " ".join(f"p{letters(i)}" for i in range(15_000))  # short letter words: one token each
         body = {"model": server.model_name, "messages": [{"role": "user", "content": words}], "max_tokens": 4}
         async with watching(url) as (client, dog):
             watched = await client.chat(body)

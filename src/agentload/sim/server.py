@@ -52,7 +52,7 @@ from agentload.sim.engine import Engine, SimRequest, StepResult
 from agentload.sim.faults import MIN_GAP_S, UNENDING, FaultInjector, FaultSpec
 from agentload.sim.metrics import SimMetrics
 from agentload.sim.runner import Delivery, EngineRunner
-from agentload.sim.tokens import Tokenizer, token_id
+from agentload.sim.tokens import profile_tokenizer, token_id
 
 log = logging.getLogger("agentload.sim")
 
@@ -188,8 +188,8 @@ class SimServer:
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self.behaviour = guarded(config.behaviour)  # no reply may become an HTTP 500, whatever a client sends
         self._ids = itertools.count(1)
-        # The profile's word granularity (calibrated from a real server's tokenizer; one token a word by default).
-        self.tokenizer = Tokenizer(config.profile.word_pieces, dict(config.profile.word_tokens))
+        # The profile's tokenizer: the word granularity calibrated from a real server's, else the BPE model.
+        self.tokenizer = profile_tokenizer(config.profile)
         # ... and its chat template's cost, where calibration counted it (else the simulator's own ChatML).
         template = config.profile.chat_template
         self.pads = NO_PADS if template is None else TemplatePads.fit(*template, plain=self.tokenizer.plain)
@@ -406,9 +406,12 @@ class SimServer:
         held = cap if body.ignore_eos else min(body.min_tokens, cap)
         pieces = hold_eos(pieces, held, rng)
         pieces, cut = truncate(pieces, cap)
+        output = self._output_ids(pieces)
+        if len(output) > cap:  # a tool call's markup made it longer than the cap: cut where the cap falls
+            output = output[:cap]
+            pieces, cut = _cut_pieces(pieces, self._piece_lengths(pieces), cap), True
         # Reaching the cap is a "length" finish even when the reply fit exactly, as vLLM reports max_tokens.
-        cut = cut or len(pieces) >= cap
-        output = [token_id(p.text) for p in pieces]
+        cut = cut or len(output) >= cap
         req = SimRequest(f"req-{n}", prompt, output, arrival=self.runner.clock.now())
         req.finish_reason = (
             "length" if cut else ("tool_calls" if any(p.kind == "call_start" for p in pieces) else "stop")
@@ -417,6 +420,29 @@ class SimServer:
             self._asked[req.request_id] = llamacpp.Asked(asked or -1, bool(body.stream), bool(body.ignore_eos))
             req.id_slot = llamacpp.id_slot((body.model_extra or {}).get("id_slot"))
         return req, pieces, cut
+
+    def _piece_lengths(self, pieces: list[Piece]) -> list[int]:
+        return [len(ids) for ids in self._piece_ids(pieces)]
+
+    def _piece_ids(self, pieces: list[Piece]) -> list[list[int]]:
+        """The tokens the model generates for each piece: a text piece is one token (its text is one of the
+        tokenizer's), a tool call's start is its serialized opening and name as the tokenizer counts them (the end
+        of the call before it first, where one was), and the last call's end is counted with its last piece."""
+        out: list[list[int]] = []
+        calls = 0
+        for p in pieces:
+            if p.kind == "call_start":
+                text = (_CALL_END + "\n" if calls else "") + p.text
+                out.append(self.tokenizer.tokenize(text))
+                calls += 1
+            else:
+                out.append([token_id(p.text)])
+        if calls and out:
+            out[-1] = out[-1] + self.tokenizer.tokenize(_CALL_END)
+        return out
+
+    def _output_ids(self, pieces: list[Piece]) -> list[int]:
+        return [t for ids in self._piece_ids(pieces) for t in ids]
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._send(request, await self.open_generation(await self._read_body(request), chat=True))
@@ -581,7 +607,7 @@ class SimServer:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": [choice],
-            "usage": self._usage(req, len(pieces)),
+            "usage": self._usage(req, len(req.output)),
         }
         yield json.dumps(payload).encode()
 
@@ -764,7 +790,7 @@ class SimServer:
                     f'{{"index":0,"text":"","logprobs":null,"finish_reason":"{finish}"}}') + "]}\n\n"
         ]  # fmt: skip
         if body.include_usage:
-            usage = json.dumps(self._usage(req, len(pieces)))
+            usage = json.dumps(self._usage(req, len(req.output)))
             tail.append(head + f'],"usage":{usage}}}\n\n')
         tail.append("data: [DONE]\n\n")
         yield "".join(tail).encode()
@@ -825,6 +851,21 @@ def _delta(piece: Piece, chat: bool, request_id: str, started: set[int]) -> str:
     else:
         call = f'{{"index":{i},"function":{{"arguments":{json.dumps(piece.text)}}}}}'
     return f'{{"index":0,"delta":{{"tool_calls":[{call}]}},"logprobs":null,"finish_reason":null}}'
+
+
+# What closes a tool call after its arguments (sim.chat.render_tool_call): generated, though no client sees it.
+_CALL_END = "}\n</tool_call>"
+
+
+def _cut_pieces(pieces: list[Piece], lengths: list[int], cap: int) -> list[Piece]:
+    """The pieces whose tokens all fit in ``cap`` (at least the first: a call's start is never lost)."""
+    total, kept = 0, 0
+    for n in lengths:
+        if total + n > cap and kept:
+            break
+        total += n
+        kept += 1
+    return pieces[:kept]
 
 
 def _assemble_calls(pieces: list[Piece], request_id: str) -> list[dict[str, Any]] | None:

@@ -1,19 +1,23 @@
-"""Deterministic, cheap tokenisation and the chained block hashes of prefix caching.
+"""The simulator's tokenisers and the chained block hashes of prefix caching.
 
-One tokeniser serves usage counts, ``/tokenize`` and prefix hashing, so a conversation's repeated prefix hashes
-to the same blocks every turn. A token is a run of non-space characters with the white space after it
-(``\\S+\\s*``), or leading white space; its id is the CRC-32 of its text folded into the vocabulary. Generated
-text is made of such tokens, so re-tokenising a reply gives back the very ids the engine generated and hashed.
+One tokeniser serves usage counts, ``/tokenize``, the context-length check and prefix hashing, so a conversation's
+repeated prefix hashes to the same blocks every turn. By default it is ``sim.bpe``'s model of a byte-level BPE
+tokenizer: text costs what it costs a real model's server (prose about a token a word, JSON and code three or four
+characters a token, a token a digit), and a token's id is the CRC-32 of its text folded into the vocabulary.
+Generated text is made of that tokeniser's token texts (``split_tokens``), so re-tokenising a reply gives back the
+very ids the engine generated and hashed.
 
-A calibrated profile can give the simulator a real tokenizer's granularity instead (``Tokenizer``), as
-``agentload calibrate`` measured it with the server's ``/tokenize``: how many tokens it makes of each word
+A calibrated profile gives the simulator the granularity a real server's tokenizer showed instead (``Tokenizer``),
+as ``agentload calibrate`` measured it with the server's ``/tokenize``: how many tokens it makes of each word
 agentload's workloads write, and the shares of words it makes 1, 2, 3… tokens of (any other word takes a count
-from those shares by its hash). A text then costs what it costs on the real server, and its count scatters as it
-does there: a prompt sized in words lands a few dozen tokens either side of a KV block edge, which decides
-whether its last partial block is recomputed every turn. A reply, generated as one token a word, is counted longer
-when it is sent back, as real replies re-tokenise. A chat template's special tokens (``<|im_start|>user``,
-``<|im_end|>``, the pads of ``sim.chat.TemplatePads``) are one token each on such a tokenizer, and an end marker
-is counted apart from the word it follows, so a message costs its words plus a fixed template.
+from those shares by its hash). There a token is a run of non-space characters with the white space after it
+(``\\S+\\s*``), or leading white space, cut into more tokens where the word costs more. A text then costs what it
+costs on the real server, and its count scatters as it does there: a prompt sized in words lands a few dozen tokens
+either side of a KV block edge, which decides whether its last partial block is recomputed every turn. A reply is
+generated as the default tokeniser's tokens and counted again as the calibrated one counts it when it is sent back,
+as real replies re-tokenise. A chat template's special tokens (``<|im_start|>user``, ``<|im_end|>``, the pads of
+``sim.chat.TemplatePads``) are one token each on such a tokenizer, and an end marker is counted apart from the word
+it follows, so a message costs its words plus a fixed template.
 
 Block hashes chain like vLLM's: ``hash(parent_hash, block_token_ids)`` over full blocks only. Hashing a tuple of
 ints is deterministic across processes (PYTHONHASHSEED only salts str and bytes).
@@ -28,31 +32,62 @@ import re
 import zlib
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from agentload.capacity.profile import mean_word_tokens
+from agentload.capacity.profile import ServingProfile, mean_word_tokens
 from agentload.sim import poolkernel
+from agentload.sim.bpe import VOCAB_SIZE as VOCAB_SIZE  # re-exported: the engine and the server take it from here
+from agentload.sim.bpe import BpeTokenizer, split
+from agentload.sim.bpe import token_id as token_id
 from agentload.sim.hashchain import HashChain
 from agentload.sim.poolkernel import address
 
-VOCAB_SIZE = 151_936  # Qwen2's vocabulary size; any fixed size works
 ROOT_HASH = 0x5EED_0F_A6E17  # parent of a sequence's first block
 
-_TOKEN_RE = re.compile(r"\S+\s*|\s+")
+_DEFAULT = BpeTokenizer()
+_WORD_RE = re.compile(r"\S+\s*|\s+")
 
 
 def split_tokens(text: str) -> list[str]:
-    return _TOKEN_RE.findall(text)
-
-
-def token_id(piece: str) -> int:
-    return zlib.crc32(piece.encode("utf-8")) % VOCAB_SIZE
+    """The texts of the default tokeniser's tokens of ``text``: what a generated reply is made of, a token each."""
+    return split(text)
 
 
 def tokenize(text: str) -> list[int]:
-    return [zlib.crc32(p.encode("utf-8")) % VOCAB_SIZE for p in _TOKEN_RE.findall(text)]
+    """The default tokeniser's ids of ``text``."""
+    return _DEFAULT.tokenize(text)
+
+
+def split_words(text: str) -> list[str]:
+    """Words with the white space after them (and leading white space): a calibrated ``Tokenizer``'s pieces."""
+    return _WORD_RE.findall(text)
+
+
+def tokenize_words(text: str) -> list[int]:
+    """One token a word (``split_words``): the ids of a calibrated ``Tokenizer`` that counts every word one token."""
+    return [zlib.crc32(p.encode("utf-8")) % VOCAB_SIZE for p in _WORD_RE.findall(text)]
+
+
+class TextTokenizer(Protocol):
+    """What the simulated server asks of a tokeniser."""
+
+    @property
+    def plain(self) -> bool: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def tokenize_pieces(self, text: str) -> list[tuple[int, str]]: ...
+
+
+def profile_tokenizer(profile: ServingProfile) -> TextTokenizer:
+    """The tokeniser a profile's server counts with: the calibrated split where ``agentload calibrate`` measured
+    one (words counted, shares other than one token a word, or a chat template), else the default BPE model."""
+    if profile.word_tokens or profile.word_pieces != (1.0,) or profile.chat_template is not None:
+        return Tokenizer(profile.word_pieces, dict(profile.word_tokens))
+    return BpeTokenizer()
 
 
 # Salt of the hash that picks a word's token count: the count and the word's first id must not be correlated.
@@ -67,7 +102,7 @@ class Tokenizer:
     ``word_tokens`` counts named words (white space after a word is part of its first token); any other word takes
     ``word_pieces``: its share ``k`` is that of words made ``k + 1`` tokens (normalised), and a word's count is its
     hash's place in that distribution. Either way a word costs the same wherever it appears. Its first id is the
-    one-token id, so ``Tokenizer()`` tokenises exactly as ``tokenize``.
+    one-token id, so ``Tokenizer()`` tokenises exactly as ``tokenize_words``.
     """
 
     def __init__(self, word_pieces: Sequence[float] = (1.0,), word_tokens: Mapping[str, int] | None = None) -> None:
@@ -120,16 +155,16 @@ class Tokenizer:
 
     def tokenize(self, text: str) -> list[int]:
         if self.plain:
-            return tokenize(text)
+            return tokenize_words(text)
         out: list[int] = []
-        for piece in _TOKEN_RE.findall(text):
+        for piece in _WORD_RE.findall(text):
             out.extend(self.piece_ids(piece))
         return out
 
     def tokenize_pieces(self, text: str) -> list[tuple[int, str]]:
         """Each token's id and text: a word made of several tokens is cut into that many runs of its characters."""
         out: list[tuple[int, str]] = []
-        for piece in _TOKEN_RE.findall(text):
+        for piece in _WORD_RE.findall(text):
             ids = self.piece_ids(piece)
             cuts = [round(i * len(piece) / len(ids)) for i in range(len(ids) + 1)]
             out.extend((t, piece[a:b]) for t, a, b in zip(ids, cuts, cuts[1:], strict=False))
