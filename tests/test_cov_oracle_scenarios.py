@@ -1,6 +1,8 @@
-"""The oracle's built-in scenarios and how it picks a reply: the marker in the system prompt chooses the
-scenario, ``known_bad`` forces a named (or generic) bad reply, ``error_rate`` mixes bad replies in, anything it
-cannot read falls back; and the filler's lengths and forced calls."""
+"""The oracle's built-in scenarios and how it picks a reply: the built-in scenarios have no fixed opening, so a
+hand-written client names one with the marker in its system prompt (the suite's tests are recognised by their
+openings instead, and send no marker: tests/test_suite_no_marker.py); ``known_bad`` forces a named (or generic)
+bad reply, ``error_rate`` mixes bad replies in, anything it cannot read falls back; and the filler's lengths and
+forced calls."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from agentload.errors import ConfigError
 from agentload.sim.behaviour import (
     FillerBehaviour,
     GuardedBehaviour,
+    Opening,
     OracleBehaviour,
     PlannedCall,
     Reply,
@@ -102,6 +105,23 @@ def test_without_a_marker_or_with_an_unknown_one_the_fallback_answers() -> None:
     assert len(oracle().reply(plain).pieces()) == 5  # filler of the requested length
     unknown = turn([{"role": "user", "content": "hello"}], scenario="no-such-test", max_tokens=3)
     assert len(oracle().reply(unknown).pieces()) == 3
+
+
+def test_a_scenario_with_an_opening_answers_that_opening_and_no_other() -> None:
+    def named(t: Turn) -> Reply:
+        return Reply(content="opened")
+
+    opening = Opening("Be terse.", "Hi  there")
+    book = ScenarioBook([*builtin_scenarios(), Scenario("opened", named, openings=(opening,))])
+    exact = turn([{"role": "system", "content": "Be  terse.\n"}, {"role": "user", "content": "Hi there"}])
+    assert OracleBehaviour(book).reply(exact) == Reply(content="opened")  # white space aside, the same opening
+    other = turn([{"role": "system", "content": "Be terse!"}, {"role": "user", "content": "Hi there"}], max_tokens=2)
+    assert len(OracleBehaviour(book).reply(other).pieces()) == 2
+    offered = turn([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi there"}],
+                   tools=[LOOKUP], max_tokens=2)  # fmt: skip
+    assert len(OracleBehaviour(book).reply(offered).pieces()) == 2  # a tool the opening does not offer
+    assert book.recognise(exact) is book.get("opened")
+    assert book.recognise(other) is None
 
 
 def test_an_error_rate_mixes_in_bad_replies_at_that_share() -> None:

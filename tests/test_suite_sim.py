@@ -162,6 +162,34 @@ async def test_failed_requests_leave_tests_unscored_not_failed() -> None:
     assert (level.pooled_scored, level.pooled_unscored, level.pooled_not_run) == (0, 4, 0)
     assert level.seed_pooled_pass_rate == 0.0
     assert level.requests_failed == level.requests == 4
+    # A 500 is the server's trouble, not a refusal of what was asked: no hint about the test is added.
+    reasons = {r.reason for a in level.agent_results for r in a.tests}
+    assert all(r.startswith("request failed (http_error") for r in reasons)
+    assert not any("refused" in r for r in reasons)
+
+
+@pytest.mark.parametrize(("payload_tokens", "size"), [(1_000, "~1,910 characters"), (8_000, "~15k characters")])
+async def test_the_oracle_plays_t11_at_any_payload_size_for_every_agent(payload_tokens: int, size: str) -> None:
+    # The oracle knows T11 by how it opens, not by its payload: any size the run chooses is played, and read.
+    run = await run_on_sim(select(["T11", "H1"], payload_tokens=payload_tokens), agents=3)
+    level = run.levels[0]
+    assert [(s.test_id, s.passed) for s in level.per_test] == [("T11", 3), ("H1", 3)]
+    assert size in level.per_test[0].title
+
+
+async def test_a_t11_payload_the_server_refuses_is_unscored_and_says_why() -> None:
+    # The laptop profile's context is 16,384 tokens; the default payload's request is ~30,000: refused with a 400.
+    run = await run_on_sim(select(["T1", "T11"]), profile="laptop")
+    level = run.levels[0]
+    t1, t11 = level.agent_results[0].tests
+    assert t1.status is Status.PASS
+    assert t11.status is Status.UNSCORED
+    assert "maximum context length is 16384 tokens" in t11.reason  # the server's own words
+    assert "the server refused it (HTTP 400): T11's payload, ~57k characters" in t11.reason
+    assert "lower --payload-tokens" in t11.reason
+    assert (level.per_test[1].unscored, level.per_test[1].failed) == (1, 0)
+    assert level.per_test[1].unscored_reasons == [t11.reason]
+    assert level.pooled_pass_rate == 1.0  # T1 alone was judged
 
 
 async def test_with_faults_and_retries_every_test_still_passes_and_no_transcript_is_lost() -> None:

@@ -2,13 +2,17 @@
 
 * ``FillerBehaviour`` — load: filler text of the requested length (or a lognormal sample when the request sets
   no limit), and a syntactically valid tool call when the request forces one.
-* ``OracleBehaviour`` — the hook for the behaviour suite: a conversation whose system prompt carries the marker
-  ``[agentload:scenario=ID]`` is answered by the scenario registered under ID in a ``ScenarioBook`` —
-  correctly, or, with probability ``error_rate`` or always when ``known_bad`` names one, by one of the
-  scenario's named known-bad behaviours, so every scorer can be shown to fail when it should. Three known-bad
-  behaviours are generic (``GENERIC_BAD``): ``refuse``, and two cheats a weak model uses — ``echo-result`` (the raw
-  tool results handed back as the answer) and ``placeholder-args`` (every offered tool called with placeholders,
-  then an invented outcome). Conversations without a marker get the fallback behaviour.
+* ``OracleBehaviour`` — the hook for the behaviour suite: a conversation that opens the way a scenario registered
+  in a ``ScenarioBook`` opens (its ``Opening``: the system prompt, the first user message and the names of the
+  offered tools, equal up to white space) is answered by that scenario — correctly, or, with probability
+  ``error_rate`` or always when ``known_bad`` names one, by one of the scenario's named known-bad behaviours, so
+  every scorer can be shown to fail when it should. The suite sends a server nothing but its tests' own prompts, so
+  the oracle recognises a test by what its conversation says, never by a tag added for it. A hand-written client
+  may still name a scenario outright with ``[agentload:scenario=ID]`` in its system prompt (``MARKER``): the
+  built-in scenarios, which have no fixed opening, are reached only that way. Three known-bad behaviours are
+  generic (``GENERIC_BAD``): ``refuse``, and two cheats a weak model uses — ``echo-result`` (the raw tool results
+  handed back as the answer) and ``placeholder-args`` (every offered tool called with placeholders, then an
+  invented outcome). Any other conversation gets the fallback behaviour.
 * ``GuardedBehaviour`` — what the server actually calls: any behaviour, unable to turn a request into a 500.
 
 A reply becomes a list of token pieces; each piece is one generated token (the engine emits one per step), and
@@ -131,6 +135,18 @@ class Turn:
     def system_text(self) -> str:
         return "\n".join(m.text() for m in self.messages if m.role in ("system", "developer"))
 
+    def opening(self) -> Opening:
+        """How this conversation began: its system text before the first user message, that message, the tools."""
+        system: list[str] = []
+        user = ""
+        for m in self.messages:
+            if m.role == "user":
+                user = m.text()
+                break
+            if m.role in ("system", "developer"):
+                system.append(m.text())
+        return Opening("\n".join(system), user, tuple(t.function.name for t in self.tools))
+
     def last_user_text(self) -> str:
         for m in reversed(self.messages):
             if m.role == "user":
@@ -199,39 +215,82 @@ class FillerBehaviour:
 ScenarioFn = Callable[[Turn], Reply]
 
 
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+OpeningKey = tuple[str, str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What a scenario's conversation opens with: the system prompt, the first user message, the offered tools.
+
+    Two openings are the same when their texts are equal after white space is collapsed (a client may re-wrap or
+    trim a prompt) and they offer the same tool names in any order; nothing looser, so a conversation that only
+    resembles a test — another system prompt, another request, other tools — is not taken for it.
+    """
+
+    system: str
+    user: str
+    tools: tuple[str, ...] = ()
+
+    def key(self) -> OpeningKey:
+        return _squash(self.system), _squash(self.user), tuple(sorted(self.tools))
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """One behaviour-suite test as the oracle plays it: the correct reply and named known-bad replies."""
+    """One behaviour-suite test as the oracle plays it: the correct reply and named known-bad replies, and the
+    openings of the conversations it answers (none: it is reached only by name, through ``MARKER``)."""
 
     id: str
     correct: ScenarioFn
     bad: Mapping[str, ScenarioFn] = field(default_factory=dict)
+    openings: tuple[Opening, ...] = ()
+
+
+MARKER = re.compile(r"\[agentload:scenario=([A-Za-z0-9_.:-]+)\]")
 
 
 class ScenarioBook:
-    """The scenarios an oracle knows; the behaviour suite registers its tests here."""
+    """The scenarios an oracle knows, by id and by the openings they answer; the behaviour suite registers its
+    tests here."""
 
     def __init__(self, scenarios: Iterable[Scenario] = ()) -> None:
         self._by_id: dict[str, Scenario] = {}
+        self._by_opening: dict[OpeningKey, Scenario] = {}
         for s in scenarios:
             self.register(s)
 
     def register(self, scenario: Scenario) -> None:
         if scenario.id in self._by_id:
             raise ConfigError(f"scenario {scenario.id!r} is registered twice")
+        keys = {o.key() for o in scenario.openings}
+        for key in keys:
+            other = self._by_opening.get(key)
+            if other is not None:
+                # Two scenarios on one opening: the oracle could not tell which test a conversation is.
+                raise ConfigError(f"scenarios {other.id!r} and {scenario.id!r} open the same conversation")
         self._by_id[scenario.id] = scenario
+        self._by_opening.update(dict.fromkeys(keys, scenario))
 
     def get(self, scenario_id: str) -> Scenario | None:
         return self._by_id.get(scenario_id)
+
+    def recognise(self, turn: Turn) -> Scenario | None:
+        """The scenario whose opening this conversation has, else the one its system prompt names, else None."""
+        found = self._by_opening.get(turn.opening().key())
+        if found is not None:
+            return found
+        named = MARKER.search(turn.system_text())
+        return self._by_id.get(named.group(1)) if named else None
 
     def ids(self) -> list[str]:
         return sorted(self._by_id)
 
     def bad_names(self) -> set[str]:
         return {name for s in self._by_id.values() for name in s.bad}
-
-
-MARKER = re.compile(r"\[agentload:scenario=([A-Za-z0-9_.:-]+)\]")
 
 
 def _refuse(turn: Turn) -> Reply:
@@ -291,8 +350,7 @@ class OracleBehaviour:
             raise ConfigError(f"unknown known-bad behaviour {self.known_bad!r}; known: {', '.join(sorted(known))}")
 
     def reply(self, turn: Turn) -> Reply:
-        found = MARKER.search(turn.system_text())
-        scenario = self.book.get(found.group(1)) if found else None
+        scenario = self.book.recognise(turn)
         if scenario is None:
             return self.fallback.reply(turn)
         try:

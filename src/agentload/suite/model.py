@@ -1,8 +1,9 @@
 """What a behaviour-suite test is: a scenario, its mock tools, and a rule-based scorer over the transcript.
 
-A test never talks to a server itself. The runner turns it into an ``AgentSpec`` (system prompt with the oracle
-marker, user prompt), gives the agent a fresh set of the test's tools (so stateful tools are per agent), and hands
-the finished ``Transcript`` to ``score``. Scorers are pure functions of the transcript — no tool state, no clock —
+A test never talks to a server itself. The runner turns it into an ``AgentSpec`` (the test's system prompt and
+user prompt, exactly: nothing is added for the simulator's sake, so a real model sees only the test), gives the
+agent a fresh set of the test's tools (so stateful tools are per agent), and hands the finished ``Transcript`` to
+``score``. Scorers are pure functions of the transcript — no tool state, no clock —
 so a stored result can be re-scored later by a newer scorer (``results.rescore``).
 """
 
@@ -17,7 +18,7 @@ from agentload.agent.loop import Transcript
 from agentload.agent.tools import Tool
 
 # Bump when a test's prompt, tools or scorer changes: scores from different versions are not comparable.
-SUITE_VERSION = "1.1"  # 1.1: raw tool results, echoed requests and placeholder arguments fail
+SUITE_VERSION = "1.2"  # 1.1: raw tool results, echoed requests and placeholder arguments fail; 1.2: no oracle tag
 
 
 class Category(StrEnum):
@@ -67,17 +68,12 @@ Scorer = Callable[[Transcript], Verdict]
 ToolFactory = Callable[[], list[Tool]]
 
 
-def marker(test_id: str) -> str:
-    """The oracle marker (agentload.sim.behaviour.MARKER): the simulator answers as this test's scenario."""
-    return f"[agentload:scenario={test_id}]"
-
-
 @dataclass(frozen=True)
 class SuiteTest:
     id: str
     category: Category
     title: str  # what the test checks, in one line
-    system: str  # the system prompt without the marker
+    system: str  # the system prompt, sent as it is
     user: str
     tools: ToolFactory  # called once per agent: stateful tools must not be shared
     score: Scorer
@@ -85,10 +81,12 @@ class SuiteTest:
     # Most scorers judge a final answer, so hitting the round cap fails before they run; the multi-hop scorer
     # wants the transcript anyway, to find the hop where the chain broke.
     answer_required: bool = True
+    # Added to the reason when the test goes unscored because the server refused one of its requests as such (a
+    # 4xx other than a timeout or a rate limit): what in this test it most likely refused. Empty: nothing to add.
+    refused_hint: str = ""
 
     def system_prompt(self) -> str:
-        # The marker is a bracketed tag at the end: a real model reads it as noise, the simulator as its cue.
-        return f"{self.system}\n\n{marker(self.id)}"
+        return self.system
 
     def messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": self.user}]

@@ -1,11 +1,12 @@
 """The suite's tests as the simulator's oracle plays them: a correct reply and named known-bad replies per test.
 
 ``agentload.cli.common.default_book`` hands ``scenarios()`` to the simulator's oracle, so a simulator run
-with ``--behaviour oracle`` answers every suite test — correctly, or with ``--known-bad NAME`` the way a weak
+with ``--behaviour oracle`` answers every suite test (recognised by how its conversation opens, ``opening``: the
+suite adds nothing to a test's prompts for the oracle's sake) — correctly, or with ``--known-bad NAME`` the way a weak
 model would, which is how each scorer is shown to fail when it should. Each reply function sees the conversation
 so far (a ``Turn``) and works like a small state machine over it: which tools were called, what they returned.
 Where a real model would read a figure from a tool result, the oracle reads it too (the recalled SKU out of the
-50k-token export, the next relay key, the list after a mutation), so a run through the simulator checks that the
+large export, the next relay key, the list after a mutation), so a run through the simulator checks that the
 tool results reached the model intact, not only that the scorer likes a canned string.
 
 Known-bad names are shared where the mistake is the same (``invent-tool``, ``fenced-json``); a known-bad name a
@@ -19,9 +20,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from agentload.sim.behaviour import PlannedCall, Reply, Scenario, ScenarioFn, Turn
+from agentload.sim.behaviour import Opening, PlannedCall, Reply, Scenario, ScenarioFn, Turn
 from agentload.sim.chat import Message
-from agentload.suite.cases import basic, edge, instruction, multihop, parallel, stress
+from agentload.suite.cases import basic, by_id, edge, instruction, multihop, parallel, stress
+from agentload.suite.model import SuiteTest
 
 # -- reading the conversation ---------------------------------------------------------------------------------------
 
@@ -544,6 +546,15 @@ _PLAYS: dict[str, tuple[ScenarioFn, Mapping[str, ScenarioFn]]] = {
 }
 
 
+def opening(test: SuiteTest) -> Opening:
+    """How the suite opens a test's conversation: its system prompt, its request and the tools it offers.
+
+    The oracle recognises a test by this alone; no size the suite lets a run choose (T11's payload) is part of it.
+    """
+    return Opening(test.system_prompt(), test.user, tuple(t.name for t in test.tools()))
+
+
 def scenarios() -> list[Scenario]:
     """One scenario per suite test, for the oracle's book (``agentload.cli.common.default_book``)."""
-    return [Scenario(test_id, correct, dict(bad)) for test_id, (correct, bad) in _PLAYS.items()]
+    tests = by_id()
+    return [Scenario(test_id, play, dict(bad), (opening(tests[test_id]),)) for test_id, (play, bad) in _PLAYS.items()]

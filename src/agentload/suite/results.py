@@ -234,16 +234,40 @@ def compile_level(
     )
 
 
+# A 4xx the server may answer any request with (it timed out, or is rate limiting): no fault of what was asked.
+_NOT_A_REFUSAL = frozenset({408, 409, 425, 429})
+
+
+def refused_status(transcript: Transcript) -> int | None:
+    """The HTTP status of the request that ended a failed conversation, when the server refused that request as
+    such (a 4xx other than a timeout or a rate limit: e.g. a 400 for a prompt longer than its context); else None."""
+    if transcript.stop_reason != "failed" or not transcript.turns:
+        return None
+    status = transcript.turns[-1].final.http_status
+    return status if status is not None and 400 <= status < 500 and status not in _NOT_A_REFUSAL else None
+
+
+def unscored_reason(test: SuiteTest, transcript: Transcript, reason: str) -> str:
+    """Why an unscored test could not be judged: the failed request, and for one the server refused (its status
+    named) what in this test it most likely refused — T11's payload, for a server whose context is too short."""
+    status = refused_status(transcript)
+    if status is None:
+        return reason
+    hint = f": {test.refused_hint}" if test.refused_hint else ""
+    return f"{reason}; the server refused it (HTTP {status}){hint}"
+
+
 def judge(
     test: SuiteTest, transcript: Transcript, *, played_version: str, started_s: float, duration_s: float
 ) -> TestResult:
     """Score a finished conversation and keep it whole with the verdict."""
     status, verdict = score(test, transcript)
+    reason = unscored_reason(test, transcript, verdict.reason) if status is Status.UNSCORED else verdict.reason
     return TestResult(
         test_id=test.id,
         category=test.category,
         status=status,
-        reason=verdict.reason,
+        reason=reason,
         break_hop=verdict.break_hop,
         hops_completed=verdict.hops_completed,
         suite_version=SUITE_VERSION,

@@ -1,5 +1,5 @@
-"""Category 3, stress inputs: a 404, null fields, a timed-out tool, and a ~50k-token payload — each must be met
-without inventing what the tool did not say."""
+"""Category 3, stress inputs: a 404, null fields, a timed-out tool, and a large payload (about 200,000 characters
+of JSON lines by default) — each must be met without inventing what the tool did not say."""
 
 from __future__ import annotations
 
@@ -151,9 +151,14 @@ T10 = SuiteTest(
     score=_t10_score,
 )
 
-# -- T11: a ~50k-token payload ----------------------------------------------------------------------------------
+# -- T11: a large payload --------------------------------------------------------------------------------------
 
-PAYLOAD_TOKENS = 50_000
+# The payload's size (``--payload-tokens``) in tokens of a real BPE tokenizer: SmolLM2-135M-Instruct's (49,152
+# tokens, byte-level BPE, digits split) counts this export at 1.91 characters a token (200,135 characters: 104,522
+# tokens), so the default 30,000 is ~57k characters, which with the conversation fits a 40,960-token context
+# (the source deployment's) and not a 16,384-token one. Other tokenizers count it within a few tens of percent.
+PAYLOAD_TOKENS = 30_000
+CHARS_PER_TOKEN = 1.91
 RECALLED_SKU = "QX-40721"
 WAREHOUSE = "LIS-2"
 _SKU = re.compile(r"\b[a-z]{2}-\d{5}\b")
@@ -174,13 +179,13 @@ _STATUS = ["active", "active", "active", "backorder", "reserved", "discontinued"
 
 @functools.lru_cache(maxsize=4)
 def inventory_export(tokens: int = PAYLOAD_TOKENS) -> str:
-    """A warehouse export of about ``tokens`` tokens (4 characters a token), one JSON record a line.
+    """A warehouse export of about ``tokens`` BPE tokens (``CHARS_PER_TOKEN`` characters each), one JSON record a line.
 
     Exactly one record, about 70% of the way in, has the status "recalled": finding it needs the whole payload.
     Deterministic, so every agent and every run sees the same text (and a server may cache it across agents).
     """
     rng = random.Random(40721)
-    chars = tokens * 4
+    chars = round(tokens * CHARS_PER_TOKEN)
     lines = [json.dumps({"warehouse": WAREHOUSE, "format": "one JSON record per line"})]
     size = len(lines[0])
     records: list[str] = []
@@ -227,16 +232,26 @@ def _t11_score(t: Transcript) -> Verdict:
     return passed(f"found {RECALLED_SKU} in the large export")
 
 
+def payload_size(tokens: int) -> str:
+    """The payload's size as sent, in characters (its tokens are the server's to count): "~57k characters"."""
+    chars = round(tokens * CHARS_PER_TOKEN)
+    return f"~{chars / 1000:,.0f}k characters" if chars >= 10_000 else f"~{chars:,} characters"
+
+
 def big_payload_test(tokens: int = PAYLOAD_TOKENS) -> SuiteTest:
-    """T11 with a payload of about ``tokens`` tokens (smaller for servers with a short context)."""
+    """T11 with a payload of about ``tokens`` BPE tokens (smaller for servers with a short context)."""
     return SuiteTest(
         id="T11",
         category=Category.STRESS,
-        title=f"tool returns a ~{tokens // 1000}k-token payload: still answers correctly",
+        title=f"tool returns a large payload ({payload_size(tokens)}): still answers correctly",
         system=system(),
         user=f"Export the inventory of warehouse {WAREHOUSE} and tell me which SKU is marked as recalled.",
         tools=lambda: _t11_tools(tokens),
         score=_t11_score,
+        refused_hint=(
+            f"T11's payload, {payload_size(tokens)} of JSON lines (--payload-tokens {tokens}), may not fit "
+            "its context; lower --payload-tokens"
+        ),
     )
 
 
