@@ -8,6 +8,7 @@ import ast
 import json
 import operator
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from agentload.cli.sim import make_behaviour
 from agentload.errors import ConfigError
+from agentload.sim.agent_conv import Conversation
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import Turn
 from agentload.sim.chat import Message, Tool
@@ -356,3 +358,326 @@ def test_the_oracle_reads_foreign_tool_results_without_crashing(
     reply = make_behaviour("oracle").reply(_turn(messages, []))
     assert reply.content or reply.tool_calls
     assert not [rec for rec in caplog.records if "could not interpret" in rec.getMessage()]
+
+
+# -- one rule at a time: argument values, tool_choice, chaining, retries, answers ----------------------------------
+
+_Impl = Callable[..., Any]
+
+
+def _drive(
+    prompt: str, tools: list[tuple[dict[str, Any], _Impl]], tool_choice: str | dict[str, Any] = "auto", rounds: int = 8
+) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+    """Runs the behaviour as an agent loop would, without HTTP: its calls (name, arguments) in order, its answer."""
+    schemas = [s for s, _ in tools]
+    impls = {s["function"]["name"]: f for s, f in tools}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    calls: list[tuple[str, dict[str, Any]]] = []
+    for rnd in range(rounds):
+        choice = tool_choice if rnd == 0 else "auto"
+        reply = AgentBehaviour().reply(_turn(messages, schemas, seed=rnd, tool_choice=choice))
+        if not reply.tool_calls:
+            return calls, reply.content
+        ids = [f"c{rnd}-{i}" for i in range(len(reply.tool_calls))]
+        messages.append({"role": "assistant", "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in zip(ids, reply.tool_calls, strict=True)]})  # fmt: skip
+        for i, c in zip(ids, reply.tool_calls, strict=True):
+            args = json.loads(c.arguments)
+            calls.append((c.name, args))
+            messages.append({"role": "tool", "tool_call_id": i, "content": json.dumps(impls[c.name](**args))})
+    return calls, ""
+
+
+def _first_call(prompt: str, tools: list[dict[str, Any]], **kw: Any) -> tuple[str, dict[str, Any]]:
+    calls = AgentBehaviour().reply(_turn([{"role": "user", "content": prompt}], tools, **kw)).tool_calls
+    assert calls, f"no call for {prompt!r}"
+    return calls[0].name, json.loads(calls[0].arguments)
+
+
+LOOKUP = fn("lookup_record", "Look up a record by its id.", {"record_id": S})
+UUID = "3f2b9c1e-8a7d-4e6f-9b1a-2c3d4e5f6a7b"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "want"),
+    [
+        ("Look up record E-1093 for me.", "E-1093"),
+        ("Please look up the record ZX-4471-Q.", "ZX-4471-Q"),
+        ("Look up record 12345, please.", "12345"),
+        (f"Look up record {UUID} and summarise it.", UUID),
+        ("Look up record k07-3fa2b1 from yesterday.", "k07-3fa2b1"),
+    ],
+)
+def test_each_id_shape_is_passed_whole(prompt: str, want: str) -> None:
+    assert _first_call(prompt, [LOOKUP, WEATHER]) == ("lookup_record", {"record_id": want})
+
+
+def test_an_id_named_as_another_kind_of_thing_is_not_used_for_this_one() -> None:
+    # An order's UUID is no tracking number: the parcel is tracked with the number the order gives.
+    order = fn("get_order", "Fetch an order by its order id.", {"order_id": S})
+    track = fn("track_parcel", "Status of a parcel by tracking number.", {"tracking_number": S})
+    tools = [
+        (order, lambda order_id: {"carrier": "DHL", "tracking_number": "ZX-4471-Q"} if order_id == UUID else {}),
+        (track, lambda tracking_number: {"status": "out for delivery" if tracking_number == "ZX-4471-Q" else "?"}),
+    ]
+    calls, answer = _drive(f"Has order {UUID} shipped, and where is the parcel now?", tools)
+    assert calls == [("get_order", {"order_id": UUID}), ("track_parcel", {"tracking_number": "ZX-4471-Q"})]
+    assert "out for delivery" in answer
+
+
+@pytest.mark.parametrize(
+    ("prompt", "city"),
+    [
+        ("What's the weather in San Francisco right now?", "San Francisco"),
+        ("Is it raining in Rio de Janeiro today?", "Rio de Janeiro"),
+        ("Weather for New York, please.", "New York"),
+        ("How hot is it in Lisbon?", "Lisbon"),
+    ],
+)
+def test_a_city_is_taken_without_the_words_around_it(prompt: str, city: str) -> None:
+    assert _first_call(prompt, [WEATHER, CALC]) == ("get_current_weather", {"location": city})
+
+
+def test_a_quoted_name_and_the_date_and_time_fill_their_parameters() -> None:
+    name, args = _first_call("Schedule a meeting called 'Design review' on 2025-03-14 at 15:00 for 45 minutes.",
+                             [CREATE_EVENT, WEATHER])  # fmt: skip
+    assert name == "create_event"
+    assert args == {"title": "Design review", "date": "2025-03-14", "time": "15:00", "duration_minutes": 45}
+
+
+def test_numbers_with_units_fill_a_conversion() -> None:
+    convert = fn("convert_units", "Convert a distance between units.",
+                 {"value": {"type": "number"}, "from_unit": S, "to_unit": S})  # fmt: skip
+    # "convert" and two units are the evidence: the tool is chosen under "auto", with nothing else to go on.
+    assert _first_call("Convert 42 km to miles.", [convert, WEATHER]) == (
+        "convert_units", {"value": 42.0, "from_unit": "km", "to_unit": "mi"}
+    )  # fmt: skip
+    enum = {"type": "string", "enum": ["mi", "km"]}
+    typed = fn(
+        "convert_units", "Convert a distance.", {"value": {"type": "number"}, "from_unit": enum, "to_unit": enum}
+    )
+    assert _first_call("How far is 10 miles in km?", [typed]) == (
+        "convert_units", {"value": 10.0, "from_unit": "mi", "to_unit": "km"}
+    )  # fmt: skip
+    # A lone duration is a quantity, not a conversion: no converter for it.
+    reply = AgentBehaviour().reply(_turn([{"role": "user", "content": "Remind me in 20 minutes."}], [convert]))
+    assert not reply.tool_calls
+
+
+def test_tool_choice_auto_required_none_and_named() -> None:
+    ask = [{"role": "user", "content": "Where's my parcel ZX-4471-Q?"}]
+    track = fn("track_parcel", "Status of a parcel by tracking number.", {"tracking_number": S})
+    auto = AgentBehaviour().reply(_turn(ask, [track, WEATHER], tool_choice="auto")).tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in auto] == [("track_parcel", {"tracking_number": "ZX-4471-Q"})]
+    assert not AgentBehaviour().reply(_turn(ask, [track, WEATHER], tool_choice="none")).tool_calls
+    chat = [{"role": "user", "content": "Hello there, how are you?"}]
+    assert not AgentBehaviour().reply(_turn(chat, [track, WEATHER], tool_choice="auto")).tool_calls
+    forced = AgentBehaviour().reply(_turn(chat, [track, WEATHER], tool_choice="required")).tool_calls
+    assert len(forced) == 1
+    assert forced[0].name in ("track_parcel", "get_current_weather")
+    named = {"type": "function", "function": {"name": "get_current_weather"}}
+    called = AgentBehaviour().reply(_turn(ask, [track, WEATHER], tool_choice=named)).tool_calls
+    assert [c.name for c in called] == ["get_current_weather"]
+    assert set(json.loads(called[0].arguments)) >= {"location"}
+
+
+def _employees() -> list[tuple[dict[str, Any], _Impl]]:
+    people = {"E-1093": {"name": "Marta Quaresma", "office": "Porto", "manager_id": "E-0088"},
+              "E-0088": {"name": "Rui Lobo", "office": "Lisbon", "manager_id": None}}  # fmt: skip
+    phones = {"Porto": "+351 220 000 100", "Lisbon": "+351 210 000 200"}
+    return [
+        (fn("get_employee", "Look up an employee record by employee id.", {"employee_id": S}),
+         lambda employee_id: people.get(employee_id, {"error": "no such employee"})),
+        (fn("office_info", "Contact details of the company office in a city.", {"city": S}),
+         lambda city: {"city": city, "phone": phones[city]} if city in phones else {"error": "unknown office"}),
+    ]  # fmt: skip
+
+
+def test_a_relative_the_request_asks_about_is_looked_up_before_what_depends_on_it() -> None:
+    prompt = "Look up employee E-1093, find their manager, then tell me which city the manager's office is in."
+    calls, answer = _drive(prompt, _employees())
+    assert calls == [("get_employee", {"employee_id": "E-1093"}), ("get_employee", {"employee_id": "E-0088"}),
+                     ("office_info", {"city": "Lisbon"})]  # fmt: skip
+    assert "Lisbon" in answer
+    # Without a word about the manager, the employee's own office is the one wanted: no detour.
+    calls, answer = _drive("Look up employee E-1093, then get the phone number of the office where they work.",
+                           _employees())  # fmt: skip
+    assert calls == [("get_employee", {"employee_id": "E-1093"}), ("office_info", {"city": "Porto"})]
+    assert "220 000 100" in answer
+
+
+def _files(files: dict[str, str]) -> tuple[dict[str, Any], _Impl]:
+    def read(path: str) -> dict[str, Any]:
+        return {"path": path, "text": files[path]} if path in files else {"error": f"no file {path}"}
+
+    return fn("read_file", "Read a text file and return its contents.", {"path": S}), read
+
+
+def _calculator() -> tuple[dict[str, Any], _Impl]:
+    from agentload.sim.agent_extract import evaluate
+
+    return (CALC, lambda expression: {"result": evaluate(expression)})
+
+
+def test_a_file_a_result_points_to_is_read_before_answering() -> None:
+    files = {"start.md": "Setup notes are incomplete; see next.md for the rest.",
+             "next.md": "The on-call lead is Ines Duarte."}  # fmt: skip
+    calls, answer = _drive("Read start.md and follow whatever it points to; who is the on-call lead?", [_files(files)])
+    assert calls == [("read_file", {"path": "start.md"}), ("read_file", {"path": "next.md"})]
+    assert "Ines Duarte" in answer
+
+
+def test_a_computation_asked_for_after_reading_is_done_with_the_calculator() -> None:
+    files = {"team.txt": "The platform team has 4 engineers. Each one costs 1500 per month."}
+    prompt = "Read the file team.txt and tell me the monthly cost of the whole team (engineers times cost each)."
+    calls, answer = _drive(prompt, [_files(files), _calculator()])
+    assert [n for n, _ in calls] == ["read_file", "calculator"]
+    assert "6000" in answer
+    calls, answer = _drive("Please open team.txt and sum the numbers in it.", [_calculator(), _files(files)])
+    assert [n for n, _ in calls] == ["read_file", "calculator"]
+    assert "1504" in answer
+
+
+def test_a_value_from_one_result_feeds_the_next_step() -> None:
+    tools = [(FIND_CUSTOMER, lambda email: {"customer_id": "C-7781"} if email == "ana@example.com" else {}),
+             (LIST_ORDERS, lambda customer_id: {"orders": ["O-551"] if customer_id == "C-7781" else []})]  # fmt: skip
+    calls, answer = _drive("Look up the customer with e-mail ana@example.com, then list their orders.", tools)
+    assert calls == [("find_customer", {"email": "ana@example.com"}), ("list_orders", {"customer_id": "C-7781"})]
+    assert "O-551" in answer
+
+
+def test_a_tool_error_that_lists_the_valid_values_is_retried_once() -> None:
+    office = fn("office_info", "Contact details of the company office in a city.", {"city": S})
+    tried: list[str] = []
+
+    def info(city: str) -> dict[str, Any]:
+        tried.append(city)
+        if city == "Porto":
+            return {"city": "Porto", "phone": "+351 220 000 100"}
+        return {"error": f"unknown office {city}; valid values are: Porto, Lisbon"}
+
+    _, answer = _drive("Get me the phone number of our office in Oporto.", [(office, info)])
+    assert tried == ["Oporto", "Porto"]
+    assert "220 000 100" in answer
+    # An error that keeps coming back is reported, not retried without end.
+    stubborn: list[str] = []
+
+    def never(city: str) -> dict[str, Any]:
+        stubborn.append(city)
+        return {"error": "unknown office; valid values are: Faro, Braga"}
+
+    _, answer = _drive("Get me the phone number of our office in Oporto.", [(office, never)])
+    assert len(stubborn) == 2
+    assert "failed" in answer.lower() or "could not" in answer.lower()
+
+
+def test_then_remove_uses_the_remove_tool_and_the_answer_says_so() -> None:
+    items: list[str] = []
+
+    def add(item: str) -> dict[str, Any]:
+        items.append(item)
+        return {"added": item}
+
+    def remove(item: str) -> dict[str, Any]:
+        items.remove(item)
+        return {"removed": item}
+
+    tools: list[tuple[dict[str, Any], _Impl]] = [
+        (fn("list_add", "Add an item to the shopping list.", {"item": S}), add),
+        (fn("list_remove", "Remove an item from the list.", {"item": S}), remove),
+        (fn("list_show", "The items on the shopping list.", {}), lambda: {"items": list(items)}),
+    ]
+    calls, answer = _drive("On my shopping list: add 'oat milk', 'rye bread' and 'lemons'. Then remove 'rye bread'. "
+                           "Then tell me what is on the list.", tools)  # fmt: skip
+    assert [n for n, _ in calls] == ["list_add"] * 3 + ["list_remove", "list_show"]
+    assert items == ["oat milk", "lemons"]
+    assert ("list_remove", {"item": "rye bread"}) in calls
+    assert "removed rye bread" in answer
+
+
+def test_one_observation_message_answering_two_calls_is_split_between_them() -> None:
+    # A framework that replays its calls as text and sends both results in one user message.
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": f"Has order {UUID} shipped, and where is the parcel now?"},
+        {"role": "assistant", "content": "Calling tools:\n[{'id': 'a', 'type': 'function', 'function': {'name': "
+         f"'get_order', 'arguments': {{'order_id': '{UUID}'}}}}}}, {{'id': 'b', 'type': 'function', 'function': "
+         "{'name': 'track_parcel', 'arguments': {'tracking_number': 'X'}}}]"},
+        {"role": "user", "content": 'Observation:\n{"carrier": "DHL", "tracking_number": "ZX-4471-Q"}\n'
+                                    '{"error": "unknown parcel"}'},
+    ]  # fmt: skip
+    order = fn("get_order", "Fetch an order by its order id.", {"order_id": S})
+    track = fn("track_parcel", "Status of a parcel by tracking number.", {"tracking_number": S})
+    turn = _turn(messages, [order, track])
+    results = Conversation.read(turn.messages).results
+    assert [(r.name, r.failed) for r in results] == [("get_order", False), ("track_parcel", True)]
+    assert results[0].value == {"carrier": "DHL", "tracking_number": "ZX-4471-Q"}
+    calls = AgentBehaviour().reply(turn).tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("track_parcel", {"tracking_number": "ZX-4471-Q"})]
+
+
+@pytest.mark.parametrize(
+    ("text", "lang"),
+    [
+        (UUID, "english"),
+        (json.dumps({"order_id": UUID, "status": "shipped", "carrier": "DHL"}), "english"),
+        ("Porto e Lisboa", "english"),  # two place names and an "e": too little to call it Portuguese
+        ("The parcel is on its way and arrives tomorrow.", "english"),
+        ("A casa é muito bonita e fica no centro da cidade.", "portuguese"),
+        ("El hotel está cerca de la playa y tiene una piscina.", "spanish"),
+        ("Le colis est arrivé dans la boîte aux lettres.", "french"),
+        ("Das Paket ist auf dem Weg zu dir und kommt morgen.", "german"),
+    ],
+)
+def test_a_language_is_named_only_on_several_of_its_own_words(text: str, lang: str) -> None:
+    from agentload.sim.agent_extract import language
+
+    assert language(text) == lang
+
+
+def test_an_answer_is_whole_sentences_not_word_salad() -> None:
+    for seed in range(10):
+        plain = AgentBehaviour().reply(
+            _turn([{"role": "user", "content": "Tell me about lighthouses."}], [], seed=seed)
+        )
+        sentences = [s for s in re.split(r"(?<=[.!?])\s+", plain.content.strip()) if s]
+        assert sentences
+        assert all(s[0].isupper() and s[-1] in ".!?" and len(s.split()) >= 4 for s in sentences), sentences
+        assert "lighthouses" in plain.content
+        assert not re.search(r"\b(\w+) \1\b", plain.content, re.I)  # no word said twice in a row
+    calls, answer = _drive("What's the weather in Lisbon right now?",
+                           [(WEATHER, lambda location: {"location": location, "temperature": 21})])  # fmt: skip
+    assert calls == [("get_current_weather", {"location": "Lisbon"})]
+    assert re.fullmatch(r"(?:[A-Z][^.!?]*[.!?]\s*)+", answer.strip()), answer
+    assert "21" in answer
+
+
+async def test_a_call_fits_the_output_cap_so_its_arguments_stay_valid_json() -> None:
+    # A long result to write out under a small max_tokens: the content is shortened, not cut mid-JSON.
+    hits = " ".join(f"Rate limit rule {i}: 600 requests per minute per key, burst of {i} allowed." for i in range(40))
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Search the docs for rate limits and save a summary to notes.md."},
+        {"role": "assistant", "tool_calls": [{"id": "c0", "type": "function",
+                                              "function": {"name": "search_docs", "arguments": '{"query": "x"}'}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": json.dumps({"hits": [hits]})},
+    ]  # fmt: skip
+    async with running_sim(behaviour=AgentBehaviour()) as (server, url):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60.0)
+        try:
+            # Plain dicts, as a harness builds them; the SDK's TypedDicts would only restate them.
+            r = await client.chat.completions.create(
+                model=server.model_name,
+                messages=messages,  # type: ignore[arg-type]
+                tools=[SEARCH_DOCS, WRITE_FILE],  # type: ignore[list-item]
+                max_tokens=48,
+            )
+        finally:
+            await client.close()
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls is not None
+    [call] = choice.message.tool_calls
+    assert call.type == "function"
+    args = json.loads(call.function.arguments)
+    assert args["path"] == "notes.md"
+    assert args["content"].startswith("From search_docs")
