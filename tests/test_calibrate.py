@@ -491,7 +491,9 @@ def test_cli_calibrates_a_running_simulator_and_writes_a_profile_sim_can_serve(t
         args = ["calibrate", "--url", f"{url}/v1", "--repeats", "1", "--max-batch", "4", "--json"]
         run = subprocess.run([*AGENTLOAD, *args, "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    data = json.loads(run.stdout)
+    data = json.loads(run.stdout)  # the progress went to stderr, a line as each phase started
+    for phase in ("reading the server", "TTFT against prompt length", "ITL against batch size and context"):
+        assert f"calibrate: {phase}: " in run.stderr, run.stderr
     assert data["pool"]["num_blocks"] == 777
     assert data["profile_toml"] == out.read_text()
     written = load_profile(str(out))

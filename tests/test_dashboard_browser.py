@@ -24,7 +24,9 @@ from agentload.cli.main import app
 from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
 from agentload.fleet.checkpoint import LOG, load_log
+from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
+from agentload.store.manifest import read_info, write_info
 from agentload.store.rundir import RunDir
 from tests.test_report_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -367,3 +369,68 @@ def test_a_bench_run_replays_its_level_table_and_search(tmp_path: Path) -> None:
         expect(page.locator("#levels tbody tr")).to_have_count(0)
         expect(page.locator("#steps li")).to_have_count(0)
         expect(page.locator("#bench-current")).to_contain_text("measuring level 0: 1 agents")
+
+
+SEQUENTIAL = """
+name = "seq"
+[defaults]
+tools = ["search"]
+tool_choice = "required"
+max_rounds = 3
+max_tokens = 16
+think_time_s = 0.3
+context_tokens = 300
+
+[[tasks]]
+id = "w"
+prompt = "Work item {replica}."
+count = 3
+"""
+
+
+def test_a_sequential_run_shows_its_mode_and_no_preemptions_it_did_not_have(tmp_path: Path) -> None:
+    (tmp_path / "f.toml").write_text(SEQUENTIAL)
+    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
+                      mode=Mode.SEQUENTIAL, dashboard=True)  # fmt: skip
+    run = _Run(opts)
+    run.start()
+    deadline = time.monotonic() + 30
+    while opts.dashboard_url is None and run.error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run.error is None, run.error
+    assert opts.dashboard_url is not None
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(opts.dashboard_url)
+            expect(page.locator("#mode")).to_contain_text("sequential", timeout=15_000)
+            # The width form starts from the run's own mode, not the list's first entry.
+            expect(page.locator("#width-mode")).to_have_value("sequential")
+            run.join(60)
+            assert not run.is_alive()
+            assert run.error is None, run.error
+            expect(page.locator("#conn")).to_have_text("run ended", timeout=10_000)
+            misc = page.locator("#c-misc-max").inner_text()
+            assert "1 preemptions" not in misc, misc  # one agent at a time: the simulator preempted nothing
+            assert "no preemptions" in misc, misc
+        finally:
+            browser.close()
+
+
+def test_a_killed_run_replays_as_incomplete_not_finished(tmp_path: Path) -> None:
+    (tmp_path / "f.toml").write_text(SEQUENTIAL)
+    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
+                      virtual=True, stop_after_s=2.0)  # fmt: skip
+    run_virtual(run_fleet(opts))
+    assert opts.run_dir is not None
+    # What a SIGKILL before the segment's end leaves: the manifest as created ("running") and no results.json.
+    (opts.run_dir / "results.json").unlink()
+    info = read_info(opts.run_dir)
+    assert info is not None
+    write_info(opts.run_dir, info.model_copy(update={"status": "running", "detail": ""}))
+    with _replay_page(opts.run_dir) as page:
+        expect(page.locator("#conn")).to_have_text("replay", timeout=15_000)
+        expect(page.locator("#clock")).to_contain_text("· incomplete")
+        assert "finished" not in page.locator("#clock").inner_text()
+        assert "killed" in (page.locator("#clock").get_attribute("title") or "")

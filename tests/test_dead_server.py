@@ -309,7 +309,8 @@ def test_bench_on_a_port_nothing_listens_on_waits_its_bound_then_exits_2(tmp_pat
     done = subprocess.run([*AGENTLOAD, *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
-        f"error: http://127.0.0.1:{port} is still not answering after 2 s of waiting for it to come up"
+        f"error: http://127.0.0.1:{port} is still not answering after 2 s of waiting for it to come up: check the "
+        "URL and port, or wait longer for a server still loading with --wait-ready"
     ]
     assert not (tmp_path / "runs").exists()  # no run, no history row
 

@@ -72,7 +72,7 @@ def test_tables_per_agent_count() -> None:
         (["--agents", "0"], "--agents must be at least 1"),
         (["--agents", "-3"], "--agents must be at least 1"),
         (["--agents", "2", "--sweep", "1,2"], "not both"),
-        (["--url", "http://127.0.0.1:9"], "--model is required with --url"),
+        (["--url", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9"),  # asked for the model it serves
         (["--url", "http://127.0.0.1:9", "--model", "m", "--profile", "laptop"], "--profile"),
         (["--profile", "no-such-profile"], "no-such-profile"),
         (["--api-key-env", "AGENTLOAD_SURELY_UNSET_VARIABLE"], "is not set"),

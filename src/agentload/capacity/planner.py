@@ -228,6 +228,8 @@ class PoolFigures(BaseModel):
     max_model_len: int
     max_concurrency: float
     startup_lines: tuple[str, ...]
+    # Why the logged tokens differ from a stated --pool-tokens ("" when they do not).
+    logged_differs: str = ""
 
 
 class V4GroupFigures(BaseModel):
@@ -499,7 +501,8 @@ def plan(spec: PlanSpec) -> Plan:
     pool = PoolFigures(
         num_blocks=profile.num_blocks,
         tokens=profile.pool_tokens,
-        source=profile.pool_source,
+        source=_pool_source(spec, profile.pool_source),
+        logged_differs=_logged_differs(spec, layout, profile.num_blocks, profile.pool_tokens),
         max_model_len=max_model_len,
         max_concurrency=profile.max_concurrency,
         startup_lines=tuple(profile.startup_lines()),
@@ -533,6 +536,34 @@ def plan(spec: PlanSpec) -> Plan:
         offload=offload,
         serve=_serve_command(spec, profile, model, weight_dtype),
         derivations=_derivations(spec, profile, found, offload),
+    )
+
+
+def _pool_source(spec: PlanSpec, resolved: str) -> str:
+    """Where the pool came from, by the flag that gave it (the profile's own wording names a profile's fields)."""
+    if spec.pool_tokens is not None:
+        return f"from --pool-tokens {spec.pool_tokens:,}"
+    if spec.num_gpu_blocks is not None:
+        return f"from --num-gpu-blocks {spec.num_gpu_blocks:,} (exact)"
+    if spec.kv_memory_gib is not None:
+        return f"--kv-memory-gib: {resolved}"
+    return resolved
+
+
+def _logged_differs(spec: PlanSpec, layout: KVLayout, num_blocks: int, logged: int) -> str:
+    """Why vLLM would log another token count than the --pool-tokens given: the pool is whole blocks."""
+    stated = spec.pool_tokens
+    if stated is None or stated == logged:
+        return ""
+    if layout.v4 is not None:
+        return (
+            f"--pool-tokens {stated:,} is no count this layout logs: {num_blocks:,} block ids is the smallest pool "
+            f"logging at least that, as int(max concurrency × max-model-len) = {logged:,}"
+        )
+    bs = layout.block_size
+    return (
+        f"{stated - logged:,} under --pool-tokens {stated:,}: vLLM counts whole {bs}-token blocks "
+        f"({stated // bs:,} × {bs})"
     )
 
 

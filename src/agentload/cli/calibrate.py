@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -38,8 +40,51 @@ class _RichProgress:
             self._progress.advance(self._task)
 
 
+class LineProgress:
+    """Measurement progress as plain lines on stderr, where no bar is drawn (a pipe, a log, ``--json``): a line as
+    each phase starts and one every ``every_s`` within it, so a minute of measuring is never silent. stdout, which
+    may be the JSON result, gets none of it.
+
+    Nothing is said before the server has answered once (the first measurement): a URL that is wrong stays one
+    ``error:`` line.
+    """
+
+    def __init__(self, console: Console, *, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._console = console
+        self._every_s = every_s
+        self._clock = clock
+        self._start = clock()
+        self._said = self._start
+        self._description = ""
+        self._done = 0
+        self._total = 0
+        self._answered = False
+        self._pending: str | None = None
+
+    def _say(self, line: str) -> None:
+        self._said = self._clock()
+        self._console.print(f"calibrate: {line} ({self._said - self._start:.0f} s)", markup=False, soft_wrap=True)
+
+    def phase(self, description: str, total: int) -> None:
+        self._description, self._done, self._total = description, 0, total
+        self._pending = f"{description}: {total} measurement{'s' * (total != 1)}"
+        if self._answered:
+            self._say(self._pending)
+            self._pending = None
+
+    def advance(self) -> None:
+        self._done += 1
+        self._answered = True
+        if self._pending is not None:
+            self._say(self._pending)
+            self._pending = None
+        elif self._clock() - self._said >= self._every_s:
+            self._say(f"{self._description}: {self._done} of {self._total}")
+
+
 async def _run(url: str, api_key: str | None, model: str | None, plan: CalibrationPlan, name: str | None,
                quiet: bool) -> CalibrationResult:  # fmt: skip
+    bars = err_console.is_terminal and not quiet
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -47,12 +92,13 @@ async def _run(url: str, api_key: str | None, model: str | None, plan: Calibrati
         TimeElapsedColumn(),
         console=err_console,
         transient=True,  # the summary replaces the bars; an error leaves one clean line
-        disable=quiet,
+        disable=not bars,
     )
+    sink = _RichProgress(progress) if bars else LineProgress(err_console)
     async with ServerProbe(url, api_key=api_key) as probe:
         with progress:
             return await calibration.calibrate(
-                probe, url=str(probe.url), model=model, plan=plan, name=name, progress=_RichProgress(progress)
+                probe, url=str(probe.url), model=model, plan=plan, name=name, progress=sink
             )
 
 

@@ -57,8 +57,9 @@ ExecutorOption = Annotated[
     typer.Option(
         "--executor",
         metavar="local|ray",
+        # Help is rich markup: "[ray]" unescaped would be read as a style tag and vanish from the command.
         help="Where the agents run: local (this process, one core) or ray (Ray async actors, one per core, on this "
-        "machine or a cluster; pip install 'agentload[ray]').",
+        "machine or a cluster; pip install 'agentload\\[ray]').",
     ),
 ]
 RayAddressOption = Annotated[

@@ -99,7 +99,11 @@ def plan(
         FLAGS,
     )
     result = make_plan(spec)
-    if not no_curve:
+    if no_curve:  # nothing is simulated, so the sources name no simulated figure
+        result = result.model_copy(
+            update={"derivations": tuple(d for d in result.derivations if d.kind != "simulated")}
+        )
+    else:
         with _CurveBar() as bar:
             result = add_throughput_curve(result, progress=bar)
     if as_json:
@@ -202,7 +206,7 @@ def render(p: Plan) -> None:
         f"{p.pool.num_blocks:,}",
         f"{kv.block_size} tokens × {kv.num_groups} group(s), {_size(kv.page_bytes)} each",
     )
-    t.add_row("  in tokens (as logged)", f"{p.pool.tokens:,}", "")
+    t.add_row("  in tokens (as logged)", f"{p.pool.tokens:,}", p.pool.logged_differs)
     console.print(t)
     console.print("[bold]vLLM would log[/]")
     for line in p.pool.startup_lines:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from agentload.cli.sim import make_behaviour
 from agentload.clock import LoopClock, run_virtual
 from agentload.dashboard import open_board
 from agentload.endpoint.connection import ConnectionOptions, open_connection
-from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe
+from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe, served_model
 from agentload.endpoint.redact import MASK, redact_url
 from agentload.endpoint.transport import Endpoint, Transport, signed_transport
 from agentload.errors import ConfigError, EndpointError, ExecutorError
@@ -81,7 +82,9 @@ IN_PROCESS_URL = "http://simulator.invalid"
 @dataclass
 class RunOptions:
     fleet: Path | None = None
-    mode: Mode = Mode.AUTO
+    # None: auto for a new run; a resumed run keeps the settings it was started with (run.json), each one given
+    # again replacing its own.
+    mode: Mode | None = None
     width: int | None = None
     max_width: int | None = None
     resume: Path | None = None
@@ -126,6 +129,47 @@ async def embedded_simulator(profile: str, behaviour: str = "agent") -> AsyncIte
         server_log.setLevel(level)
 
 
+@dataclass(frozen=True)
+class WidthSettings:
+    mode: Mode
+    width: int | None
+    max_width: int | None
+
+
+def _stored_settings(manifest: RunManifest, run_dir: Path) -> WidthSettings:
+    """The width settings a run was started with: run.json's, or for a run.json written before it stored them,
+    what its first segment line recorded."""
+    if manifest.mode is not None:
+        return WidthSettings(manifest.mode, manifest.width, manifest.max_width)
+    segments = load_log(run_dir / LOG, repair=False).segments
+    if not segments:
+        return WidthSettings(Mode.AUTO, None, None)
+    first = segments[0]
+    return WidthSettings(
+        first.mode,
+        first.start_width if first.mode is Mode.PARALLEL else None,
+        first.max_limit if first.mode is Mode.AUTO else None,
+    )
+
+
+def _settings(opts: RunOptions, manifest: RunManifest, run_dir: Path | None) -> WidthSettings:
+    """The mode and widths this process runs with: the flags, and on a resume the run's own for those not given."""
+    if run_dir is None:
+        settings = WidthSettings(opts.mode or Mode.AUTO, opts.width, opts.max_width)
+    else:
+        stored = _stored_settings(manifest, run_dir)
+        mode = opts.mode or stored.mode
+        if mode is not stored.mode:
+            opts.notes.append(f"resuming as {mode.value} (the run started as {stored.mode.value})")
+        # A width belongs to its mode: another mode given at the resume takes only the width given with it.
+        width = opts.width if opts.width is not None or mode is not stored.mode else stored.width
+        max_width = opts.max_width if opts.max_width is not None else stored.max_width
+        settings = WidthSettings(mode, width, max_width)
+    if settings.mode is Mode.PARALLEL and settings.width is None:
+        raise ConfigError("--mode parallel needs --width N (or use --mode auto to let the limiter choose)")
+    return settings
+
+
 def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
     """The run's manifest and directory; a new run gets its directory only once the server has answered."""
     if opts.resume is not None:
@@ -134,6 +178,14 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
             raise ConfigError(f"{opts.fleet} is not the fleet {opts.resume} was started with (resume without it)")
         if opts.url is not None and manifest.url is not None and redact_url(opts.url) != manifest.url:
             opts.notes.append(f"resuming against {redact_url(opts.url)} (the run started against {manifest.url})")
+        if opts.api_key_env is None and manifest.api_key_env is not None and manifest.url is not None:
+            # The same variable, read again now (the key itself is never stored).
+            if not os.environ.get(manifest.api_key_env):
+                raise ConfigError(
+                    f"the run was started with --api-key-env {manifest.api_key_env}, which is not set now: "
+                    "set it, or give --api-key-env"
+                )
+            opts.api_key_env = manifest.api_key_env
         return manifest, opts.resume
     if opts.virtual and opts.url is not None:
         raise ConfigError("--virtual runs the embedded simulator in simulated time; it cannot drive --url")
@@ -149,6 +201,10 @@ def _manifest(opts: RunOptions) -> tuple[RunManifest, Path | None]:
         model=opts.model,
         virtual=opts.virtual,
         behaviour=opts.behaviour if opts.url is None else None,
+        mode=opts.mode or Mode.AUTO,
+        width=opts.width,
+        max_width=opts.max_width,
+        api_key_env=opts.api_key_env,
     )
     return manifest, None
 
@@ -164,7 +220,7 @@ def _create_run(
         target=target,
         model=model,
         workload=manifest.fleet.name,
-        mode=opts.mode.value,
+        mode=(manifest.mode or Mode.AUTO).value,
     )
     run_dir, _ = RunStore(opts.out).new_dir(info, prefix=f"{manifest.fleet.name}-")
     manifest = manifest.model_copy(update={"run_id": run_dir.name})
@@ -261,6 +317,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
     A run made with ``virtual`` must be awaited on a ``VirtualTimeLoop`` (``clock.run_virtual``).
     """
     manifest, existing = _manifest(opts)
+    settings = _settings(opts, manifest, existing)
     if opts.dashboard and (opts.virtual or manifest.virtual):
         raise ConfigError("--dashboard shows a run as it happens; a --virtual run has no real time to watch")
     opts.run_dir = existing
@@ -269,7 +326,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
     async with AsyncExitStack() as stack:
         board = None
         if opts.dashboard:  # serving before anything else, so a port in use stops the run before it is recorded
-            widest = min(opts.max_width or len(plans), len(plans))  # the limiter's bound, for the page's width too
+            widest = min(settings.max_width or len(plans), len(plans))  # the limiter's bound, for the page's width too
             board = await stack.enter_async_context(
                 open_board(
                     plans,
@@ -285,10 +342,12 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         server = await _open_server(opts, manifest, stack)
         url = server.url
         probed = await probe(url, model=opts.model or manifest.model, transport=server.transport)
-        model = opts.model or manifest.model or probed.model
-        if model is None and any(p.model is None for p in plans):
-            raise ConfigError(f"{url} lists no model; name one with --model or in the fleet file")
-        width, reason, warnings = start_width(opts.mode, opts.width, plans, probed)
+        # Tasks that name no model need one: the given one, else the server's only one (several: name one). When
+        # every task names its own, the server's only labels the run.
+        needed = any(p.model is None for p in plans)
+        given = opts.model or manifest.model
+        model = served_model(probed, given) if needed else given or probed.model
+        width, reason, warnings = start_width(settings.mode, settings.width, plans, probed)
         executor = "local"
         turns: RayTurns | None = None
         if opts.executor.kind == "ray":  # started before the run is recorded: a missing Ray leaves no empty run
@@ -310,8 +369,8 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         )
         poller = conn.monitor
         backend: ChatBackend = conn.backend if turns is None else turns
-        max_width = min(opts.max_width or len(plans), len(plans))
-        policy = make_policy(opts.mode, width, max_width=max_width)
+        max_width = min(settings.max_width or len(plans), len(plans))
+        policy = make_policy(settings.mode, width, max_width=max_width)
         limiter = Limiter(policy)
         # Simulated runs skip fsync: a thread's fsync would let virtual time run ahead while it is on disk.
         log = CheckpointLog(run_dir / LOG, sync=opts.fsync and not manifest.virtual)
@@ -319,7 +378,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         await log.append(
             SegmentLine(
                 segment=segment,
-                mode=opts.mode,
+                mode=settings.mode,
                 start_width=width,
                 reason=reason,
                 min_limit=policy.min_limit,
@@ -335,7 +394,7 @@ async def run_fleet(opts: RunOptions, out: Console | None = None) -> FleetResult
         )
         stack.callback(samples.close)
         stack.callback(poller.subscribe(samples))
-        opts.notes.append(f"{opts.mode.value}: starting at width {width} — {reason}")
+        opts.notes.append(f"{settings.mode.value}: starting at width {width} — {reason}")
         opts.notes.extend(f"warning: {w}" for w in warnings)
         display = out or console
         for note in opts.notes:
@@ -451,7 +510,12 @@ def render_summary(result: FleetResult, run_dir: Path) -> Table:
 @reports_errors
 def run(
     fleet: Annotated[Path | None, typer.Argument(help="The FLEET.toml to run (optional with --resume).")] = None,
-    mode: Annotated[Mode, typer.Option(help="sequential, parallel (--width N) or auto (adaptive).")] = Mode.AUTO,
+    mode: Annotated[
+        Mode | None,
+        typer.Option(
+            help="sequential, parallel (--width N) or auto (adaptive); default auto, on a resume the run's own."
+        ),
+    ] = None,
     width: Annotated[
         int | None, typer.Option(min=1, help="parallel: agents live at once; auto: the width to start from.")
     ] = None,
@@ -491,8 +555,6 @@ def run(
     """Run a fleet of agent tasks at the concurrency the server can carry; checkpointed, resumable after a kill."""
     if progress not in ("auto", "live", "lines", "none"):
         raise ConfigError(f"--progress {progress!r}: use auto, live, lines or none")
-    if mode is Mode.PARALLEL and width is None:
-        raise ConfigError("--mode parallel needs --width N (or use --mode auto to let the limiter choose)")
     resolve_key_env(api_key_env)  # a variable named but unset fails here, not as a 401 per request
     spec = executor_spec(executor, ray_address, workers)
     if resume is not None and not resume.is_dir() and len(resume.parts) == 1 and (run_root(out) / resume).is_dir():

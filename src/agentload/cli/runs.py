@@ -11,6 +11,7 @@ import typer
 from agentload.cli.common import console, err_console, reports_errors
 from agentload.report.console import history_table
 from agentload.store import RunStore
+from agentload.store.catalog import status_why
 from agentload.store.runstore import check_root
 
 RootOption = Annotated[
@@ -54,7 +55,5 @@ def runs(
     console.print(history_table(entries, store.root))
     for e in entries:
         if e.status != "finished":
-            why = e.detail or (
-                "its last process wrote no result: killed, or still running" if e.status == "incomplete" else ""
-            )
+            why = status_why(e.status, e.detail)
             console.print(f"{e.id}: {e.status}" + (f" — {why}" if why else ""), style="dim", markup=False)

@@ -36,6 +36,7 @@ from agentload.cli.common import (
     resolve_key_env,
 )
 from agentload.endpoint.connection import Connection, open_connection
+from agentload.endpoint.probe import probe, served_model
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.transport import Endpoint, Transport, signed_transport
@@ -289,9 +290,9 @@ def suite(
     url: Annotated[
         str | None, typer.Option("--url", help="OpenAI-compatible server (…/v1). Default: the embedded simulator.")
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model name to request (needed with --url).")] = (
-        None
-    ),
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model to request (default: the one --url serves).")
+    ] = (None),
     agents: Annotated[int | None, typer.Option("--agents", "-n", help="Agents at once (default 1).")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="Several agent counts in turn, e.g. 1,4,16,64.")] = (
         None
@@ -305,7 +306,11 @@ def suite(
         str | None, typer.Option("--profile", "-p", help=f"Embedded simulator's profile (default {EMBEDDED_PROFILE}).")
     ] = None,
     payload_tokens: Annotated[
-        int, typer.Option("--payload-tokens", help="Size of T11's large tool result; lower it for short contexts.")
+        int,
+        typer.Option(
+            "--payload-tokens",
+            help="Size of T11's large tool result in BPE tokens (1.91 characters each); lower it for short contexts.",
+        ),
     ] = PAYLOAD_TOKENS,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Output cap per turn (default: none).")] = None,
     executor: ExecutorOption = "local",
@@ -316,8 +321,7 @@ def suite(
     counts = parse_counts(agents, sweep)
     selected = select(parse_tests(tests), skip_hop=skip_hop, payload_tokens=payload_tokens)
     if url is not None:
-        if not model:
-            raise ConfigError("--model is required with --url")
+        model = model or served_model(asyncio.run(probe(url, api_key_env=resolve_key_env(api_key_env))), None)
         if profile is not None:
             raise ConfigError("--profile sets up the embedded simulator; it does not apply with --url")
     if max_tokens is not None and max_tokens < 1:

@@ -23,6 +23,7 @@ from agentload.bench.search import Search, Slo, parse_slo
 from agentload.dashboard.state import level_row
 from agentload.endpoint.scrape import prefix_hit_rate
 from agentload.errors import CheckpointError, ConfigError
+from agentload.store.catalog import run_status
 from agentload.store.manifest import read_info
 from agentload.store.rundir import LevelSample, RunDir
 
@@ -44,6 +45,8 @@ class BenchReplay:
             raise CheckpointError(f"{run_dir} has no server samples or levels to replay")
         info = read_info(run_dir)
         self.run_id = info.run_id if info is not None and info.run_id else run_dir.name
+        # The run's status as `agentload runs` lists it (the store's one reading), shown once the replay is at its end.
+        self.status = run_status(run_dir)
         mode, tolerance, slo, target, workload = self._settings(run)
         self.meta = {"mode": mode, "target": target, "workload": workload, "run_id": self.run_id}
         self.samples = sorted(samples, key=lambda s: s.sample.t)
@@ -150,6 +153,8 @@ class BenchReplay:
                 "watchdog": None,
                 "control": {"paused": False, "stopping": False},
                 "finished": t >= self.end,
+                "status": self.status[0] if self.status else None,
+                "status_why": self.status[1] if self.status else "",
                 "replay": {"t": t, "end": self.end, "segments": [], "kind": self.kind},
                 "bench": {**self.meta, "current": current},
             },

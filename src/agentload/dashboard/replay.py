@@ -43,6 +43,7 @@ from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, load_log, read_ma
 from agentload.fleet.config import expand
 from agentload.fleet.results import FleetResult
 from agentload.fleet.samples import SegmentSample, read_samples
+from agentload.store.catalog import run_status
 from agentload.store.manifest import read_info
 from agentload.store.rundir import LEVELS, SAMPLES
 
@@ -90,6 +91,8 @@ class FleetReplay:
         manifest = read_manifest(run_dir)
         state = load_log(run_dir / LOG, repair=False)  # read-only: a torn last line is skipped, not cut
         self.run_id = manifest.run_id or run_dir.name
+        # The run's status as `agentload runs` lists it (the store's one reading), shown once the replay is at its end.
+        self.status = run_status(run_dir)
         self.fleet = manifest.fleet.name
         plans = expand(manifest.fleet)
         results: FleetResult | None = None
@@ -432,6 +435,8 @@ class FleetReplay:
                 "watchdog": self._watchdog_at(t),
                 "control": self._control_at(t),
                 "finished": t >= self.end,
+                "status": self.status[0] if self.status else None,
+                "status_why": self.status[1] if self.status else "",
                 "replay": {"t": t, "end": self.end, "segments": self.segments, "kind": self.kind},
             },
             "agents": agents,

@@ -123,6 +123,23 @@ class ProbeResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+def served_model(result: ProbeResult, given: str | None) -> str:
+    """The model to request: ``given`` (``--model``), else the one model the server lists on /v1/models.
+
+    None listed, or several, is a ``ConfigError`` that says to name one with ``--model`` (and lists them): a
+    command that picked the first of several would measure a model nobody chose.
+    """
+    if given:
+        return given
+    if len(result.models) == 1:
+        return result.models[0]
+    if not result.models:
+        raise ConfigError(f"{result.url} lists no model on /v1/models: name the one to request with --model")
+    raise ConfigError(
+        f"{result.url} serves {len(result.models)} models ({', '.join(result.models)}): name one with --model"
+    )
+
+
 class Preflight(BaseModel):
     """The width a run starts with, why, and what to beware of."""
 

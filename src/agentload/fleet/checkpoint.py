@@ -1,7 +1,8 @@
 """The run directory: a manifest, an append-only JSONL log of finished turns, and the results at the end.
 
 ``RUN_DIR/manifest.json`` the store's manifest every run kind carries (kind, id, status, headline: ``store.manifest``)
-``RUN_DIR/run.json``      what was asked: the fleet (whole, so a resume runs the very same agents), server, model
+``RUN_DIR/run.json``      what was asked: the fleet (whole, so a resume runs the very same agents), server, model,
+                          the width settings (``--mode``, ``--width``, ``--max-width``) and the key's variable
 ``RUN_DIR/turns.jsonl``   one line per event, appended, flushed and fsynced before the run goes on:
                           ``segment`` (a process started or resumed the run), ``turn`` (an agent finished a turn:
                           the whole ``TurnLog``), ``agent`` (an agent finished), ``limit`` (the width changed),
@@ -58,6 +59,12 @@ class RunManifest(BaseModel):
     model: str | None = None
     virtual: bool = Field(default=False, description="the in-process simulator in simulated time")
     behaviour: str | None = Field(default=None, description="the embedded simulator's model; a resume keeps it")
+    # The width settings as given, so a resume runs the way the run was started; None in a run.json written before
+    # they were stored (a resume then reads the first segment line of the log).
+    mode: Mode | None = None
+    width: int | None = Field(default=None, description="--width as given (parallel: the width; auto: the start)")
+    max_width: int | None = Field(default=None, description="--max-width as given")
+    api_key_env: str | None = Field(default=None, description="the variable the key was read from (never the key)")
 
 
 class SegmentLine(BaseModel):

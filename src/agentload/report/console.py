@@ -1,8 +1,9 @@
 """The terminal view of saved runs (rich): a run's levels, knee and capacity; the run history as a table.
 
 It shows the same cells and sentences as the HTML report (``report.levels``, ``report.text``), so the two never
-disagree. A terminal gets the level table folded into parts that fit its width; a pipe, a file or a CI log gets
-it whole: no cell is ever cut to "…".
+disagree. The level table is folded into parts that fit the console's width — a terminal's, or off a terminal
+``$COLUMNS`` (else rich's 80) — so a pipe, a file or a CI log is as wide as it was asked to be: no cell is ever cut
+to "…".
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.text import Text
 
 from agentload.bench.results import RunResult
 from agentload.report.levels import LevelTable, level_table
-from agentload.report.text import DASH, capacity_sentence, knee_sentence, num
+from agentload.report.text import DASH, capacity_sentence, evidence_text, knee_sentence, num, synthetic_lines
 from agentload.store.history import HistoryEntry
 
 UNBOUNDED = 10_000  # columns to measure a table in, wider than any table we print
@@ -104,12 +105,10 @@ def result_panel(result: RunResult) -> Panel:
     for knee in result.knee:
         lines.append(Text(knee_sentence(knee), style="bold"))
         if knee.explanation.evidence:
-            evidence = ", ".join(f"{k} {v:,.4g}" for k, v in knee.explanation.evidence.items())
-            lines.append(Text(f"  evidence: {evidence}", style="dim"))
+            lines.append(Text(f"  at the knee → past it: {evidence_text(knee.explanation.evidence)}", style="dim"))
     for est in result.capacity:
         lines.append(Text(capacity_sentence(est)))
-    if result.real_over_synthetic is not None:
-        lines.append(Text(f"Real agents ÷ matched synthetic load, output throughput: {result.real_over_synthetic:.2f}"))
+    lines.extend(Text(line) for line in synthetic_lines(result))
     lines.extend(Text(note, style="italic dim") for note in result.notes)
     if len(lines) == 1:
         lines.append(Text(f"No knee or capacity estimate in this run (mode {result.mode}).", style="dim"))
@@ -117,19 +116,24 @@ def result_panel(result: RunResult) -> Panel:
 
 
 def print_result(result: RunResult, console: Console) -> None:
-    """The levels (folded to fit a terminal, whole anywhere else), their warnings and markers, then the panel."""
+    """The levels (folded to fit the console's width, piped or not), their warnings and markers, then the panel."""
     lt = level_table(result, fold_constant=True)
-    if console.is_terminal:
-        for table in folded_tables(result, console, lt):
-            console.print(table)
-    else:
-        console.print(NaturalWidth(levels_table(result, lt)), crop=False)
+    # Off a terminal too: a pipe's reader set COLUMNS (or gets rich's 80) and a 190-column line wraps in a log.
+    for table in folded_tables(result, console, lt):
+        console.print(table)
     for line in _notes(lt):
         console.print(line)
     console.print(result_panel(result))
 
 
-SHORT_CAUSES = {"cache_eviction": "eviction", "slots_full": "slots", "compute_saturation": "compute", "slo": "SLO"}
+SHORT_CAUSES = {
+    "cache_eviction": "eviction",
+    "kv_pool_full": "pool full",
+    "slots_full": "slots",
+    "compute_saturation": "compute",
+    "slo": "SLO",
+    "none": "no knee",
+}
 
 
 STATUS_STYLE = {"finished": "green", "interrupted": "yellow", "incomplete": "red"}
@@ -139,7 +143,7 @@ def _outcome_cell(e: HistoryEntry) -> Text:
     """Bench: the knee(s) and their causes. Suite and fleet: their headline, one figure per line."""
     if e.kind != "bench":
         return Text("\n".join(e.outcome.split(", ")) or DASH)
-    knee = Text("\n".join(f"{k.agents}" for k in e.knees) or DASH, style="bold")
+    knee = Text("\n".join(k.where or f"{k.agents}" for k in e.knees) or DASH, style="bold")
     if e.knees:
         knee.append("\n" + ", ".join(SHORT_CAUSES.get(k.cause, k.cause) for k in e.knees), style="dim")
     return knee

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from agentload.errors import CheckpointError, ConfigError
-from agentload.store.manifest import RunInfo, read_info
+from agentload.store.manifest import RunInfo, RunStatus, read_info
 from agentload.store.rundir import RECORDS, RESULT, SAMPLES, RunDir, bench_info
 from agentload.store.suiterun import SUITE_RESULT, suite_info
 from agentload.suite.results import load_run
@@ -59,3 +59,23 @@ def safe_dir_info(path: Path) -> tuple[RunInfo | None, str | None]:
         return dir_info(path), None
     except (CheckpointError, ConfigError) as exc:
         return None, str(exc)
+
+
+# What an incomplete run's manifest cannot say about itself (it was never finished to say it).
+INCOMPLETE_WHY = "its last process wrote no result: killed, or still running"
+
+
+def status_why(status: RunStatus, detail: str) -> str:
+    """Why a run is not finished, as every view says it ("" for a finished run)."""
+    if status == "finished":
+        return ""
+    return detail or (INCOMPLETE_WHY if status == "incomplete" else "")
+
+
+def run_status(path: Path) -> tuple[RunStatus, str] | None:
+    """The run in ``path``: its status and why it is not finished — what ``agentload runs`` lists and the replays
+    show — or None when ``path`` holds no run (or one too damaged to say)."""
+    info, _ = safe_dir_info(path)
+    if info is None:
+        return None
+    return info.listed_status, status_why(info.listed_status, info.detail)
