@@ -240,8 +240,9 @@ def test_simulated_deepseek_v4_still_scales_past_the_dense_formula(tmp_path: Pat
     assert 24.3 < est.sessions < 24.6  # 997,753 ÷ the realised context, a little under 40,960
     knee = run.knee[0]
     assert knee.agents == 48  # no knee up to the search's limit
-    assert knee.measured_over_predicted is not None
-    assert knee.measured_over_predicted > 1.9
+    assert knee.bound == "at_least"
+    assert knee.ratio_low is not None
+    assert knee.ratio_low > 1.9
     top = max(run.levels, key=lambda lv: lv.agents)
     assert top.agents == 48
     assert top.preemptions == 0

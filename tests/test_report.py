@@ -140,7 +140,11 @@ def test_the_plots_show_the_saved_numbers(two_runs: list[RunDir]) -> None:
     assert values(hits["y"])[-1] == pytest.approx(100 * last_level_hits)
 
     split = {t["name"]: t for t in traces(figures["run1-split"])}
-    assert split["prefill tok/s"]["y"] == [lv.prefill_tps for lv in runs[1].result.levels]
+    # The bars are the prompt tokens prefill computed (not those a cache served), the lines the saved shares.
+    computed = split["prefill tok/s computed (not cached)"]["y"]
+    assert all(c <= lv.prefill_tps for c, lv in zip(computed, runs[1].result.levels, strict=True))
+    shares = split["prompt share of all tokens (%)"]["y"]
+    assert shares == [None if lv.prefill_share is None else lv.prefill_share * 100 for lv in runs[1].result.levels]
     assert split["generation tok/s"]["x"] == ["1", "8", "16", "32", "48", "64"]
 
 

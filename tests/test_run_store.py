@@ -313,7 +313,7 @@ def test_a_bench_stopped_by_a_lost_server_is_listed_as_interrupted_with_its_knee
         "whole": ("bench", "finished"),
     }
     assert listed["lost-server"]["detail"] == why
-    assert listed["lost-server"]["knees"] == [{"agents": 24, "context": 40960, "cause": "preemption"}]
+    assert listed["lost-server"]["knees"] == [{"agents": 24, "context": 40960, "cause": "preemption", "where": "24"}]
     assert [e.id for e in store.runs()] == ["whole"]  # the history of finished measurements is unchanged
 
 

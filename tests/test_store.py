@@ -495,7 +495,7 @@ def test_runs_lists_the_history(tmp_path: Path) -> None:
     assert code == 0, out
     listed = json.loads(out)
     assert [r["id"] for r in listed] == ["second-run", "first-run"]
-    assert listed[0]["knees"] == [{"agents": 16, "context": 40960, "cause": "preemption"}]
+    assert listed[0]["knees"] == [{"agents": 16, "context": 40960, "cause": "preemption", "where": "16"}]
 
 
 def test_runs_fits_a_narrow_terminal(tmp_path: Path) -> None:

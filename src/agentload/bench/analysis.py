@@ -91,6 +91,19 @@ def _hist_percentiles(start: dict[float, float], end: dict[float, float]) -> Per
     return Percentiles(p50=out[0], p95=out[1], p99=out[2])
 
 
+def _at_most(value: float | None, bound: float | None) -> float | None:
+    return value if value is None or bound is None else min(value, bound)
+
+
+def _computed_share(ok: Sequence[RequestRecord]) -> float | None:
+    """Computed prefill ÷ (computed prefill + generated), from usage, where every request reported its cached tokens."""
+    if not ok or any(r.cached_tokens is None for r in ok):
+        return None
+    computed = sum(r.prompt_tokens - (r.cached_tokens or 0) for r in ok)
+    total = computed + sum(r.completion_tokens for r in ok)
+    return computed / total if total > 0 else None
+
+
 def summarise(data: LevelData) -> LevelSummary:
     w0, w1 = data.window_start, data.end
     window = max(w1 - w0, 1e-9)
@@ -107,6 +120,7 @@ def summarise(data: LevelData) -> LevelSummary:
     output_tps = prefill_tps = 0.0
     source = "usage"
     prefix_server = preemptions = recomputed = None
+    offload_rate = offload_tps = computed_share = time_share = None
     queue = Percentiles()
     if first is not None and last is not None and last.sample.t > first.sample.t:
         span = last.sample.t - first.sample.t
@@ -121,6 +135,22 @@ def summarise(data: LevelData) -> LevelSummary:
         preemptions = _delta(first.sample, last.sample, "preemptions")
         recomputed = _delta(first.sample, last.sample, "recomputed_tokens")
         queue = _hist_percentiles(first.queue_buckets, last.queue_buckets)
+        ext_queries = _delta(first.sample, last.sample, "external_queries")
+        ext_hits = _delta(first.sample, last.sample, "external_hits")
+        # vLLM's connector counts every scheduled prompt token as a query, as its GPU cache does; where only the
+        # hits are exported (LMCache's own counter), the GPU cache's queries are the same tokens.
+        looked_up = ext_queries or queries
+        if looked_up and ext_hits is not None:
+            offload_rate, offload_tps = ext_hits / looked_up, ext_hits / span
+        if queries and hits is not None and gen is not None:
+            # Looked-up tokens less those any cache served are the ones prefill computed (llama.cpp's queries
+            # are processed + cached, so the same difference holds there).
+            computed = max(0.0, queries - hits - (ext_hits or 0.0))
+            computed_share = computed / (computed + gen) if computed + gen > 0 else None
+        prefill_s = _delta(first.sample, last.sample, "prefill_time_s")
+        decode_s = _delta(first.sample, last.sample, "decode_time_s")
+        if prefill_s is not None and decode_s is not None and prefill_s + decode_s > 0:
+            time_share = prefill_s / (prefill_s + decode_s)
     if source == "usage":
         output_tps = sum(r.completion_tokens for r in ok) / window
         prefill_tps = sum(r.prompt_tokens for r in ok) / window
@@ -132,6 +162,11 @@ def summarise(data: LevelData) -> LevelSummary:
     waiting = [s.sample.waiting for s in samples if s.sample.waiting is not None]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     itl = [g for r in ok for g in r.itl()]
+    ttft_pct = _pct(ttft)
+    # A request's wait in the queue is part of its time to first token, so each percentile of the one is at most
+    # the same percentile of the other. The server's histogram places a percentile only within its bucket (vLLM's
+    # first is 0–0.3 s), where interpolation can read a wait longer than the whole TTFT: bounded by it here.
+    queue = Percentiles(**{q: _at_most(getattr(queue, q), getattr(ttft_pct, q)) for q in ("p50", "p95", "p99")})
     share = prefill_tps / (prefill_tps + output_tps) if (prefill_tps + output_tps) > 0 else None
     counted = [r for r in ok if r.usage_source is UsageSource.SERVER]
     contexts = [r.prompt_tokens + r.completion_tokens for r in counted]
@@ -190,9 +225,13 @@ def summarise(data: LevelData) -> LevelSummary:
         prefill_tps=prefill_tps,
         throughput_source=source,
         prefill_share=share,
+        computed_prefill_share=computed_share if computed_share is not None else _computed_share(ok),
+        prefill_time_share=time_share,
         prefix_hit_rate_server=prefix_server,
         prefix_hit_rate_usage=prefix_usage,
-        ttft_s=_pct(ttft),
+        prefix_hit_rate_offload=offload_rate,
+        offload_loaded_tps=offload_tps,
+        ttft_s=ttft_pct,
         itl_s=_pct(itl),
         queue_wait_s=queue,
         peak_kv_usage=max(kv) if kv else None,
@@ -214,6 +253,10 @@ def summarise(data: LevelData) -> LevelSummary:
         output_clamped=clamped,
         warnings=warnings,
     )
+
+
+# Step time (ITL p50) that rose by less than this share did not grow: a sentence says it held.
+STEP_GROWTH = 0.05
 
 
 def explain_knee(
@@ -238,7 +281,8 @@ def explain_knee(
         return (s.preemptions or 0.0) / s.window_s * 60.0  # per minute
 
     def hit(s: LevelSummary) -> float | None:
-        return s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+        # Tokens an offload tier loaded are not recomputed either: the reuse that decides is both tiers'.
+        return s.prefix_hit_rate_effective
 
     ev["preemptions_per_min_at_knee"] = round(pre_rate(good), 2)
     ev["preemptions_per_min_past_knee"] = round(pre_rate(bad), 2)
@@ -246,8 +290,15 @@ def explain_knee(
     if h_good is not None and h_bad is not None:
         ev["prefix_hit_rate_at_knee"] = round(h_good, 4)
         ev["prefix_hit_rate_past_knee"] = round(h_bad, 4)
+    if good.prefix_hit_rate_offload is not None and bad.prefix_hit_rate_offload is not None:
+        ev["offload_hit_rate_at_knee"] = round(good.prefix_hit_rate_offload, 4)
+        ev["offload_hit_rate_past_knee"] = round(bad.prefix_hit_rate_offload, 4)
+    for name, s in (("at_knee", good), ("past_knee", bad)):
+        h = hit(s)
+        if h is not None:  # the prompt tokens prefill computed because no cache held them
+            ev[f"uncached_prompt_tokens_per_s_{name}"] = round(s.prefill_tps * (1.0 - h), 1)
     if good.recomputed_tokens is not None and bad.recomputed_tokens is not None:
-        ev["recomputed_tokens_per_s_past_knee"] = round(bad.recomputed_tokens / bad.window_s, 1)
+        ev["preempted_tokens_recomputed_per_s_past_knee"] = round(bad.recomputed_tokens / bad.window_s, 1)
     if good.peak_kv_usage is not None and bad.peak_kv_usage is not None:
         ev["peak_kv_usage_at_knee"] = round(good.peak_kv_usage, 3)
         ev["peak_kv_usage_past_knee"] = round(bad.peak_kv_usage, 3)
@@ -325,7 +376,7 @@ def explain_knee(
             summary = (
                 f"past {good.agents} agents, within the server's {slots} slots and each agent pinned to its own "
                 f"(id_slot), the per-slot prompt-cache hit rate still falls from {h_good:.1%} to {h_bad:.1%} "
-                f"({miss_ratio:.1f}× the prompt tokens to recompute): not slots taken by other agents, but turns "
+                f"({miss_ratio:.1f}× the share of prompt tokens missed): not slots taken by other agents, but turns "
                 "whose prompt no longer starts with what their slot holds (a new session, or a context cut to fit)"
             )
         elif slots is not None and bad.agents <= slots:
@@ -335,16 +386,24 @@ def explain_knee(
             summary = (
                 f"past {good.agents} agents, still within the server's {slots} slots, turns take each other's slots: "
                 f"the per-slot prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} ({miss_ratio:.1f}× the "
-                "prompt tokens to recompute), as a turn is given the idle slot most like its prompt (llama.cpp's "
+                "share of prompt tokens missed), as a turn is given the idle slot most like its prompt (llama.cpp's "
                 "--slot-prompt-similarity; a shared system prompt makes another agent's slot look alike) rather "
                 "than an empty one; pinning each agent to its own slot (llama.cpp's id_slot, which bench does unless "
                 "--no-pin-slots) avoids it"
             )
         else:
+            offload = ""
+            if bad.prefix_hit_rate_offload:
+                # With a tier below the GPU pool, evicted blocks are loaded back rather than recomputed, until the
+                # tier too is outgrown or its link is the bottleneck: the rate named is both tiers'.
+                offload = (
+                    f" (GPU cache and offload tier together; the tier loaded {bad.prefix_hit_rate_offload:.1%} of "
+                    f"prompt tokens, {bad.offload_loaded_tps or 0:,.0f} tokens/s over its link)"
+                )
             summary = (
                 f"past {good.agents} agents the live contexts outgrow the KV pool: the prefix-cache hit rate falls "
-                f"from {h_good:.1%} to {h_bad:.1%} ({miss_ratio:.1f}× the prompt tokens to recompute), so evicted "
-                "sessions re-prefill their whole context"
+                f"from {h_good:.1%} to {h_bad:.1%}{offload} ({miss_ratio:.1f}× the share of prompt tokens missed), "
+                "so evicted sessions re-prefill their whole context"
             )
         if pre_up > 0.5:
             summary += f", and running requests are preempted ({pre_rate(bad):.1f}/min)"
@@ -354,6 +413,23 @@ def explain_knee(
             f"past {good.agents} agents running requests no longer fit in the KV pool: preemptions rise to "
             f"{pre_rate(bad):.1f}/min and their progress is recomputed"
         )
+    elif pool_full and (bad.mean_waiting or 0.0) >= 0.5 and (bad.mean_waiting or 0.0) > (good.mean_waiting or 0.0):
+        # The pool holds every resident context and new turns wait for blocks, while the reuse holds up: what
+        # an offload tier does (evicted blocks come back over its link instead of being recomputed, but loading
+        # them makes no room in the GPU pool), or a cache big enough for the idle sessions but not the running.
+        cause = "kv_pool_full"
+        summary = (
+            f"past {good.agents} agents the KV pool is full (peak {bad.peak_kv_usage or 0:.0%}) and turns queue for "
+            f"blocks ({bad.mean_waiting or 0:.1f} waiting on average beside {bad.mean_running or 0:.1f} running), so "
+            f"TTFT p50 goes from {ev.get('ttft_p50_s_at_knee', float('nan')):.3g} to "
+            f"{ev.get('ttft_p50_s_past_knee', float('nan')):.3g} s"
+        )
+        if bad.prefix_hit_rate_offload and h_bad is not None:
+            summary += (
+                f"; the offload tier loads {bad.prefix_hit_rate_offload:.1%} of prompt tokens back "
+                f"({bad.offload_loaded_tps or 0:,.0f} tokens/s over its link), which keeps the reuse at "
+                f"{h_bad:.1%} but cannot raise how many contexts the GPU pool holds at once"
+            )
     else:
         cause = "compute_saturation"
         # Say what the cache did rather than claim it did nothing: a small fall is named with its figures.
@@ -362,9 +438,61 @@ def explain_knee(
             if h_good is not None and h_bad is not None and hit_drop >= 0.01
             else "no cache loss"
         )
-        summary = (
-            f"past {good.agents} agents the server is compute-bound: step time grows (ITL "
-            f"{ev.get('itl_p50_s_at_knee', float('nan')) * 1e3:.1f} → "
-            f"{ev.get('itl_p50_s_past_knee', float('nan')) * 1e3:.1f} ms) with no preemption; {cache}"
-        )
+        itl_at, itl_past = ev.get("itl_p50_s_at_knee"), ev.get("itl_p50_s_past_knee")
+        itl = "" if itl_at is None or itl_past is None else f" (ITL {itl_at * 1e3:.1f} → {itl_past * 1e3:.1f} ms)"
+        if itl_at is not None and itl_past is not None and itl_past < itl_at * (1 + STEP_GROWTH):
+            # The step did not slow: more agents brought no more work per second, a plateau, not a slowdown.
+            summary = (
+                f"past {good.agents} agents the server does no more work per second: step time holds{itl}, so the "
+                f"extra agents' turns wait their turn, with no preemption; {cache}"
+            )
+        else:
+            summary = (
+                f"past {good.agents} agents the server is compute-bound: step time grows{itl} with no preemption; "
+                f"{cache}"
+            )
     return KneeExplanation(cause=cause, summary=summary, evidence=ev)
+
+
+def matched_sizes(real: LevelSummary) -> tuple[int, int] | None:
+    """The mean prompt and reply of an agents' level, in server tokens, for the synthetic arm to send."""
+    if real.context_mean is None or real.output_realised_mean is None:
+        return None
+    prompt = round(real.context_mean - real.output_realised_mean)
+    output = round(real.output_realised_mean)
+    return (prompt, output) if prompt >= 1 and output >= 1 else None
+
+
+def compare_arms(real: LevelSummary, synth: LevelSummary) -> list[str]:
+    """Why real agents' output throughput differs from a synthetic load of the same request sizes, in sentences.
+
+    The arms differ in three ways a server feels: reuse (an agent resends its conversation, so its prompt is
+    mostly cached; a synthetic prompt is new), idle time (an agent thinks and runs tools between turns, so it has
+    no request in flight part of the time; the synthetic arm sends back to back), and reply lengths (an agent's
+    replies vary with its turns; the matched arm's are their mean).
+    """
+    out: list[str] = []
+    h_real, h_synth = real.prefix_hit_rate_effective, synth.prefix_hit_rate_effective
+    if h_real is not None and h_synth is not None:
+        c_real = real.prefill_tps * (1.0 - h_real)
+        c_synth = synth.prefill_tps * (1.0 - h_synth)
+        out.append(
+            f"reuse: the prefix cache served {h_real:.1%} of the agents' prompt tokens and {h_synth:.1%} of the "
+            f"synthetic arm's, so prefill computed {c_real:,.0f} vs {c_synth:,.0f} tokens/s"
+            + (" (the agents' advantage)" if c_synth > c_real else "")
+        )
+    if real.mean_running is not None and synth.mean_running is not None:
+        busy_real, busy_synth = real.mean_running / real.agents, synth.mean_running / synth.agents
+        out.append(
+            f"idle time: the agents had a request running {busy_real:.0%} of the time on average (think and tool "
+            f"time between turns), the synthetic arm {busy_synth:.0%}"
+            + (" (the synthetic arm's advantage)" if busy_synth > busy_real + 0.05 else "")
+        )
+    if real.output_realised_mean is not None and synth.output_realised_mean is not None:
+        out.append(
+            f"replies: {real.output_realised_mean:,.0f} tokens a turn for the agents, "
+            f"{synth.output_realised_mean:,.0f} for the synthetic arm"
+        )
+    if real.ttft_s.p50 is not None and synth.ttft_s.p50 is not None:
+        out.append(f"TTFT p50: {real.ttft_s.p50:.3g} s for the agents, {synth.ttft_s.p50:.3g} s for the synthetic arm")
+    return out

@@ -13,10 +13,10 @@ from typing import Literal, Protocol
 import numpy as np
 
 from agentload import __version__
-from agentload.bench.analysis import LevelData, summarise
+from agentload.bench.analysis import LevelData, compare_arms, matched_sizes, summarise
 from agentload.bench.results import CapacityEstimate, Knee, LevelSummary, RunResult
 from agentload.bench.runner import run_level
-from agentload.bench.search import Search, SearchStep, Slo, find_knee, sweep
+from agentload.bench.search import Search, SearchStep, Slo, find_knee, sweep, with_ratio
 from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
 from agentload.clock import LoopClock
@@ -28,6 +28,7 @@ from agentload.load.cluster import RayCluster
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, measure_sizing
+from agentload.workload.synthetic import SyntheticWorkload
 from agentload.workload.trace import MooncakeWorkload
 
 Mode = Literal["sweep", "find-knee", "grid", "soak", "single"]
@@ -350,24 +351,32 @@ async def run_bench(
                 continue
             estimate = estimate_at(context, knee.agents)
             capacity.append(estimate)
-            if estimate.predicted:
-                knee = knee.model_copy(update={"measured_over_predicted": knee.agents / estimate.predicted})
-            knees.append(knee)
+            knees.append(with_ratio(knee, estimate.predicted))
     except _ServerLost as exc:
         incomplete = str(exc)
     if probe_target.virtual:
         await probe_target.transport.aclose()
 
     ratio = None
+    synthetic: list[LevelSummary] = []
+    why: list[str] = []
     if plan.synthetic is not None and levels and incomplete is None:
         at = knees[0].agents if knees and knees[0].agents > 0 else levels[-1].agents
         real = next((s for s in levels if s.agents == at and s.context == plan.contexts[0]), levels[-1])
+        arm = plan.synthetic
+        sizes = matched_sizes(real)
+        if isinstance(arm, SyntheticWorkload) and arm.fixed_sizes() is None and sizes is not None:
+            arm = arm.matched(*sizes)  # the agents' own mean request, so only structure differs
         try:
-            synth = await measure_with(plan.synthetic, real.agents, real.context)
+            synth = await measure_with(arm, real.agents, real.context)
         except _ServerLost as exc:
             incomplete = str(exc)
         else:
+            # Its own series: not one of the agents' levels (no knee rule, no table row among them).
+            levels.remove(synth)
+            synthetic.append(synth)
             ratio = real.output_tps / synth.output_tps if synth.output_tps > 0 else None
+            why = compare_arms(real, synth)
     result = RunResult(
         run_id=run_id,
         created=created,
@@ -391,6 +400,8 @@ async def run_bench(
         capacity=capacity,
         knee=knees,
         real_over_synthetic=ratio,
+        synthetic=synthetic,
+        synthetic_why=why,
         notes=notes,
         incomplete=incomplete,
     )

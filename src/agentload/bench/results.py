@@ -42,9 +42,16 @@ class LevelSummary(BaseModel):
     output_tps: float
     prefill_tps: float
     throughput_source: Literal["server", "usage"]
-    prefill_share: float | None = None  # prefill ÷ (prefill + generation) tokens
-    prefix_hit_rate_server: float | None = None
+    prefill_share: float | None = None  # prompt ÷ (prompt + generated) tokens, cached prompt tokens included
+    # The splits a server's work has: prompt tokens it computed (not served from any cache) ÷ those plus the
+    # tokens it generated, and the seconds requests spent in prefill ÷ in prefill and decode (its histograms).
+    computed_prefill_share: float | None = None
+    prefill_time_share: float | None = None
+    prefix_hit_rate_server: float | None = None  # the GPU prefix cache's (vLLM's prefix_cache_hits ÷ queries)
     prefix_hit_rate_usage: float | None = None
+    # Prompt tokens loaded from a KV connector's tier (CPU offload, LMCache) ÷ prompt tokens, and per second.
+    prefix_hit_rate_offload: float | None = None
+    offload_loaded_tps: float | None = None
     ttft_s: Percentiles = Field(default_factory=Percentiles)
     itl_s: Percentiles = Field(default_factory=Percentiles)
     queue_wait_s: Percentiles = Field(default_factory=Percentiles)
@@ -75,6 +82,15 @@ class LevelSummary(BaseModel):
     output_drawn_mean: float | None = None
     output_clamped: bool = False
     warnings: list[str] = Field(default_factory=list)  # sentences a person should read beside this level's row
+
+    @property
+    def prefix_hit_rate_effective(self) -> float | None:
+        """The share of prompt tokens not recomputed: the GPU cache's hits and an offload tier's loads together
+        (the usage side's when the server keeps no counters)."""
+        server = self.prefix_hit_rate_server
+        if server is None:
+            return self.prefix_hit_rate_usage
+        return server + (self.prefix_hit_rate_offload or 0.0)
 
     @property
     def output_ratio(self) -> float | None:
@@ -124,9 +140,20 @@ class CapacityEstimate(BaseModel):
 class KneeExplanation(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    cause: Literal["preemption", "cache_eviction", "slots_full", "compute_saturation", "slo", "none"]
+    cause: Literal["preemption", "cache_eviction", "kv_pool_full", "slots_full", "compute_saturation", "slo", "none"]
     summary: str  # one sentence a person can read
     evidence: dict[str, float] = Field(default_factory=dict)  # the numbers behind it, before vs at the knee
+
+
+# What the measured levels bound of a knee (``bench.search.bounds``):
+# - "bracketed": a level at the knee and one just past it (at most half as many agents again, or one more);
+# - "between": a level at the knee and one past it, with a gap between them nothing measured: the knee lies in it;
+# - "below": the level past it is measured, but the level before it is the smallest measured and has nothing
+#   smaller to be judged against: the knee is somewhere under the level past it;
+# - "at_least": no level was past the knee: it is at or above the largest level measured;
+# - "unjudged": no level was past it and the only levels measured have no smaller one to be judged against;
+# - "unmeasured": the level it would rest on completed no turn, so no knee is claimed.
+KneeBound = Literal["bracketed", "between", "below", "at_least", "unjudged", "unmeasured"]
 
 
 class Knee(BaseModel):
@@ -135,10 +162,30 @@ class Knee(BaseModel):
     agents: int  # the last level before the drop (or the largest meeting the SLO)
     context: int
     criterion: str  # e.g. "throughput peak" or "ttft_p95 <= 2s"
+    # Measured ÷ predicted capacity, only where the measured levels bracket the knee; elsewhere the bound the
+    # levels allow (``ratio_low`` ≤ the ratio ≤ ``ratio_high``, either open) and ``ratio_note`` says why.
     measured_over_predicted: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    ratio_note: str = ""
+    bound: KneeBound = "bracketed"
+    past_at: int | None = None  # the smallest measured level past the knee (``None``: none was)
     explanation: KneeExplanation
     agent_turns: int = 0  # the work the search spent
     decided_by: str = ""  # the signal that put the level after the knee past it (bench/knee rule), e.g. "ttft"
+
+    @property
+    def where(self) -> str:
+        """Where the measured levels put the knee: "24", "16–63", "< 128", "≥ 48", or "—" when nothing does."""
+        if self.bound == "between" and self.past_at is not None:
+            return f"{self.agents}–{self.past_at - 1}"
+        if self.bound == "below" and self.past_at is not None:
+            return f"< {self.past_at}"
+        if self.bound == "at_least":
+            return f"≥ {self.agents}"
+        if self.bound in ("unmeasured", "unjudged"):
+            return "—"
+        return str(self.agents)
 
 
 class RunResult(BaseModel):
@@ -157,6 +204,10 @@ class RunResult(BaseModel):
     capacity: list[CapacityEstimate] = Field(default_factory=list)
     knee: list[Knee] = Field(default_factory=list)
     real_over_synthetic: float | None = None
+    # The matched synthetic arm (``--compare-synthetic``): its level, apart from the agents' levels, and the
+    # causes of the ratio in sentences (reuse, idle time, reply lengths).
+    synthetic: list[LevelSummary] = Field(default_factory=list)
+    synthetic_why: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     # Set (to why) when the run stopped before its plan was done — the server was lost mid-run: the
     # levels are those measured until then, and no knee or capacity is claimed for the context it stopped in.

@@ -12,11 +12,31 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from agentload.bench.analysis import explain_knee
-from agentload.bench.results import Knee, KneeExplanation, LevelSummary
+from agentload.bench.results import Knee, KneeBound, KneeExplanation, LevelSummary
 from agentload.capacity.knee import LevelSignals, Verdict, judge_all
 from agentload.errors import ConfigError
 
 Measure = Callable[[int], Awaitable[LevelSummary]]
+
+# A knee is bracketed when the level past it has at most this many times its agents (or one more agent): a sweep
+# of 24, 32 places the knee to a third; 16, 64 leaves 47 counts unmeasured between them.
+BRACKET_RATIO = 1.5
+
+
+def bounds(lo: int, hi: int | None, measured: list[int], turns: dict[int, int]) -> KneeBound:
+    """What the measured levels say of a knee at ``lo`` with ``hi`` the first level past it (see ``KneeBound``).
+
+    ``lo`` is only known to be before the knee when a smaller level was measured to judge it against, or when it
+    is one agent (the baseline every rule compares with).
+    """
+    if turns.get(lo, 0) == 0:
+        return "unmeasured"
+    judged = lo == 1 or lo > min(measured)
+    if hi is None:
+        return "at_least" if judged else "unjudged"
+    if not judged:
+        return "below"
+    return "bracketed" if hi - lo <= 1 or hi <= lo * BRACKET_RATIO else "between"
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ def parse_slo(text: str) -> Slo:
 
 def signals(s: LevelSummary) -> LevelSignals:
     """What the knee rule reads of a measured level."""
-    hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+    hit = s.prefix_hit_rate_effective  # an offload tier's loads are reuse too: not what a collapse means
     return LevelSignals(
         agents=s.agents,
         output_tps=s.output_tps,
@@ -127,7 +147,7 @@ class Search:
             first = self.levels[min(self.levels)]
             why = KneeExplanation(cause="slo", summary=f"even {first.agents} agent(s) miss {self.slo}")
             return Knee(agents=0, context=context, criterion=criterion, explanation=why, agent_turns=turns,
-                        decided_by="slo")  # fmt: skip
+                        decided_by="slo", bound="below", past_at=first.agents)  # fmt: skip
         good = self.levels[lo]
         bad = self.levels.get(hi) if hi is not None else None
         why = explain_knee(good, bad, slots=self.slots, pinned=self.pinned)
@@ -139,8 +159,36 @@ class Search:
         if verdict is not None and verdict.past:
             decided = verdict.decided_by
             why = why.model_copy(update={"summary": f"{why.summary.rstrip('.')}; decided by {verdict.reason}"})
+        completed = {n: s.requests_ok for n, s in self.levels.items()}
+        bound = bounds(lo, hi, sorted(self.levels), completed)
+        if bound == "unmeasured":
+            why = KneeExplanation(cause="none", summary=f"the level of {lo} agents completed no turn in its "
+                                  "window, so no knee can be judged from it (a longer --window, or a workload "
+                                  "that lasts past the warm-up)")  # fmt: skip
         return Knee(agents=lo, context=context, criterion=criterion, explanation=why, agent_turns=turns,
-                    decided_by=decided)  # fmt: skip
+                    decided_by=decided, bound=bound, past_at=hi)  # fmt: skip
+
+
+def with_ratio(knee: Knee, predicted: float | None) -> Knee:
+    """The knee with measured ÷ predicted capacity as far as its measured levels bound it (``Knee.bound``)."""
+    if not predicted or knee.bound in ("unmeasured", "unjudged"):
+        note = {
+            "unmeasured": "the knee level completed no turn",
+            "unjudged": f"{knee.agents} agents, the smallest level measured, had no smaller level to be judged against",
+        }.get(knee.bound, "no prediction")
+        return knee.model_copy(update={"ratio_note": note})
+    low = knee.agents / predicted
+    high = (knee.past_at - 1) / predicted if knee.past_at is not None else None
+    if knee.bound == "bracketed":
+        return knee.model_copy(update={"measured_over_predicted": low})
+    if knee.bound == "between":
+        note = f"nothing was measured between {knee.agents} and {knee.past_at} agents"
+        return knee.model_copy(update={"ratio_low": low, "ratio_high": high, "ratio_note": note})
+    if knee.bound == "below":
+        note = f"{knee.agents} agents, the smallest level measured, had no smaller level to be judged against"
+        return knee.model_copy(update={"ratio_high": high, "ratio_note": note})
+    note = f"no level up to {knee.agents} agents was past the knee"
+    return knee.model_copy(update={"ratio_low": low, "ratio_note": note})
 
 
 async def sweep(search: Search, agents: list[int], context: int) -> Knee:

@@ -27,22 +27,33 @@ def _pct(a: float | None, b: float | None) -> str:
     return f"{100.0 * (b - a) / a:+.1f}%"
 
 
+DRIFT_MIN_TURNS = 30  # turns in each third before a change between them is called a drift
+
+
 def drift_notes(data: LevelData) -> list[str]:
     """Sentences comparing the first and last third of a soak's window."""
     span = data.end - data.window_start
     first = summarise(replace(data, end=data.window_start + span / 3))
     last = summarise(replace(data, start=data.window_start, window_start=data.end - span / 3))
+    # A third with few turns moves by chance: its output tok/s changes with each turn that lands in it or not.
+    turns = f"{first.turns} and {last.turns} turns"
+    caveat = (
+        f"; only {turns} in the two thirds (a third needs {DRIFT_MIN_TURNS}): changes this size are within chance, "
+        "soak longer to call a drift"
+        if min(first.turns, last.turns) < DRIFT_MIN_TURNS
+        else f" ({turns})"
+    )
     return [
         f"soak drift over {span:.0f} s at {data.agents} agents (first third → last third): "
         f"output {first.output_tps:.1f} → {last.output_tps:.1f} tok/s ({_pct(first.output_tps, last.output_tps)}), "
         f"TTFT p50 {_fmt(first.ttft_s.p50)} → {_fmt(last.ttft_s.p50)} ({_pct(first.ttft_s.p50, last.ttft_s.p50)}), "
         f"prefix hit {_fmt_rate(_hit(first))} → {_fmt_rate(_hit(last))}, "
-        f"peak KV {_fmt_rate(first.peak_kv_usage)} → {_fmt_rate(last.peak_kv_usage)}"
+        f"peak KV {_fmt_rate(first.peak_kv_usage)} → {_fmt_rate(last.peak_kv_usage)}{caveat}"
     ]
 
 
 def _hit(s: LevelSummary) -> float | None:
-    return s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+    return s.prefix_hit_rate_effective
 
 
 def _fmt(v: float | None) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentload.capacity.profile import ServingProfile, load_profile
+from agentload.capacity.profile import ServingProfile, load_profile, with_offload
 from agentload.endpoint.transport import Transport, signed_transport
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import Behaviour
@@ -30,7 +30,7 @@ def http_target(url: str, model: str, engine: str | None = None, api_key: str | 
     return Target(transport, server.base, model, server.shown, virtual=False, engine=engine)
 
 
-def sim_target(profile_name: str, behaviour: Behaviour | None = None) -> Target:
+def sim_target(profile_name: str, behaviour: Behaviour | None = None, offload_gib: float | None = None) -> Target:
     """A fresh in-process simulated server (the caller builds one per level so levels do not share a cache).
 
     Its model is the agent behaviour, as for ``agentload sim`` and ``run``: its own replies are short, so a
@@ -38,6 +38,8 @@ def sim_target(profile_name: str, behaviour: Behaviour | None = None) -> Target:
     ``--natural-output`` sees the model's own lengths.
     """
     profile = load_profile(profile_name)
+    if offload_gib is not None:
+        profile = with_offload(profile, offload_gib)
     server = SimServer(SimConfig(profile=profile, behaviour=behaviour or AgentBehaviour()))
     return Target(
         InProcessTransport(server),

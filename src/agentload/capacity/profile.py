@@ -9,6 +9,7 @@ pair; any of them can be pinned in ``[step]`` (calibration pins all of them).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -418,6 +419,15 @@ def parse_profile(text: str, source: str) -> ServingProfile:
 def builtin_profiles() -> list[str]:
     folder = resources.files("agentload.data").joinpath("profiles")
     return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def with_offload(profile: ServingProfile, gib: float) -> ServingProfile:
+    """The profile with a CPU offload tier of ``gib`` GiB in place of its own (vLLM ``--kv-offloading-size``;
+    0 removes it); blocks load over the same host link."""
+    if not 0 <= gib <= MAX_OFFLOAD_GIB:
+        raise ConfigError(f"--offload-gib {gib:g}: give 0 to {MAX_OFFLOAD_GIB:,} GiB")
+    blocks = int(gib * 2**30 // profile.layout.stored_page_bytes)
+    return dataclasses.replace(profile, offload_blocks=blocks)
 
 
 def load_profile(name_or_path: str) -> ServingProfile:

@@ -20,7 +20,7 @@ from agentload.bench.orchestrate import BenchPlan, Mode, run_bench
 from agentload.bench.results import LevelSummary, RunResult
 from agentload.bench.search import parse_slo
 from agentload.bench.target import Target, http_target, sim_target
-from agentload.capacity.profile import load_profile
+from agentload.capacity.profile import load_profile, with_offload
 from agentload.cli.common import (
     ApiKeyEnvOption,
     DashboardRateOption,
@@ -42,7 +42,7 @@ from agentload.cli.common import (
 from agentload.clock import LoopClock, run_virtual
 from agentload.dashboard.bench import open_bench_board
 from agentload.endpoint.liveness import wait_until_up
-from agentload.endpoint.probe import ENGINE_LABELS, probe
+from agentload.endpoint.probe import ENGINE_LABELS, probe, served_model
 from agentload.endpoint.records import Outcome, RequestRecord
 from agentload.endpoint.redact import redact_url
 from agentload.endpoint.signals import SignalPoller
@@ -52,6 +52,7 @@ from agentload.errors import (
     ConfigError,
     EndpointError,
     EndpointResponseError,
+    EndpointTimeoutError,
     EndpointUnreachableError,
     ServerLostError,
 )
@@ -98,9 +99,10 @@ def parse_duration(text: str, flag: str) -> float:
 
 
 async def probe_server(
-    url: str, model: str, contexts: list[int], key_env: str | None = None
-) -> tuple[tuple[int, int, str] | None, str, int | None]:
-    """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props), engine and slots.
+    url: str, model: str | None, contexts: list[int], key_env: str | None = None
+) -> tuple[tuple[int, int, str] | None, str, int | None, str]:
+    """The server's own KV pool (vLLM cache_config_info, SGLang server info, llama.cpp props), engine, slots and
+    the model to request (``model``, else the one the server serves: ``served_model``).
 
     Slots are llama.cpp's parallel slots (``-np``): a server with them runs at most that many requests at once.
 
@@ -108,6 +110,7 @@ async def probe_server(
     load is sent.
     """
     found = await probe(url, model=model, api_key_env=resolve_key_env(key_env))
+    model = served_model(found, model)
     if found.max_context is not None:
         for c in contexts:
             if c > found.max_context:
@@ -117,21 +120,30 @@ async def probe_server(
                 )
     if found.pool_tokens is None or found.block_size is None:
         err_console.print(f"[yellow]note:[/] no capacity estimate: {ENGINE_LABELS[found.engine]} reports no KV pool")
-        return None, found.engine, found.parallel_slots
+        return None, found.engine, found.parallel_slots, model
     pool = (found.pool_tokens, found.block_size, found.pool_source or "the server")
-    return pool, found.engine, found.parallel_slots
+    return pool, found.engine, found.parallel_slots, model
 
 
 @reports_errors
 def bench(
     url: Annotated[str | None, typer.Option(help="OpenAI-compatible server (real time).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model id to request (with --url).")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Model id to request (with --url; default: the one model the server serves)."),
+    ] = None,
     api_key_env: ApiKeyEnvOption = None,
     sim: Annotated[
         str | None, typer.Option(help="Simulator profile, run in process in virtual time (no sockets).")
     ] = None,
+    offload_gib: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, help="With --sim: a CPU KV offload tier of this many GiB (vLLM --kv-offloading-size; 0: none)."
+        ),
+    ] = None,
     workload: Annotated[
-        str, typer.Option(help="agentic, agentic-hold, synthetic, suite, or trace:FILE.")
+        str, typer.Option(help="agentic, agentic-hold, synthetic, synthetic:IN/OUT, suite, or trace:FILE.")
     ] = "agentic-hold",
     context: Annotated[str, typer.Option(help="Context per agent, tokens; a list makes a context × agents grid.")] = (
         "40960"
@@ -231,9 +243,9 @@ def bench(
 # The flags a bench run is started with and resumed with (``bench.json``); --out, --json and --resume are not
 # the run's but the invocation's.
 INVOCATION_FLAGS = (
-    "url", "model", "api_key_env", "sim", "workload", "context", "sweep", "find_knee", "slo", "soak", "agents",
-    "warmup", "window", "tolerance", "max_agents", "compare_synthetic", "seed", "same_text", "natural_output",
-    "min_turns", "no_pin_slots", "wait_ready",
+    "url", "model", "api_key_env", "sim", "offload_gib", "workload", "context", "sweep", "find_knee", "slo", "soak",
+    "agents", "warmup", "window", "tolerance", "max_agents", "compare_synthetic", "seed", "same_text",
+    "natural_output", "min_turns", "no_pin_slots", "wait_ready",
 )  # fmt: skip
 
 
@@ -247,6 +259,7 @@ class StoredFlags(BaseModel):
     model: str | None = None
     api_key_env: str | None = None
     sim: str | None = None
+    offload_gib: float | None = Field(default=None, strict=False)
     workload: str = "agentic-hold"
     context: str = "40960"
     sweep: str | None = None
@@ -325,6 +338,7 @@ def run(
     sim: str | None,
     workload: str,
     context: str,
+    offload_gib: float | None = None,
     sweep: str | None,
     find_knee: bool,
     slo: str | None,
@@ -364,8 +378,8 @@ def run(
             "--executor ray runs the agents against a server over HTTP; without --url the bench runs the simulator in "
             "process on simulated time, which one process runs whole (serve it with `agentload sim` and give --url)"
         )
-    if url and not model:
-        raise ConfigError("--url needs --model (the id the server serves; see `agentload probe URL`)")
+    if offload_gib is not None and url:
+        raise ConfigError("--offload-gib sizes the simulator's CPU tier; a real server's is its own (--sim only)")
     if model and not url:
         raise ConfigError("--model goes with --url; the simulator serves its profile's model")
     if api_key_env and not url:
@@ -415,15 +429,17 @@ def run(
             if c > profile.max_model_len:
                 raise ConfigError(f"--context {c} exceeds the profile's max-model-len {profile.max_model_len}")
 
+        if offload_gib is not None:
+            with_offload(profile, offload_gib)  # a bad size fails here, once
+
         def make_target() -> Target:
-            return sim_target(sim, behaviour)
+            return sim_target(sim, behaviour, offload_gib)
 
     else:
         assert url is not None
-        assert model is not None
         key = read_api_key(api_key_env)
         asyncio.run(wait_for_server(url, key, wait_ready_s))
-        pool, engine, slots = asyncio.run(probe_server(url, model, contexts, api_key_env))
+        pool, engine, slots, model = asyncio.run(probe_server(url, model, contexts, api_key_env))
         shared = http_target(url, model, engine, api_key=key)
 
         def make_target() -> Target:
@@ -487,7 +503,7 @@ def run(
     def on_level(s: LevelSummary) -> None:
         if s.level not in lost_levels:  # a level the server's loss cut short is measured again on resume
             writer.level(s)
-        hit = s.prefix_hit_rate_server if s.prefix_hit_rate_server is not None else s.prefix_hit_rate_usage
+        hit = s.prefix_hit_rate_effective  # both tiers' reuse where an offload tier loaded some
         ttft = s.ttft_s.p50
         ctx = "-" if s.context_mean is None else f"{s.context_mean:,.0f}"
         out = "-" if s.output_ratio is None else f"{s.output_ratio:.0%}"
@@ -586,11 +602,26 @@ def run(
 
 
 async def wait_for_server(url: str, key: str | None, timeout_s: float) -> None:
-    """Wait for a server that is still coming up, saying so on stderr every 10 s."""
+    """Wait for a server that is still coming up, saying so on stderr every 10 s: what it waits for, for how long,
+    and that ``--wait-ready`` sets it (a wrong port looks like a server still loading, and is waited for in vain)."""
     server, transport = signed_transport(url, key)  # the poll carries the run's credentials, its URL none
     poller = SignalPoller(server.base, transport=transport)
+    said: list[str] = []
+
+    def report(line: str) -> None:
+        why = (
+            " — a server still loading refuses connections or answers /health 503 until it is ready; "
+            f"--wait-ready sets how long to wait (now {timeout_s:g} s; a wrong URL or port is waited for in vain)"
+        )
+        err_console.print(line + ("" if said else why), markup=False, soft_wrap=True)
+        said.append(line)
+
     try:
-        await wait_until_up(poller, timeout_s, report=lambda line: err_console.print(line, markup=False))
+        await wait_until_up(poller, timeout_s, report=report)
+    except EndpointTimeoutError as exc:
+        raise EndpointTimeoutError(
+            f"{exc}: check the URL and port, or wait longer for a server still loading with --wait-ready"
+        ) from None
     finally:
         await poller.stop()
         await transport.aclose()

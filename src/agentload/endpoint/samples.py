@@ -33,6 +33,10 @@ class ServerSample(BaseModel):
     prefix_hits: float | None = None
     preemptions: float | None = None
     recomputed_tokens: float | None = None  # simulator extension
+    external_queries: float | None = None  # a KV connector's tier (CPU offload, LMCache): prompt tokens asked
+    external_hits: float | None = None  # ... and loaded from it instead of recomputed
+    prefill_time_s: float | None = None  # seconds requests spent in prefill (sum of the histogram)
+    decode_time_s: float | None = None  # ... and in decode
 
 
 @dataclass
@@ -55,6 +59,10 @@ def to_sample(snapshot: MetricsSnapshot, t: float) -> RawSample:
         prefix_hits=norm.get("prefix_hits"),
         preemptions=norm.get("preemptions"),
         recomputed_tokens=sum(recomputed) if recomputed else None,
+        external_queries=norm.get("external_queries"),
+        external_hits=norm.get("external_hits"),
+        prefill_time_s=norm.get("prefill_time_s"),
+        decode_time_s=norm.get("decode_time_s"),
     )
     buckets: dict[float, float] = {}
     for s in snapshot.named(QUEUE_HISTOGRAM):

@@ -101,6 +101,14 @@ _NORMALISED: dict[str, dict[str, tuple[str, ...]]] = {
         "prefix_queries": ("vllm:prefix_cache_queries_total",),
         "prefix_hits": ("vllm:prefix_cache_hits_total",),
         "preemptions": ("vllm:num_preemptions_total",),
+        # A KV connector's tier (vLLM's native CPU offloading, LMCache): prompt tokens it was asked for and the
+        # ones it loaded instead of their being recomputed, counted apart from the GPU prefix cache's. An LMCache
+        # build that exports only its own counters into vLLM's /metrics gives its hit tokens.
+        "external_queries": ("vllm:external_prefix_cache_queries_total",),
+        "external_hits": ("vllm:external_prefix_cache_hits_total", "lmcache:num_hit_tokens_total"),
+        # Seconds requests spent in their prefill and in their decode phase (the histograms' sums).
+        "prefill_time_s": ("vllm:request_prefill_time_seconds_sum",),
+        "decode_time_s": ("vllm:request_decode_time_seconds_sum",),
     },
     "sglang": {
         "running": ("sglang:num_running_reqs",),

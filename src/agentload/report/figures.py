@@ -91,9 +91,28 @@ def _agents_axis(fig: go.Figure, runs: Sequence[RunData]) -> bool:
     axis: dict[str, object] = {"title": {"text": "agents"}}
     log = bool(agents) and agents[-1] / agents[0] >= 8
     if log:
-        axis |= {"type": "log", "tickmode": "array", "tickvals": agents, "ticktext": [str(a) for a in agents]}
+        ticks = _spread(agents)
+        axis |= {"type": "log", "tickmode": "array", "tickvals": ticks, "ticktext": [str(a) for a in ticks]}
     fig.update_xaxes(**axis)
     return log
+
+
+# Ticks on a log axis closer than this ratio print over each other (24 and 25 beside 1 and 64): the later one is
+# left out, its level still plotted and named in its hover.
+TICK_RATIO = 1.25
+
+
+def _spread(values: Sequence[int]) -> list[int]:
+    """The ascending agent counts to tick: the first and last always, others at least ``TICK_RATIO`` apart."""
+    kept: list[int] = []
+    for v in values:
+        if not kept or v >= kept[-1] * TICK_RATIO:
+            kept.append(v)
+    if values and kept[-1] != values[-1]:
+        if len(kept) > 1 and values[-1] < kept[-1] * TICK_RATIO:
+            kept.pop()
+        kept.append(values[-1])
+    return kept
 
 
 def _tick_seconds(value: float) -> str:
@@ -148,6 +167,24 @@ def throughput_vs_agents(runs: Sequence[RunData]) -> go.Figure:
                     name=f"knee · {s.name}",
                     showlegend=False,
                     hovertemplate=f"knee: {knee.agents} agents ({knee.explanation.cause})<extra>{s.name}</extra>",
+                )
+            )
+    for run in runs:
+        # The matched synthetic arm is its own series, never a point of the agents' line (``--compare-synthetic``).
+        arms = run.result.synthetic
+        if arms:
+            fig.add_trace(
+                go.Scatter(
+                    x=[lv.agents for lv in arms],
+                    y=[lv.output_tps for lv in arms],
+                    mode="markers",
+                    marker={"symbol": "diamond-open", "size": 12, "color": run.colour, "line": {"width": 2}},
+                    name=f"matched synthetic · {run.label}",
+                    hovertemplate=(
+                        "%{x} agents<br>output %{y:,.0f} tok/s<br>"
+                        + arms[0].workload
+                        + "<extra>matched synthetic</extra>"
+                    ),
                 )
             )
     log = _agents_axis(fig, runs)
@@ -236,18 +273,25 @@ def _level_label(lv: LevelSummary, grid: bool) -> str:
 
 
 def token_split(run: RunData) -> go.Figure:
-    """Prefill and generation tokens/s per level, stacked, with the prefill share on the right axis."""
+    """Per level, the prompt tokens the server computed and the tokens it generated, stacked, with the three shares
+    of prefill on the right axis: of computed tokens, of time (where the server's histograms say), of all prompt
+    tokens (cached ones included, near 100 % for agents: why the bars show computed tokens, not all of them)."""
     levels = sorted(run.result.levels, key=lambda lv: (lv.context, lv.agents))
     grid = len({lv.context for lv in levels}) > 1
     x = [_level_label(lv, grid) for lv in levels]
+
+    def computed(lv: LevelSummary) -> float:
+        hit = lv.prefix_hit_rate_effective
+        return lv.prefill_tps * (1.0 - hit) if hit is not None else lv.prefill_tps
+
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(
         go.Bar(
             x=x,
-            y=[lv.prefill_tps for lv in levels],
-            name="prefill tok/s",
+            y=[computed(lv) for lv in levels],
+            name="prefill tok/s computed (not cached)",
             marker={"color": "#9ab8d8"},
-            hovertemplate="%{x} agents<br>prefill %{y:,.0f} tok/s<extra></extra>",
+            hovertemplate="%{x} agents<br>prefill computed %{y:,.0f} tok/s<extra></extra>",
         ),
         secondary_y=False,
     )
@@ -261,19 +305,25 @@ def token_split(run: RunData) -> go.Figure:
         ),
         secondary_y=False,
     )
-    shares = [None if lv.prefill_share is None else lv.prefill_share * 100 for lv in levels]
-    if any(s is not None for s in shares):
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=shares,
-                name="prefill share (%)",
-                mode="lines+markers",
-                line={"color": "#444", "dash": "dot"},
-                hovertemplate="%{x} agents<br>prefill share %{y:.1f}%<extra></extra>",
-            ),
-            secondary_y=True,
-        )
+    lines = (
+        ("prefill share of computed tokens (%)", [lv.computed_prefill_share for lv in levels], "solid"),
+        ("prefill share of request time (%)", [lv.prefill_time_share for lv in levels], "dash"),
+        ("prompt share of all tokens (%)", [lv.prefill_share for lv in levels], "dot"),
+    )
+    for name, values, dash in lines:
+        shares = [None if v is None else v * 100 for v in values]
+        if any(v is not None for v in shares):
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=shares,
+                    name=name,
+                    mode="lines+markers",
+                    line={"color": "#444", "dash": dash},
+                    hovertemplate="%{x} agents<br>" + name + " %{y:.1f}<extra></extra>",
+                ),
+                secondary_y=True,
+            )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title={"text": "agents @ context" if grid else "agents"}, type="category")
     fig.update_yaxes(title={"text": "tokens/s"}, secondary_y=False)

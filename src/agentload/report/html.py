@@ -34,7 +34,16 @@ from agentload.report.figures import (
     ttft_vs_agents,
 )
 from agentload.report.levels import LevelTable, level_table
-from agentload.report.text import CAUSES, capacity_sentence, knee_sentence, knee_short, num
+from agentload.report.text import (
+    CAUSES,
+    capacity_sentence,
+    evidence_rows,
+    knee_sentence,
+    knee_short,
+    num,
+    ratio_text,
+    synthetic_lines,
+)
 from agentload.store.atomic import write_atomic
 from agentload.store.rundir import RunDir, best_output_tps
 
@@ -87,9 +96,9 @@ def _view(run: RunData, index: int) -> RunView:
     r = run.result
     evidence = [
         (
-            f"The knee at {k.agents} agents ({k.context:,}-token context) is put down to "
-            f"{CAUSES.get(k.explanation.cause, k.explanation.cause)}; the numbers behind it, at and past the knee:",
-            [(name, f"{value:,.4g}") for name, value in k.explanation.evidence.items()],
+            f"The knee at {k.where} agents ({k.context:,}-token context) is put down to "
+            f"{CAUSES.get(k.explanation.cause, k.explanation.cause)}; the numbers behind it, at the knee → past it:",
+            evidence_rows(k.explanation.evidence),
         )
         for k in r.knee
         if k.explanation.evidence
@@ -99,7 +108,7 @@ def _view(run: RunData, index: int) -> RunView:
         index=index,
         knees=[knee_sentence(k) for k in r.knee],
         evidence=evidence,
-        capacity=[capacity_sentence(c) for c in r.capacity],
+        capacity=[capacity_sentence(c) for c in r.capacity] + synthetic_lines(r),
         table=_one_line_headers(level_table(r)),
         settings=[(k, "—" if v is None else str(v)) for k, v in r.settings.items()],
     )
@@ -130,7 +139,7 @@ def _comparison(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]]:
     for run in runs:
         r = run.result
         estimates = ", ".join(num(c.sessions) for c in r.capacity) or "—"
-        ratios = ", ".join(num(k.measured_over_predicted, 2) for k in r.knee) or "—"
+        ratios = ", ".join(ratio_text(k) or "—" for k in r.knee) or "—"
         rows.append(
             [
                 run.label,

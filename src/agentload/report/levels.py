@@ -72,9 +72,22 @@ def _flagged(text: str, flag: bool) -> str:
     return f"{text} {FLAG}" if flag else text
 
 
+def _prefill_shares(lv: LevelSummary) -> str:
+    # Three ways to split a server's work between prefill and generation: all prompt tokens (cached ones
+    # included, so near 100 % for agents), the prompt tokens it computed, and the time requests spent in each.
+    shares = (lv.prefill_share, lv.computed_prefill_share, lv.prefill_time_share)
+    if all(v is None for v in shares):
+        return DASH
+    return " / ".join(DASH if v is None else f"{v * 100:.0f}" for v in shares) + "%"
+
+
 def _prefix_hits(lv: LevelSummary) -> str:
-    # Side by side on purpose: the server counts a preempted request's lookups again, usage counts it once.
-    server, usage = lv.prefix_hit_rate_server, lv.prefix_hit_rate_usage
+    # Side by side on purpose: the server counts a preempted request's lookups again, usage counts it once. The
+    # server's is the reuse of both tiers when an offload tier loaded some (its own share in the next column).
+    server, usage = (
+        (lv.prefix_hit_rate_effective if lv.prefix_hit_rate_server is not None else None),
+        lv.prefix_hit_rate_usage,
+    )
     if server is None and usage is None:
         return DASH
     return " / ".join(DASH if v is None else f"{v * 100:.1f}" for v in (server, usage)) + "%"
@@ -101,14 +114,17 @@ LEVEL_COLUMNS: list[Column | TimeColumn] = [
     Column("context", lambda lv: context_label(lv.context)),
     Column("turns", lambda lv: _flagged(f"{lv.turns:,}", lv.too_few_turns), core=True),
     Column("turns/s", lambda lv: num(lv.turns_per_s, 2)),
-    Column("sessions\nok / failed", lambda lv: f"{lv.sessions_completed} / {lv.sessions_failed}"),
+    # Sessions that ended during the whole level, warm-up included (a held session runs until the level stops, so
+    # few end); requests are counted in the window only.
+    Column("sessions ended\nok / failed", lambda lv: f"{lv.sessions_completed} / {lv.sessions_failed}"),
     Column("requests\nok / failed", lambda lv: f"{lv.requests_ok:,} / {lv.requests_failed:,}"),
     Column("pass\nrate", lambda lv: pct(lv.pass_rate, 1)),
     Column("output\ntok/s", lambda lv: _flagged(num(lv.output_tps, 0), lv.output_clamped), core=True),
     Column("prefill\ntok/s", lambda lv: num(lv.prefill_tps, 0)),
     Column("tok/s\nfrom", lambda lv: lv.throughput_source),
-    Column("prefill\nshare", lambda lv: pct(lv.prefill_share)),
+    Column("prefill share\ntok / computed / time", _prefill_shares),
     Column("prefix hit\nserver / usage", _prefix_hits, core=True),
+    Column("of it from\noffload", lambda lv: pct(lv.prefix_hit_rate_offload, 1)),
     TimeColumn("TTFT ({unit})\np50 / p95 / p99", lambda lv: (lv.ttft_s.p50, lv.ttft_s.p95, lv.ttft_s.p99), core=True),
     TimeColumn("ITL p50\n({unit})", lambda lv: (lv.itl_s.p50,)),
     TimeColumn("queue wait\np95 ({unit})", lambda lv: (lv.queue_wait_s.p95,)),

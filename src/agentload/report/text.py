@@ -12,6 +12,7 @@ DASH = "—"  # a value the run did not measure (as opposed to a measured zero)
 CAUSES = {
     "preemption": "preemption",
     "cache_eviction": "prefix-cache eviction",
+    "kv_pool_full": "a full KV pool (turns queue for blocks)",
     "slots_full": "slots full (queueing for a slot)",
     "compute_saturation": "compute saturation",
     "slo": "the SLO",
@@ -62,19 +63,43 @@ def context_label(context: int) -> str:
     return f"{context:,}"
 
 
+def ratio_text(knee: Knee) -> str:
+    """Measured ÷ predicted capacity as far as the measured levels bound it, with why when it is a bound."""
+    if knee.measured_over_predicted is not None:
+        return f"{knee.measured_over_predicted:.2f}"
+    if knee.ratio_low is not None and knee.ratio_high is not None:
+        return f"{knee.ratio_low:.2f}–{knee.ratio_high:.2f} ({knee.ratio_note})"
+    if knee.ratio_low is not None:
+        return f"≥ {knee.ratio_low:.2f} ({knee.ratio_note})"
+    if knee.ratio_high is not None:
+        return f"≤ {knee.ratio_high:.2f} ({knee.ratio_note})"
+    return ""
+
+
 def knee_sentence(knee: Knee) -> str:
     """The knee in words: where, by which criterion, why (the bench's own sentence) and measured ÷ predicted."""
     cause = knee.explanation.cause
     where = f"{knee.context:,}-token context, {knee.criterion}"
-    if cause == "none":
+    if knee.bound == "unmeasured":
+        head = f"No knee claimed ({where})"
+    elif knee.bound == "unjudged":
+        head = f"No knee claimed: no level measured below {knee.agents} agents to judge them against ({where})"
+    elif cause == "none":
         head = f"No knee found up to {knee.agents} agents ({where})"
     else:
-        head = f"Knee at {knee.agents} agents ({where}), caused by {CAUSES.get(cause, cause)}"
+        if knee.bound == "between" and knee.past_at is not None:
+            at = f"between {knee.agents} and {knee.past_at - 1} agents (none measured in between)"
+        elif knee.bound == "below" and knee.past_at is not None:
+            at = f"below {knee.past_at} agents (no level under {max(knee.agents, 1)} was measured to place it)"
+        else:
+            at = f"at {knee.agents} agents"
+        head = f"Knee {at} ({where}), caused by {CAUSES.get(cause, cause)}"
     if knee.decided_by:
         head += f" (decided by {knee.decided_by})"
     text = f"{head}: {knee.explanation.summary.rstrip('.')}."
-    if knee.measured_over_predicted is not None:
-        text += f" Measured ÷ predicted capacity: {knee.measured_over_predicted:.2f}."
+    ratio = ratio_text(knee)
+    if ratio:
+        text += f" Measured ÷ predicted capacity: {ratio}."
     return text
 
 
@@ -111,7 +136,74 @@ def knee_short(result: RunResult) -> str:
     if not result.knee:
         return DASH
     return ", ".join(
-        f"{k.agents} ({CAUSES.get(k.explanation.cause, k.explanation.cause)})"
+        f"{k.where} ({CAUSES.get(k.explanation.cause, k.explanation.cause)})"
         + (f" @ {context_label(k.context)}" if len(result.knee) > 1 else "")
         for k in result.knee
     )
+
+
+# The knee's evidence in words: metric name (as the explanation stores it, without _at_knee / _past_knee) → label.
+EVIDENCE_LABELS = {
+    "agents": "agents",
+    "output_tps": "output tok/s",
+    "preemptions_per_min": "preemptions/min",
+    "prefix_hit_rate": "prefix hit",
+    "offload_hit_rate": "loaded from offload",
+    "uncached_prompt_tokens_per_s": "prompt tokens computed/s",
+    "preempted_tokens_recomputed_per_s": "tokens recomputed after preemption/s",
+    "peak_kv_usage": "peak KV",
+    "ttft_p50_s": "TTFT p50",
+    "itl_p50_s": "ITL p50",
+    "mean_running": "running",
+    "mean_waiting": "waiting",
+    "slots": "slots",
+}
+
+
+def _evidence_value(metric: str, value: float) -> str:
+    if metric.endswith(("_rate", "_usage")):
+        return f"{value * 100:.1f}%"
+    if metric.endswith("_s") and not metric.endswith("per_s"):
+        return secs(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.4g}"
+
+
+def evidence_rows(evidence: dict[str, float]) -> list[tuple[str, str]]:
+    """(label, "at the knee → past it") per metric of a knee's evidence, in its order."""
+    rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for key in evidence:
+        metric = key.removesuffix("_at_knee").removesuffix("_past_knee")
+        if metric in seen:
+            continue
+        seen.add(metric)
+        label = EVIDENCE_LABELS.get(metric, metric.replace("_", " "))
+        at, past = evidence.get(f"{metric}_at_knee"), evidence.get(f"{metric}_past_knee")
+        if at is not None and past is not None:
+            rows.append((label, f"{_evidence_value(metric, at)} → {_evidence_value(metric, past)}"))
+        elif past is not None:
+            rows.append((f"{label} (past the knee)", _evidence_value(metric, past)))
+        elif at is not None:
+            rows.append((f"{label} (at the knee)", _evidence_value(metric, at)))
+        else:
+            rows.append((label, _evidence_value(metric, evidence[key])))
+    return rows
+
+
+def evidence_text(evidence: dict[str, float]) -> str:
+    """ "agents 24 → 25; output tok/s 706 → 480; prefix hit 97.1% → 12.4%; …": at the knee → past it."""
+    return "; ".join(f"{label} {value}" for label, value in evidence_rows(evidence))
+
+
+def synthetic_lines(result: RunResult) -> list[str]:
+    """The matched synthetic arm beside the agents: what it sent, the ratio, and its causes."""
+    if result.real_over_synthetic is None:
+        return []
+    lines = [f"Real agents ÷ matched synthetic load, output throughput: {result.real_over_synthetic:.2f}"]
+    for arm in result.synthetic:
+        lines[0] += (
+            f" (the synthetic arm, {arm.workload}, at {arm.agents} agents: {arm.output_tps:,.0f} output tok/s, "
+            "single-turn unique prompts sent back to back)"
+        )
+    lines.extend(f"  {why}" for why in result.synthetic_why)
+    return lines

@@ -84,6 +84,21 @@ class _EngineCollector(Collector):
             "Prefill tokens computed again after a preemption (simulator extension).",
             s.recomputed_tokens,
         )
+        if p.offload_blocks:
+            # vLLM's names for a KV connector's tier: its queries are every prompt token scheduled (as the GPU
+            # cache's), its hits the tokens loaded from the tier rather than recomputed.
+            yield self._counter(
+                "vllm:external_prefix_cache_queries",
+                "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number "
+                "of queried tokens.",
+                s.prefix_queries,
+            )
+            yield self._counter(
+                "vllm:external_prefix_cache_hits",
+                "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
+                "cached tokens.",
+                s.offload_hit_tokens,
+            )
         yield self._counter(
             "agentload_sim:offload_hit_tokens",
             "Prompt tokens loaded from the CPU offload tier instead of recomputed (simulator extension).",
@@ -113,6 +128,8 @@ class SimMetrics:
                            _REQUEST_BUCKETS).labels(**labels)  # fmt: skip
         self._prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase.",
                              _REQUEST_BUCKETS).labels(**labels)  # fmt: skip
+        self._decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase.",
+                            _REQUEST_BUCKETS).labels(**labels)  # fmt: skip
 
     def observe_token(self, gap_s: float) -> None:
         self._itl.observe(gap_s)
@@ -127,6 +144,8 @@ class SimMetrics:
     def observe_finished(self, req: SimRequest) -> None:
         if req.finished_at is not None:
             self._e2e.observe(req.finished_at - req.arrival)
+            if req.first_token is not None:
+                self._decode.observe(req.finished_at - req.first_token)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

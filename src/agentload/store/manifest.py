@@ -43,6 +43,7 @@ class KneeEntry(BaseModel):
     agents: int
     context: int
     cause: str
+    where: str = ""  # what the measured levels bound ("24", "16–63", "≥ 48"); "" in runs saved before it was kept
 
 
 class RunInfo(BaseModel):

@@ -98,7 +98,9 @@ def bench_info(result: RunResult) -> RunInfo:
         workload=result.workload,
         mode=result.mode,
         levels=len(result.levels),
-        knees=[KneeEntry(agents=k.agents, context=k.context, cause=k.explanation.cause) for k in result.knee],
+        knees=[
+            KneeEntry(agents=k.agents, context=k.context, cause=k.explanation.cause, where=k.where) for k in result.knee
+        ],
         best_output_tps=best_output_tps(result),
     )
 

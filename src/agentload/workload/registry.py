@@ -9,6 +9,7 @@ reject it, so it is off unless asked for. ``extra_body`` adds any other fields t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,19 @@ from agentload.workload.synthetic import SyntheticWorkload
 from agentload.workload.trace import trace_workload
 
 TRACE_PREFIX = "trace:"
+# ``synthetic:1024/256``: every request 1,024 prompt and 256 output tokens, the random dataset of
+# ``vllm bench serve --random-input-len 1024 --random-output-len 256`` (the source article's synthetic load).
+SYNTHETIC_PREFIX = "synthetic:"
+_SIZES = re.compile(r"^\s*(\d{1,7})\s*/\s*(\d{1,7})\s*$")
+
+
+def _fixed_sizes(text: str) -> dict[str, int]:
+    m = _SIZES.match(text)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ConfigError(f"synthetic:{text}: expected synthetic:IN/OUT in tokens, e.g. synthetic:1024/256")
+    return {"input_len": int(m.group(1)), "output_len": int(m.group(2))}
+
+
 _BODY_OPTIONS = ("extra_body", "ignore_eos")
 
 
@@ -51,10 +65,11 @@ def _agentic(growth: Growth) -> Callable[[dict[str, Any]], Workload]:
 
 
 def _synthetic(options: dict[str, Any]) -> Workload:
-    _check("synthetic", options, (*SHAPE_OPTIONS, *_BODY_OPTIONS, "pace"))
+    _check("synthetic", options, (*SHAPE_OPTIONS, *_BODY_OPTIONS, "pace", "input_len", "output_len"))
     extra = _body(options)
     pace = bool(options.pop("pace", False))
-    return SyntheticWorkload(shape_options=options, pace=pace, extra_body=extra)
+    fixed = {k: options.pop(k) for k in ("input_len", "output_len") if k in options}
+    return SyntheticWorkload(shape_options=options, pace=pace, extra_body=extra, **fixed)
 
 
 def _suite(options: dict[str, Any]) -> Workload:
@@ -71,7 +86,7 @@ _FACTORIES: dict[str, Callable[[dict[str, Any]], Workload]] = {
 
 
 def known_workloads() -> list[str]:
-    return [*_FACTORIES, f"{TRACE_PREFIX}FILE"]
+    return [*_FACTORIES, f"{SYNTHETIC_PREFIX}IN/OUT", f"{TRACE_PREFIX}FILE"]
 
 
 def get_workload(spec: str, **options: Any) -> Workload:
@@ -85,6 +100,8 @@ def get_workload(spec: str, **options: Any) -> Workload:
         _check("trace", opts, ("speed", "timing", "repeat", *_BODY_OPTIONS))
         extra = _body(opts)
         return trace_workload(path, extra_body=extra, **opts)
+    if spec.startswith(SYNTHETIC_PREFIX):
+        return _synthetic({**opts, **_fixed_sizes(spec.removeprefix(SYNTHETIC_PREFIX))})
     factory = _FACTORIES.get(spec)
     if factory is None:
         raise UnknownNameError("workload", spec, known_workloads())

@@ -16,6 +16,8 @@ request, as it is to any chat workload, and stays below one KV block on the usua
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,10 +51,11 @@ class SyntheticDriver:
     seed: int
     pace: bool = False
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    fixed: tuple[int, int] | None = None  # every request this (prompt, output) in server tokens
 
     def conversations(self, ctx: LoadContext) -> Steps:
         sizes = SizeStreams(self.shape, self.seed, self.index)
-        turns = grow_turn_sizes(self.shape, sizes)
+        turns = itertools.repeat(self.fixed) if self.fixed is not None else grow_turn_sizes(self.shape, sizes)
         # Salted with the run and level so no prompt of this level was ever sent before (see agentic's text).
         salt = [stable_int(ctx.text_salt), stable_int("synthetic")]
         rng = np.random.default_rng([self.seed, self.index, ctx.level, *salt])
@@ -81,16 +84,42 @@ class SyntheticWorkload:
     pace: bool = False
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     name: str = "synthetic"
+    # Fixed sizes (server tokens) for every request, as ``vllm bench serve --random-input-len/--random-output-len``
+    # sends; unset, the sizes are the agentic grow shape's draws.
+    input_len: int | None = None
+    output_len: int | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.shape_options) - set(SHAPE_OPTIONS))
         if unknown:
             raise ConfigError(f"unknown synthetic option {', '.join(unknown)}; known: {', '.join(SHAPE_OPTIONS)}")
+        if (self.input_len is None) != (self.output_len is None):
+            raise ConfigError("a fixed-size synthetic load needs both input_len and output_len")
+        for value in (self.input_len, self.output_len):
+            if value is not None and value < 1:
+                raise ConfigError(f"input_len and output_len must be at least 1 token, got {value}")
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # The grow shape: its turns are the distribution of prompt sizes an agentic run sends.
         shape = AgenticShape.published(context, "grow", **self.shape_options)
         return [
-            ConversationDriver(SyntheticDriver(agent_id, i, shape, seed, self.pace, dict(self.extra_body)))
+            ConversationDriver(
+                SyntheticDriver(agent_id, i, shape, seed, self.pace, dict(self.extra_body), self.fixed_sizes())
+            )
             for i, agent_id in enumerate(agent_ids(count))
         ]
+
+    def fixed_sizes(self) -> tuple[int, int] | None:
+        if self.input_len is None or self.output_len is None:
+            return None
+        return self.input_len, self.output_len
+
+    def matched(self, prompt_tokens: int, output_tokens: int) -> SyntheticWorkload:
+        """This arm with every request of the given sizes: an agentic level's mean prompt and reply, so the two
+        arms differ in structure (conversation, reuse, think time), not in how big their requests are."""
+        if prompt_tokens < 1 or output_tokens < 1:
+            raise ConfigError(
+                f"a synthetic request needs a prompt and a reply, got {prompt_tokens} and {output_tokens}"
+            )
+        return dataclasses.replace(self, input_len=prompt_tokens, output_len=output_tokens,
+                                   name=f"synthetic {prompt_tokens:,} in / {output_tokens:,} out")  # fmt: skip
