@@ -681,3 +681,34 @@ async def test_a_call_fits_the_output_cap_so_its_arguments_stay_valid_json() -> 
     args = json.loads(call.function.arguments)
     assert args["path"] == "notes.md"
     assert args["content"].startswith("From search_docs")
+
+
+def _shipments() -> list[dict[str, Any]]:
+    rng = random.Random(7)
+    states = ["delivered", "in transit"]
+    rows = [{"id": f"SH-{1000 + i}", "carrier": rng.choice(["DHL", "UPS"]), "state": rng.choice(states)}
+            for i in range(60)]  # fmt: skip
+    rows[41]["state"] = "lost"
+    return rows
+
+
+def test_a_long_list_is_read_for_the_record_the_request_singles_out() -> None:
+    """ "Which one is lost?" over 60 records: the answer names the one whose state is "lost", not the first lines."""
+    list_tool = fn("list_shipments", "List every shipment of the week.", {})
+    _, answer = _drive("List this week's shipments and tell me which one is lost.", [(list_tool, lambda: _shipments())])
+    assert "SH-1041" in answer
+    assert "SH-1000" not in answer
+
+
+def test_json_lines_are_records_too() -> None:
+    export = fn("export_shipments", "Export shipments, one JSON record per line.", {})
+    lines = "\n".join(json.dumps(r) for r in _shipments())
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Export the shipments and tell me which one is lost."},
+        {"role": "assistant", "tool_calls": [{"id": "c0", "type": "function",
+                                               "function": {"name": "export_shipments", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": lines},
+    ]  # fmt: skip
+    answer = AgentBehaviour().reply(_turn(messages, [export], seed=1)).content
+    assert "SH-1041" in answer
+    assert "SH-1000" not in answer

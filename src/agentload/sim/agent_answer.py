@@ -262,6 +262,43 @@ _PAST = {"add": "added", "remove": "removed", "delete": "deleted", "create": "cr
          "transferred", "insert": "inserted", "append": "appended", "register": "registered"}  # fmt: skip
 
 
+def _records(value: Any) -> list[dict[str, Any]]:
+    """A result that is a list of records: a JSON array of objects, or JSON lines (one object a line)."""
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, dict)]
+    if not isinstance(value, str) or value.count("\n") < 2:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in value.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+# A request word found as a field's value in at most this many of a long list's records picks them out.
+PICKED_RECORDS = 3
+
+
+def _picked(request: str, r: Result) -> str | None:
+    """The records of a long list the request singles out by a value ("which SKU is marked as recalled"): a
+    careful model reads the whole list for them instead of repeating its first lines."""
+    records = _records(r.value)
+    if len(records) <= PICKED_RECORDS * 2:
+        return None
+    words = {w for w in re.findall(r"[a-z][a-z-]{3,}", request.lower())}
+    for word in sorted(words):
+        hits = [(k, rec) for rec in records for k, v in rec.items() if isinstance(v, str) and v.lower() == word]
+        if 0 < len(hits) <= PICKED_RECORDS:
+            shown = "; ".join(", ".join(f"{_label(k)} {_item(v)}" for k, v in rec.items()) for _, rec in hits)
+            field = _label(hits[0][0])
+            return _sentence(f"Of the {len(records):,} records from {r.name}, the {field} is {word} for: {shown}")
+    return None
+
+
 def _join(vals: list[str]) -> str:
     vals = list(dict.fromkeys(vals))
     if len(vals) <= 1:
@@ -294,6 +331,10 @@ def compose(conv: Conversation, acting: set[str]) -> str:
             continue
         if r.name in acting:
             lines.append(_sentence(f"Done: {r.name} succeeded{_subject(r)}"))
+            continue
+        picked = _picked(conv.request, r)
+        if picked:
+            lines.append(picked)
             continue
         said = describe(r.value, lang)
         if isinstance(r.value, dict) and "result" in r.value and len(r.value) <= 2:
