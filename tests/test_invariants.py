@@ -161,3 +161,12 @@ def test_step_time_said_to_grow_must_have_grown() -> None:
                 explanation=KneeExplanation(cause="compute_saturation", summary=summary))  # fmt: skip
     found = check(run([level(24), level(32)], knee))
     assert any("says step time grows while quoting" in line for line in found), found
+
+
+def test_a_level_named_past_the_knee_that_all_the_levels_do_not_put_past_is_caught() -> None:
+    """A knee search judged 40 agents past the knee before 39 was measured; on all the levels it is not."""
+    flat = [level(n, ttft=Percentiles(p50=t, p95=t, p99=t)) for n, t in ((32, 0.07), (39, 0.3), (40, 0.33))]
+    knee = Knee(agents=39, context=40_960, criterion="c", past_at=40,
+                explanation=KneeExplanation(cause="compute_saturation", summary="s"))  # fmt: skip
+    found = check(run(flat, knee))
+    assert any("the level named past it, 40 agents, is not past" in line for line in found), found

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentload.bench.results import Knee, LevelSummary, Percentiles
-from agentload.bench.search import Search, sweep, with_ratio
+from agentload.bench.search import Search, find_knee, sweep, with_ratio
 from agentload.clock import run_virtual
 from agentload.report.text import knee_sentence, ratio_text
 from tests.test_bench_search import cliff, level
@@ -138,3 +138,29 @@ def test_offload_hits_count_as_reuse_in_the_knee_rule() -> None:
 
 def test_unused_percentiles_stay_empty() -> None:
     assert Percentiles().p95 is None
+
+
+def test_a_search_bisects_again_when_a_smaller_level_moves_the_verdict_of_a_larger_one() -> None:
+    """TTFT rises gently from 32 agents to 44, then jumps at 45. Measured after 32 alone, 40 (0.33 s) is a 4× jump
+    over 32 (0.07 s); once 39 (0.30 s) is measured, it is not. A search that stopped there reported "knee at 39"
+    with a level past it that all the evidence does not put past; it bisects again, to the real jump."""
+
+    def ttft(n: int) -> float:
+        if n <= 32:
+            return 0.07
+        return 0.07 + 0.0325 * (n - 32) if n <= 44 else 2.0 + 0.1 * (n - 45)
+
+    curve = {n: level(n, 880.0).model_copy(update={"ttft_s": Percentiles(p50=ttft(n), p95=ttft(n), p99=ttft(n))})
+             for n in range(1, 65)}  # fmt: skip
+    measured: list[int] = []
+
+    async def measure(n: int) -> LevelSummary:
+        measured.append(n)
+        return curve[n]
+
+    knee = run_virtual(find_knee(Search(measure), 40_000, max_agents=64))
+    assert (knee.agents, knee.past_at, knee.bound) == (44, 45, "bracketed"), measured
+    verdicts = Search(measure, levels={n: curve[n] for n in measured}).verdicts()
+    assert verdicts[45].past
+    assert not verdicts[44].past
+    assert {39, 40} <= set(measured)  # the first bracket, 39–40, was measured and then left

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 
 from agentload.bench.results import OUTPUT_SHORT_RATIO, Knee, LevelSummary, Percentiles, RunResult
+from agentload.bench.search import Search
 
 EPS = 1e-6
 # The server's hit rate and the usage one cover the same requests when nothing was preempted (a preempted request
@@ -124,8 +125,8 @@ def _level(lv: LevelSummary) -> Iterator[str]:
         )
 
 
-def _percentages(text: str) -> list[float]:
-    return [float(x) / 100 for x in re.findall(r"(\d+(?:\.\d+)?)%", text)]
+async def _unused(agents: int) -> LevelSummary:
+    raise AssertionError("the checker judges saved levels; it measures none")
 
 
 def _knee(knee: Knee, levels: dict[tuple[int, int], LevelSummary], result: RunResult) -> Iterator[str]:
@@ -151,12 +152,21 @@ def _knee(knee: Knee, levels: dict[tuple[int, int], LevelSummary], result: RunRe
     ratio = knee.measured_over_predicted
     if ratio is not None and predicted and abs(ratio - knee.agents / predicted) > 1e-6:
         yield f"measured ÷ predicted {knee.measured_over_predicted:.4f} is not {knee.agents} ÷ {predicted:.2f}"
-    # 26: the evidence names the levels the knee names.
+    # 26: the level named past the knee is past on the evidence of every level measured (a search that judged it
+    # before a smaller level was measured could have named one that all the levels do not put past).
+    tolerance = result.settings.get("tolerance")
+    if knee.past_at is not None and bad is not None and not result.settings.get("slo") and judged:
+        same = {lv.agents: lv for lv in result.levels if lv.context == knee.context}
+        verdicts = Search(_unused, tolerance=float(tolerance) if isinstance(tolerance, int | float) else 0.10,
+                          levels=same).verdicts()  # fmt: skip
+        if not verdicts[knee.past_at].past:
+            yield f"the level named past it, {knee.past_at} agents, is not past the knee on all the levels measured"
+    # 27: the evidence names the levels the knee names.
     if judged and "agents_at_knee" in ev and ev["agents_at_knee"] != knee.agents:
         yield f"its evidence is of {ev['agents_at_knee']:g} agents, not {knee.agents}"
     if judged and "agents_past_knee" in ev and ev["agents_past_knee"] != knee.past_at:
         yield f"its evidence past it is of {ev['agents_past_knee']:g} agents, not {knee.past_at}"
-    # 27-29: the cause is what the evidence shows.
+    # 28-30: the cause is what the evidence shows.
     cause = knee.explanation.cause
     h_at, h_past = ev.get("prefix_hit_rate_at_knee"), ev.get("prefix_hit_rate_past_knee")
     if cause == "cache_eviction" and h_at is not None and h_past is not None and h_past >= h_at:
@@ -168,19 +178,19 @@ def _knee(knee: Knee, levels: dict[tuple[int, int], LevelSummary], result: RunRe
         ev.get("peak_kv_usage_past_knee", 1.0) < 0.9 or not ev.get("mean_waiting_past_knee")
     ):
         yield "put down to a full pool with the pool not full or nothing waiting"
-    # 30: a sentence that says step time grows quotes an ITL that grew.
+    # 31: a sentence that says step time grows quotes an ITL that grew.
     itl = re.search(
         r"step time grows \(ITL (\d+(?:\.\d+)?) → (\d+(?:\.\d+)?) ms\)", summary := knee.explanation.summary
     )
     if itl and float(itl.group(2)) <= float(itl.group(1)):
         yield f"its sentence says step time grows while quoting {itl.group(0)!r}"
-    # 31: the hit rates its sentence quotes are its evidence's.
+    # 32: the hit rates its sentence quotes are its evidence's.
     quoted = re.search(r"hit rate (?:still )?falls from (\d+\.\d)% to (\d+\.\d)%", summary)
     if quoted and h_at is not None and h_past is not None:
         said = (float(quoted.group(1)) / 100, float(quoted.group(2)) / 100)
         if abs(said[0] - h_at) > QUOTED_SHARE or abs(said[1] - h_past) > QUOTED_SHARE:
             yield f"its sentence quotes {quoted.group(0)!r} against evidence {h_at:.1%} → {h_past:.1%}"
-    # 32: "N× the share of prompt tokens missed" is the misses' ratio.
+    # 33: "N× the share of prompt tokens missed" is the misses' ratio.
     times = re.search(r"\((\d+(?:\.\d+)?)× the share of prompt tokens missed\)", summary)
     if times and h_at is not None and h_past is not None and h_at < 1:
         ratio = (1 - h_past) / (1 - h_at)
@@ -189,11 +199,11 @@ def _knee(knee: Knee, levels: dict[tuple[int, int], LevelSummary], result: RunRe
 
 
 def _run(result: RunResult) -> Iterator[str]:
-    # 33: one workload in the agents' levels; the synthetic arm is apart.
+    # 34: one workload in the agents' levels; the synthetic arm is apart.
     for lv in result.levels:
         if lv.workload != result.workload:
             yield f"level {lv.agents} agents is of workload {lv.workload!r} in a {result.workload!r} run"
-    # 34: real ÷ synthetic is the two arms' output rates.
+    # 35: real ÷ synthetic is the two arms' output rates.
     if result.real_over_synthetic is not None:
         if not result.synthetic:
             yield "a real ÷ synthetic ratio with no synthetic arm saved"

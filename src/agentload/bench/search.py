@@ -21,6 +21,9 @@ Measure = Callable[[int], Awaitable[LevelSummary]]
 # A knee is bracketed when the level past it has at most this many times its agents (or one more agent): a sweep
 # of 24, 32 places the knee to a third; 16, 64 leaves 47 counts unmeasured between them.
 BRACKET_RATIO = 1.5
+# How many times a knee search bisects again when the final verdicts move its bracket (each time measures only
+# levels inside the new bracket, so it ends; three is more than any search here has needed).
+REBRACKETS = 3
 
 
 def bounds(lo: int, hi: int | None, measured: list[int], turns: dict[int, int]) -> KneeBound:
@@ -138,6 +141,17 @@ class Search:
                                     else "", max(before, default=None), min(after, default=None)))  # fmt: skip
         return not verdict.past
 
+    def bracket(self) -> tuple[int, int] | None:
+        """(the largest level before the knee, the first past it), judged on every level measured; None when no
+        level is past it or none before it."""
+        verdicts = self.verdicts()
+        past = [n for n, v in verdicts.items() if v.past]
+        if not past:
+            return None
+        hi = min(past)
+        before = [n for n in verdicts if n < hi]
+        return (max(before), hi) if before else None
+
     def knee(self, lo: int | None, hi: int | None, context: int) -> Knee:
         criterion = "the knee rule (turns/s, tok/s, prefix-hit collapse, TTFT jump)" + (
             f" and {self.slo}" if self.slo else ""
@@ -230,10 +244,19 @@ async def find_knee(search: Search, context: int, *, max_agents: int = 1024) -> 
     if lo is None:
         return search.knee(None, hi, context)
     search.phase = "bisecting"
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if await search.probe(mid):
-            lo = mid
-        else:
-            hi = mid
+    for _ in range(REBRACKETS):
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if await search.probe(mid):
+                lo = mid
+            else:
+                hi = mid
+        # A level measured while bisecting can move the verdicts of larger ones (it is a new reference below them):
+        # judged on everything measured, the first level past the knee may be another one, to bisect towards.
+        bracket = search.bracket()
+        if bracket is None:  # no level is past the knee once all are judged: none was found
+            return search.knee(max(search.levels), None, context)
+        if bracket == (lo, hi):
+            break
+        lo, hi = bracket
     return search.knee(lo, hi, context)

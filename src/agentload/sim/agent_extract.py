@@ -7,6 +7,7 @@ which parameter gets which candidate.
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from collections.abc import Callable
@@ -314,6 +315,8 @@ def evaluate(expr: str) -> float | None:
 
 
 def fmt_number(value: float) -> str:
+    if not math.isfinite(value):  # a tool may return Infinity or NaN (JSON allows neither; Python's parser does)
+        return str(value)
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.6f}".rstrip("0").rstrip(".")
