@@ -390,7 +390,7 @@ def clauses(request: str) -> list[Clause]:
         starts_later = bool(re.match(r"(?:then|after that|afterwards|next|finally)\b", sentence, re.I))
         if starts_later and out:
             group += 1
-        # A statement that hands over files ("Files from the tasks this one depends on: from/plan/plan.md") is an
+        # A statement that hands over files ("Files from the tasks this one depends on: from/draft/notes.md") is an
         # input to the whole request, not a later step: reading it comes first.
         at = 0 if out and not _ASKING.match(sentence) and (files(sentence) or urls(sentence)) else group
         for i, part in enumerate(parts):
