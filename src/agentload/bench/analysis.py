@@ -8,7 +8,7 @@ by the server; usage counts a request once).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +49,8 @@ class LevelData:
     drawn: dict[tuple[str, int], int] = field(default_factory=dict)
     lost: str | None = None  # set: the server was lost during this level (why), which stopped it early
     cut_requests: int = 0  # requests the level cut at its edges when its grace ran out (``bench.runner``)
+    # A replayed trace's prefix-hit ceiling over the records it is given (``workload.base.ReplayCeiling``).
+    ceiling: Callable[[Sequence[RequestRecord]], float | None] | None = None
 
 
 def _pct(values: Sequence[float]) -> Percentiles:
@@ -229,6 +231,7 @@ def summarise(data: LevelData) -> LevelSummary:
         prefill_time_share=time_share,
         prefix_hit_rate_server=prefix_server,
         prefix_hit_rate_usage=prefix_usage,
+        prefix_hit_ceiling=data.ceiling(ok) if data.ceiling is not None else None,
         prefix_hit_rate_offload=offload_rate,
         offload_loaded_tps=offload_tps,
         ttft_s=ttft_pct,

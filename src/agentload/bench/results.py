@@ -49,6 +49,9 @@ class LevelSummary(BaseModel):
     prefill_time_share: float | None = None
     prefix_hit_rate_server: float | None = None  # the GPU prefix cache's (vLLM's prefix_cache_hits ÷ queries)
     prefix_hit_rate_usage: float | None = None
+    # A replayed trace's own ceiling for the same requests: what an unlimited prefix cache would have served of
+    # them, in the trace's blocks (``workload.conversation_trace.prefix_ceiling``); None for other workloads.
+    prefix_hit_ceiling: float | None = None
     # Prompt tokens loaded from a KV connector's tier (CPU offload, LMCache) ÷ prompt tokens, and per second.
     prefix_hit_rate_offload: float | None = None
     offload_loaded_tps: float | None = None

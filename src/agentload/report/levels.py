@@ -124,6 +124,9 @@ LEVEL_COLUMNS: list[Column | TimeColumn] = [
     Column("tok/s\nfrom", lambda lv: lv.throughput_source),
     Column("prefill share\ntok / computed / time", _prefill_shares),
     Column("prefix hit\nserver / usage", _prefix_hits, core=True),
+    # A replayed trace's own limit for the same requests (an unlimited cache over its blocks): the gap to the
+    # measured rate is what the server's cache lost.
+    Column("trace\nceiling", lambda lv: pct(lv.prefix_hit_ceiling, 1)),
     Column("of it from\noffload", lambda lv: pct(lv.prefix_hit_rate_offload, 1)),
     TimeColumn("TTFT ({unit})\np50 / p95 / p99", lambda lv: (lv.ttft_s.p50, lv.ttft_s.p95, lv.ttft_s.p99), core=True),
     TimeColumn("ITL p50\n({unit})", lambda lv: (lv.itl_s.p50,)),

@@ -10,11 +10,12 @@ Workloads never time anything themselves: the records carry every timing.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from agentload.agent.loop import ChatBackend
 from agentload.clock import Clock
-from agentload.endpoint.records import RequestIds
+from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.workload.sizing import TokenSizing
 
 
@@ -79,3 +80,11 @@ class Workload(Protocol):
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         """``count`` independent agents whose conversations aim at ``context`` tokens."""
         ...
+
+
+@runtime_checkable
+class ReplayCeiling(Protocol):
+    """A replayed trace that knows its own prefix-hit ceiling: what an unlimited prefix cache would serve of the
+    requests it sent (by the trace's block ids). A level reports it beside the server's measured rate."""
+
+    def ceiling(self, records: Sequence[RequestRecord]) -> float | None: ...

@@ -1,10 +1,11 @@
-"""Workloads by name: ``get_workload("agentic")``, ``"agentic-hold"``, ``"synthetic"``, ``"suite"``,
-``"trace:PATH"``; options are the workload's keyword settings, and an unknown name or option is a ConfigError
-that lists the known ones.
+"""Workloads by name: ``get_workload("agentic")``, ``"agentic-hold"``, ``"agentic-coding"``, ``"synthetic"``,
+``"suite"``, ``"trace:PATH"``; options are the workload's keyword settings, and an unknown name or option is a
+ConfigError that lists the known ones.
 
-``ignore_eos=True`` (agentic, synthetic, trace) asks vLLM / SGLang to generate exactly ``max_tokens`` — the sizes
-the workload intends — instead of stopping at the model's end of sequence; servers without that extension may
-reject it, so it is off unless asked for. ``extra_body`` adds any other fields to every request.
+``ignore_eos=True`` (agentic, agentic-coding, synthetic, trace) asks vLLM / SGLang to generate exactly
+``max_tokens`` — the sizes the workload intends — instead of stopping at the model's end of sequence; servers
+without that extension may reject it, so it is off unless asked for. ``extra_body`` adds any other fields to every
+request.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from agentload.errors import ConfigError, UnknownNameError
 from agentload.workload.agentic import SHAPE_OPTIONS, AgenticWorkload, Growth
 from agentload.workload.base import Workload
+from agentload.workload.coding import CODING_OPTIONS, CodingWorkload
 from agentload.workload.suite import SUITE_OPTIONS, SuiteWorkload
 from agentload.workload.synthetic import SyntheticWorkload
 from agentload.workload.trace import trace_workload
@@ -64,6 +66,12 @@ def _agentic(growth: Growth) -> Callable[[dict[str, Any]], Workload]:
     return make
 
 
+def _coding(options: dict[str, Any]) -> Workload:
+    _check("agentic-coding", options, CODING_OPTIONS + _BODY_OPTIONS)
+    extra = _body(options)
+    return CodingWorkload(shape_options=options, extra_body=extra)
+
+
 def _synthetic(options: dict[str, Any]) -> Workload:
     _check("synthetic", options, (*SHAPE_OPTIONS, *_BODY_OPTIONS, "pace", "input_len", "output_len"))
     extra = _body(options)
@@ -80,6 +88,7 @@ def _suite(options: dict[str, Any]) -> Workload:
 _FACTORIES: dict[str, Callable[[dict[str, Any]], Workload]] = {
     "agentic": _agentic("grow"),
     "agentic-hold": _agentic("hold"),
+    "agentic-coding": _coding,
     "synthetic": _synthetic,
     "suite": _suite,
 }
@@ -97,7 +106,7 @@ def get_workload(spec: str, **options: Any) -> Workload:
         path = spec.removeprefix(TRACE_PREFIX).strip()
         if not path:
             raise ConfigError("trace: needs a file, e.g. trace:sessions.jsonl")
-        _check("trace", opts, ("speed", "timing", "repeat", *_BODY_OPTIONS))
+        _check("trace", opts, ("speed", "timing", "repeat", "time_scale", *_BODY_OPTIONS))
         extra = _body(opts)
         return trace_workload(path, extra_body=extra, **opts)
     if spec.startswith(SYNTHETIC_PREFIX):

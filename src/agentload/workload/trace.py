@@ -1,4 +1,4 @@
-"""Trace replay: Mooncake request traces and agentload session traces, read from JSONL.
+"""Trace replay: request traces (Mooncake, Qwen-Bailian, BurstGPT, Azure) and agentload session traces.
 
 **Mooncake rows**: ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``,
 optionally ``session_id`` and ``delay`` (ms). ``hash_ids`` name 512-token prefix blocks, so requests whose leading
@@ -11,6 +11,20 @@ among drivers; a level ends early once every row was answered. Rows sharing a ``
 fires before its own timestamp; each row's prompt is built whole from its own hash_ids, which already say what
 it shares with the turns before it. ``context`` does not apply to traces: they fix every size.
 The format: docs/background.md §7.
+
+**Other request traces** are read into the same rows and replayed the same way (docs/trace-formats.md). Each
+format fixes how many tokens a hash id names (``MooncakeTrace.block_tokens``): Mooncake 512; **Qwen-Bailian**
+16 (github.com/alibaba-edu/qwen-bailian-usagetraces-anon: JSONL ``chat_id``, ``parent_chat_id`` (-1 for the
+first turn), ``timestamp`` (s), ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``), whose
+``parent_chat_id`` chains are its sessions, sent in order like Mooncake's ``session_id``; **BurstGPT** and the
+**Azure LLM inference** traces are CSV (``workload.trace_csv``) with sizes and times but no hash ids, so every
+prompt is its own. ``load_trace`` tells them apart: a ``.csv`` name (or a known CSV header) is CSV, and a JSON
+line's fields say which JSONL format it is.
+
+**A trace shorter than a level**: open-loop rows end when the trace does, so a trace that ends inside a level's
+warm-up leaves its window empty. ``fit_to_level`` compares the trace's length with the level's (warm-up + window):
+a shorter trace is replayed in a loop (``repeat``, the default when told the level's length), each pass re-salted
+so no pass finds another's prompts cached as if they were shared; with ``repeat=False`` it is refused instead.
 
 **Session traces** (our format, written by ``workload.record`` from a run's records): one session per line,
 ``{"session_id", "agent", "start_s", "shared_prefix_tokens", "turns": [{"prompt_tokens", "completion_tokens",
@@ -40,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,9 +82,18 @@ from agentload.workload.agentic import (
     tokens_per_word,
     words,
 )
-from agentload.workload.base import AgentDriver, LoadContext
+from agentload.workload.base import AgentDriver, LoadContext, Workload
+from agentload.workload.conversation_trace import (
+    ConversationTraceWorkload,
+    conversation_workload,
+    is_conversation_trace,
+)
+from agentload.workload.trace_csv import looks_like_csv_header, read_csv_trace
 
-BLOCK_TOKENS = 512  # a Mooncake hash id names this many tokens
+# How many tokens one hash id names, per format: each trace carries its own (``MooncakeTrace.block_tokens``).
+MOONCAKE_BLOCK_TOKENS = 512  # the Mooncake release's README: "The block size is 512 tokens"
+BAILIAN_BLOCK_TOKENS = 16  # the Qwen-Bailian README: "16 tokens per block"
+BLOCK_TOKENS = MOONCAKE_BLOCK_TOKENS  # the JSONL format a trace is read as when its fields name no other
 # Open-loop drivers wait for a row's time in slices this long, so the end of a level is noticed within one.
 WAIT_SLICE_S = 1.0
 MAX_TRACE_ROWS = 100_000  # rows of a Mooncake trace, or sessions of a session trace
@@ -111,6 +135,21 @@ class MooncakeRow(BaseModel):
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class BailianRow(BaseModel):
+    """One request of a Qwen-Bailian trace, before its ``parent_chat_id`` chain is resolved to a session."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True, allow_inf_nan=False)
+
+    chat_id: int
+    parent_chat_id: int = Field(ge=-1)  # -1: the first turn of its chat
+    timestamp: float = Field(ge=0, le=MAX_TIMESTAMP_MS / 1000, description="arrival, s")
+    input_length: int = Field(ge=1, le=MAX_TRACE_TOKENS, strict=True)
+    output_length: int = Field(ge=1, le=MAX_TRACE_TOKENS, strict=True)
+    hash_ids: list[int] = Field(default_factory=list)
+    type: str | None = None  # text, search, image, file: kept for messages, not replayed differently
+    turn: int | None = Field(default=None, ge=1)
+
+
 class TraceTurn(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -146,10 +185,18 @@ class SessionTrace(BaseModel):
         return self
 
 
+TraceFormat = Literal["mooncake", "bailian", "burstgpt", "azure"]
+
+
 @dataclass(frozen=True)
 class MooncakeTrace:
+    """Rows replayed open loop, whatever format they were read from."""
+
     path: Path
     rows: list[MooncakeRow]
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS  # what one hash id names in this format
+    format: TraceFormat = "mooncake"
+    skipped: int = 0  # CSV rows with 0 request or response tokens (failed at the source)
 
 
 @dataclass(frozen=True)
@@ -170,11 +217,15 @@ def _first_problem(exc: ValidationError) -> str:
 
 
 def load_trace(path: str | Path) -> MooncakeTrace | SessionTraceFile:
-    """Read a Mooncake or session trace (told apart by their fields); ``ConfigError`` names the file and line."""
+    """Read a request trace (Mooncake, Qwen-Bailian, BurstGPT, Azure) or a session trace, told apart by name and
+    fields; ``ConfigError`` names the file and line."""
     path = Path(path)
-    kind: Literal["mooncake", "session"] | None = None
+    if path.suffix.lower() == ".csv" or _csv_header(path):
+        return _load_csv(path)
+    kind: Literal["mooncake", "bailian", "session"] | None = None
     rows: list[MooncakeRow] = []
     sessions: list[SessionTrace] = []
+    chats = _Chats()
     for number, raw in _lines(path):
         if not raw.strip():
             continue
@@ -184,7 +235,7 @@ def load_trace(path: str | Path) -> MooncakeTrace | SessionTraceFile:
         obj = parse_json(raw, where)
         if not isinstance(obj, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-        this: Literal["mooncake", "session"] = "session" if "turns" in obj else "mooncake"
+        this = _jsonl_kind(obj)
         if this == "mooncake" and "input_length" not in obj and "timestamp" not in obj and "hash_ids" not in obj:
             raise ConfigError(f"{where}: neither a Mooncake row (input_length, output_length, …) nor a session (turns)")
         if kind is None:
@@ -194,6 +245,8 @@ def load_trace(path: str | Path) -> MooncakeTrace | SessionTraceFile:
         try:
             if this == "session":
                 sessions.append(SessionTrace.model_validate(obj))
+            elif this == "bailian":
+                rows.append(chats.row(BailianRow.model_validate(obj), number, where))
             else:
                 rows.append(MooncakeRow.model_validate({**obj, "line": number}))
         except ValidationError as exc:
@@ -208,7 +261,62 @@ def load_trace(path: str | Path) -> MooncakeTrace | SessionTraceFile:
             seen.add(s.session_id)
         return SessionTraceFile(path, sessions)
     _check_session_order(path, rows)
+    if kind == "bailian":
+        return MooncakeTrace(path, rows, BAILIAN_BLOCK_TOKENS, "bailian")
     return MooncakeTrace(path, rows)
+
+
+def _jsonl_kind(obj: Mapping[str, Any]) -> Literal["mooncake", "bailian", "session"]:
+    if "turns" in obj:
+        return "session"
+    # Bailian's rows name their chat and its parent; Mooncake's never do.
+    return "bailian" if "chat_id" in obj and "parent_chat_id" in obj else "mooncake"
+
+
+class _Chats:
+    """Qwen-Bailian's sessions: a row with ``parent_chat_id`` -1 starts one, a row whose parent was read joins
+    its parent's, and a row whose parent is not in the file (cut off by the trace's window) joins its siblings
+    under the parent's id."""
+
+    def __init__(self) -> None:
+        self.session: dict[int, str] = {}
+
+    def row(self, row: BailianRow, line: int, where: str) -> MooncakeRow:
+        if row.chat_id in self.session:
+            raise ConfigError(f"{where}: chat_id {row.chat_id} appears twice")
+        parent = row.parent_chat_id
+        session = f"chat{row.chat_id}" if parent == -1 else self.session.get(parent, f"chat{parent}")
+        self.session[row.chat_id] = session
+        return MooncakeRow(
+            line=line,
+            timestamp=row.timestamp * 1000,
+            input_length=row.input_length,
+            output_length=row.output_length,
+            hash_ids=list(row.hash_ids),
+            session_id=session,
+        )
+
+
+def _csv_header(path: Path) -> bool:
+    """Whether a trace not named ``.csv`` starts with the header of a CSV format (its first line only)."""
+    for _, raw in _lines(path):
+        return looks_like_csv_header(raw)
+    return False
+
+
+def _load_csv(path: Path) -> MooncakeTrace:
+    table = read_csv_trace(
+        str(path),
+        (raw for _, raw in _lines(path)),
+        max_rows=MAX_TRACE_ROWS,
+        max_tokens=MAX_TRACE_TOKENS,
+        max_timestamp_ms=MAX_TIMESTAMP_MS,
+    )
+    rows = [
+        MooncakeRow(line=r.line, timestamp=r.timestamp_ms, input_length=r.input_length, output_length=r.output_length)
+        for r in table.requests
+    ]
+    return MooncakeTrace(path, rows, MOONCAKE_BLOCK_TOKENS, table.format, table.skipped)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -280,22 +388,22 @@ def _jobs(rows: Sequence[MooncakeRow]) -> list[_Job]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_words(salt: tuple[int, ...], block: int | str) -> tuple[str, ...]:
-    """The 512 words a hash id stands for (the same for every request of the level that names it)."""
+def _block_words(salt: tuple[int, ...], block: int | str, size: int) -> tuple[str, ...]:
+    """The ``size`` words a hash id stands for (the same for every request of the level that names it)."""
     key = [*salt, 0, block] if isinstance(block, int) and block >= 0 else [*salt, 1, stable_int(str(block))]
     rng = np.random.default_rng(key)
-    return tuple(VOCAB[rng.integers(0, len(VOCAB), BLOCK_TOKENS)])
+    return tuple(VOCAB[rng.integers(0, len(VOCAB), size)])
 
 
-def mooncake_prompt(row: MooncakeRow, salt: tuple[int, ...]) -> str:
-    """``row``'s prompt text: its hash blocks in order, then words of its own, ``input_length`` in all (less the
-    chat template's tokens, so the server counts ~``input_length``)."""
+def mooncake_prompt(row: MooncakeRow, salt: tuple[int, ...], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> str:
+    """``row``'s prompt text: its hash blocks (``block_tokens`` words each) in order, then words of its own,
+    ``input_length`` in all (less the chat template's tokens, so the server counts ~``input_length``)."""
     n = max(1, row.input_length - SINGLE_MESSAGE_OVERHEAD_TOKENS)
     out: list[str] = []
     for block in row.hash_ids:
         if len(out) >= n:
             break
-        out.extend(_block_words(salt, block)[: n - len(out)])
+        out.extend(_block_words(salt, block, block_tokens)[: n - len(out)])
     if len(out) < n:
         out.append(words(np.random.default_rng([*salt, 2, row.line]), n - len(out)))
     return " ".join(out)
@@ -328,37 +436,48 @@ class MooncakeDriver:
     speed: float
     seed: int
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    period_s: float | None = None  # trace seconds between passes when looping; None: one pass
 
     def conversations(self, ctx: LoadContext) -> Steps:
         origin = self.origin.at(ctx.clock.now())
-        salt = (self.seed, ctx.level, stable_int(ctx.text_salt))
 
         def ended(end: Ending) -> None:
             if end.reason != STOPPED:  # the level ended mid-session: not a finished session
                 ctx.session_done(self.agent_id, ok=end.reason == DONE)
 
-        for job in self.jobs:
-            yield _due(origin + job.start_s / self.speed)
-            # Open loop: the job starts at its time whether or not the earlier ones have finished.
-            yield Spawn(_JobRows(self, ctx, job, origin, salt), self.origin.slots, ended)
+        for lap in itertools.count():
+            # Each pass has texts of its own: a repeated row must not find its previous pass's prompt cached, as
+            # if the trace said it shared it; within a pass, rows share exactly what their hash ids say.
+            salt = (self.seed, ctx.level, stable_int(ctx.text_salt), *((lap,) if lap else ()))
+            shift = lap * self.period_s if self.period_s is not None else 0.0
+            for job in self.jobs:
+                yield _due(origin + (shift + job.start_s) / self.speed)
+                # Open loop: the job starts at its time whether or not the earlier ones have finished.
+                yield Spawn(_JobRows(self, ctx, job, origin + shift / self.speed, salt, lap), self.origin.slots, ended)
+            if self.period_s is None or not self.jobs or ctx.should_stop():
+                return
 
 
 class _JobRows:
     """One job's rows as a conversation of single-message requests, each sent when the trace has it due."""
 
-    def __init__(self, driver: MooncakeDriver, ctx: LoadContext, job: _Job, origin: float, salt: tuple[int, ...]):
+    def __init__(
+        self, driver: MooncakeDriver, ctx: LoadContext, job: _Job, origin: float, salt: tuple[int, ...], lap: int = 0
+    ):
         self.driver, self.ctx, self.job, self.origin, self.salt = driver, ctx, job, origin, salt
+        self.key = f"{job.key}@{lap}" if lap else job.key  # a later pass's requests are told apart by their ids
 
     def request(self, turn: int) -> Request:
         ctx, row = self.ctx, self.job.rows[turn]
         body = {
             "model": ctx.model,
-            "messages": [{"role": "user", "content": mooncake_prompt(row, self.salt)}],
+            "messages": [{"role": "user", "content": mooncake_prompt(row, self.salt, self.driver.block_tokens)}],
             "max_tokens": row.output_length,
             **self.driver.extra_body,
         }
         return Request(
-            body, RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.driver.agent_id}/{self.job.key}", turn=turn)
+            body, RequestIds(run=ctx.run_id, level=ctx.level, agent=f"{self.driver.agent_id}/{self.key}", turn=turn)
         )
 
     async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
@@ -375,10 +494,15 @@ class _JobRows:
 
 @dataclass
 class MooncakeWorkload:
-    """Open-loop replay of a Mooncake trace; ``speed`` > 1 compresses its time (2.0 = twice the rate)."""
+    """Open-loop replay of a request trace; ``speed`` > 1 compresses its time (2.0 = twice the rate).
+
+    ``repeat``: True replays the trace in a loop until the level ends; False replays it once (and ``fit_level``
+    refuses a trace shorter than the level); None (the default) replays it once unless ``fit_level`` finds it
+    shorter than the level, then loops it."""
 
     trace: MooncakeTrace
     speed: float = 1.0
+    repeat: bool | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     name: str = field(init=False)
 
@@ -386,15 +510,59 @@ class MooncakeWorkload:
         self.name = f"trace:{self.trace.path}"
         if not self.speed > 0:
             raise ConfigError(f"the replay speed must be positive, got {self.speed}")
+        if self.repeat not in (None, True, False):
+            raise ConfigError(f"repeat must be true or false, got {self.repeat!r}")
         self._jobs = _jobs(self.trace.rows)
+        self._loop = self.repeat is True
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the trace's first arrival to its last, at ``speed``."""
+        return max((j.start_s for j in self._jobs), default=0.0) / self.speed
+
+    def _period_s(self) -> float:
+        """Trace seconds from one pass's start to the next: the trace's length and one mean gap between arrivals,
+        so a pass's first row does not land on the previous pass's last (at least a second, for a trace whose
+        rows all arrive at once)."""
+        starts = [j.start_s for j in self._jobs]
+        length = max(starts, default=0.0)
+        gap = length / (len(starts) - 1) if len(starts) > 1 else 0.0
+        return max(length + gap, 1.0)
+
+    def fit_level(self, warmup_s: float, window_s: float) -> str | None:
+        """Make the replay fill a level of ``warmup_s`` + ``window_s``: None when the trace outlasts it; a note
+        when it is shorter and will loop; ``ConfigError`` when it is shorter and ``repeat`` is False."""
+        need = warmup_s + window_s
+        span = self.span_s
+        if span >= need:
+            return None
+        lasts = f"{self.name} lasts {span:,.0f} s" + (f" at speed {self.speed:g}" if self.speed != 1 else "")
+        needs = f"a level needs {need:,.0f} s ({warmup_s:,.0f} s warm-up + {window_s:,.0f} s window)"
+        if self.repeat is False:
+            raise ConfigError(
+                f"{lasts} but {needs}: it would end before the window and measure nothing; replay it in a loop "
+                "(repeat, the default), slow it down (speed) or shorten --warmup / --window"
+            )
+        self._loop = True
+        return f"{lasts}; {needs}: replayed in a loop, each pass with fresh text (no pass finds another's cached)"
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` does not apply: the trace fixes every size.
         ids = agent_ids(count)
         origin = _Origin()
+        period = self._period_s() if self._loop else None
         return [
             ConversationDriver(
-                MooncakeDriver(agent_id, self._jobs[i::count], origin, self.speed, seed, dict(self.extra_body))
+                MooncakeDriver(
+                    agent_id,
+                    self._jobs[i::count],
+                    origin,
+                    self.speed,
+                    seed,
+                    dict(self.extra_body),
+                    self.trace.block_tokens,
+                    period,
+                )
             )
             for i, agent_id in enumerate(ids)
         ]
@@ -546,7 +714,9 @@ class SessionReplayWorkload:
     trace: SessionTraceFile
     speed: float = 1.0
     timing: Timing = "recorded"
-    repeat: bool = False  # cycle through the sessions until the level ends (each pass with fresh text)
+    # True: cycle through the sessions until the level ends (each pass with fresh text); False: once; None: once
+    # unless ``fit_level`` finds the trace shorter than the level.
+    repeat: bool | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     name: str = field(init=False)
 
@@ -556,6 +726,38 @@ class SessionReplayWorkload:
             raise ConfigError(f"the replay speed must be positive, got {self.speed}")
         if self.timing not in ("recorded", "closed"):
             raise ConfigError(f"session timing must be 'recorded' or 'closed', got {self.timing!r}")
+        if self.repeat not in (None, True, False):
+            raise ConfigError(f"repeat must be true or false, got {self.repeat!r}")
+        self._loop = self.repeat is True
+
+    @property
+    def span_s(self) -> float:
+        """The least the replay can last, at ``speed``: each recorded agent's sessions in turn, their starts (with
+        recorded timing) and the waits between their turns, as if every reply were instant."""
+        longest = 0.0
+        for share in _deal(self.trace.sessions, len(self.trace.sessions)):
+            t = 0.0
+            for s in share:
+                t = max(t, s.start_s) if self.timing == "recorded" else t
+                t += sum(turn.tool_s + turn.think_s for turn in s.turns[1:])
+            longest = max(longest, t)
+        return longest / self.speed
+
+    def fit_level(self, warmup_s: float, window_s: float) -> str | None:
+        """As ``MooncakeWorkload.fit_level``: loop (or, with ``repeat`` False, refuse) a trace shorter than a level."""
+        need = warmup_s + window_s
+        span = self.span_s
+        if span >= need:
+            return None
+        lasts = f"{self.name} lasts at least {span:,.0f} s" + (f" at speed {self.speed:g}" if self.speed != 1 else "")
+        needs = f"a level needs {need:,.0f} s ({warmup_s:,.0f} s warm-up + {window_s:,.0f} s window)"
+        if self.repeat is False:
+            raise ConfigError(
+                f"{lasts} but {needs}: it could end before the window and measure nothing; replay it in a loop "
+                "(repeat, the default), slow it down (speed) or shorten --warmup / --window"
+            )
+        self._loop = True
+        return f"{lasts}; {needs}: its sessions are replayed in a loop, each pass with fresh text"
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` does not apply: the trace fixes every size.
@@ -564,20 +766,33 @@ class SessionReplayWorkload:
         return [
             ConversationDriver(
                 SessionReplayDriver(
-                    agent_id, share, origin, self.speed, seed, self.timing, self.repeat, dict(self.extra_body)
+                    agent_id, share, origin, self.speed, seed, self.timing, self._loop, dict(self.extra_body)
                 )
             )
             for agent_id, share in zip(agent_ids(count), shares, strict=True)
         ]
 
 
-def trace_workload(path: str | Path, **options: Any) -> MooncakeWorkload | SessionReplayWorkload:
+def trace_workload(
+    path: str | Path, **options: Any
+) -> MooncakeWorkload | SessionReplayWorkload | ConversationTraceWorkload:
     """The replay workload for the trace at ``path`` (its format decides which)."""
+    if is_conversation_trace(path):  # one JSON document of Claude Code conversations (workload/conversation_trace)
+        return conversation_workload(path, **options)
     trace = load_trace(path)
-    known = {"speed", "extra_body"} if isinstance(trace, MooncakeTrace) else {"speed", "timing", "repeat", "extra_body"}
+    known = {"speed", "repeat", "extra_body"} | ({"timing"} if isinstance(trace, SessionTraceFile) else set())
     unknown = sorted(set(options) - known)
     if unknown:
         raise ConfigError(f"unknown trace option {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     if isinstance(trace, MooncakeTrace):
         return MooncakeWorkload(trace, **options)
     return SessionReplayWorkload(trace, **options)
+
+
+def fit_to_level(workload: Workload, warmup_s: float, window_s: float) -> str | None:
+    """Fit a trace replay to a level of ``warmup_s`` + ``window_s`` (see ``MooncakeWorkload.fit_level``): a note
+    when the trace is shorter and will be looped, None when it outlasts the level or is no trace; ``ConfigError``
+    when it is shorter and looping was turned off. Bench calls it once, before its first level."""
+    if isinstance(workload, MooncakeWorkload | SessionReplayWorkload):
+        return workload.fit_level(warmup_s, window_s)
+    return None

@@ -1,0 +1,504 @@
+"""Claude Code conversation traces, replayed as session trees: a conversation and the subagents it started.
+
+**The format** is the one the public repository callanjfox/agentic-coding-analysis publishes its Claude Code
+traces in (its ``docs/TRACE_FORMAT.md``; MIT licence): one JSON document per file, a conversation object or an
+array of them. A conversation holds ``block_size`` (tokens per hash block, 64 in the published traces),
+``tool_tokens`` and ``system_tokens`` (the shared prefix), and ``requests`` in order, each ``{"t": s from the
+conversation's start, "in": prompt tokens, "out": output tokens, "hash_ids": [...], "think_time": s since the
+previous reply, "stop", ...}``. ``hash_ids`` name the prompt's full blocks, each hash chained on the one before
+it, so two prompts share exactly their common leading ids. A subagent is an entry ``{"type": "subagent", "t": s
+after the conversation's start, "requests": [...]}`` among its parent's requests, with the same request schema;
+its cache context is its own (the format says subagents start cold, apart from the global prefix). Other fields
+are kept and not used.
+
+**The replay** is closed loop and counted in trees: a level of N agents runs N trees at once. Each agent draws
+the trace's next conversation (the level's k-th draw takes conversation k, looping the file) and replays it
+whole before drawing again: the conversation's requests in order, each after its recorded ``think_time``
+(else the gap its ``t`` and the previous request's ``api_time`` leave) times ``time_scale``; each subagent a
+child conversation spawned ``t`` seconds (times ``time_scale``) after its parent started, running beside it.
+A prompt is one user message: for each hash id, ``block_size`` server tokens of text that only the id and
+the draw decide (``TokenSizing`` turns tokens into words of our text), then words of the request's own up to
+``in`` tokens; the reply is asked for ``out`` tokens. So equal ids within a tree are equal text and a server's
+prefix cache can reuse exactly what the trace's blocks share — and no more: each draw is salted afresh (with
+the run's text salt and the level, so a rerun finds nothing warm), and each subagent has a salt of its own.
+
+**The ceiling**: what an unlimited prefix cache would have served of the requests replayed, in the trace's own
+blocks (each request's leading ids already sent in its context, times ``block_size``, over its ``in``). The
+server's measured hit rate sits at or below it: the gap is what eviction, a block size that does not divide the
+trace's, and tokenisation cost. ``prefix_ceiling`` reads it from a level's records (their ids name the
+conversation, the subagent and the request).
+
+**Limits**: a trace is one JSON document of at most ``MAX_DOCUMENT_BYTES`` (refused past it: split the
+conversations into files), every number finite and bounded, subagents nested at most ``MAX_DEPTH`` deep, at
+most ``MAX_TOTAL_HASH_IDS`` hash ids in all; hash ids are non-negative integers and a request's ids never name
+more tokens than its ``in``. A malformed file is one ``ConfigError`` naming the file, the conversation and the
+request (``requests[3].requests[5].in``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+
+from agentload.agent.loop import STOPPED, ConversationDriver, End, Ending, Next, Request, Spawn, Steps, Wait
+from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.errors import ConfigError
+from agentload.inputs import parse_json, read_text
+from agentload.workload.agentic import DONE, FAILED, FAILURE_PAUSE_S, SINGLE_MESSAGE_OVERHEAD_TOKENS, agent_ids
+from agentload.workload.base import AgentDriver, LoadContext
+from agentload.workload.sizing import words
+from agentload.workload.words import VOCAB, stable_int
+
+# One JSON document is parsed whole; its hash-id lists take ~7x their text in memory, so 64 MiB is ~0.5 GB.
+MAX_DOCUMENT_BYTES = 64 * 2**20
+MAX_CONVERSATIONS = 100_000
+MAX_REQUESTS = 10_000  # entries of one conversation or subagent
+MAX_DEPTH = 4  # subagents of subagents (Claude Code's subagents cannot start their own; others might)
+MAX_TOTAL_HASH_IDS = 20_000_000
+MAX_TRACE_TOKENS = 2_000_000  # one request's input or output (the longest context windows are ~1-10M)
+MAX_BLOCK_SIZE = 65_536
+MAX_WAIT_S = 30 * 86_400.0  # a recorded time, think time or response time: 30 days
+# A tree's agent looks for the end of its conversations this often once every one of them was started; a tree
+# ends at most this late, against recorded think times of seconds.
+TREE_POLL_S = 0.25
+WAIT_SLICE_S = 1.0  # a wait for a subagent's start is slept in slices this long, so a level's end is seen
+MAX_LIVE_CONVERSATIONS = 1024  # per tree: a trace with more subagents at once than this queues the rest
+
+_ConfigStrict = ConfigDict(frozen=True, extra="allow", strict=True, allow_inf_nan=False, populate_by_name=True)
+
+
+# -- the file format ---------------------------------------------------------------------------------------------
+
+
+class TraceRequest(BaseModel):
+    """One recorded request (``type`` "s" streaming or "n" not; unknown fields are kept in ``model_extra``)."""
+
+    model_config = _ConfigStrict
+
+    t: float = Field(default=0.0, ge=0, le=MAX_WAIT_S)
+    type: str = "s"
+    in_: int = Field(alias="in", ge=1, le=MAX_TRACE_TOKENS)
+    out: int = Field(ge=0, le=MAX_TRACE_TOKENS)
+    hash_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_TRACE_TOKENS)
+    think_time: float | None = Field(default=None, ge=0, le=MAX_WAIT_S)
+    api_time: float | None = Field(default=None, ge=0, le=MAX_WAIT_S)
+
+
+def _entry_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "subagent" if kind == "subagent" else "request"
+
+
+Entry = Annotated[
+    Annotated[TraceRequest, Tag("request")] | Annotated["Subagent", Tag("subagent")], Discriminator(_entry_kind)
+]
+
+
+class Subagent(BaseModel):
+    """A subagent its parent started ``t`` seconds after the parent's start, with requests of its own."""
+
+    model_config = _ConfigStrict
+
+    type: Literal["subagent"]
+    t: float = Field(ge=0, le=MAX_WAIT_S)
+    agent_id: str | None = None
+    requests: list[Entry] = Field(min_length=1, max_length=MAX_REQUESTS)
+
+
+class TraceConversation(BaseModel):
+    """One conversation of the trace: its block size and its requests and subagents, in order."""
+
+    model_config = _ConfigStrict
+
+    id: str | None = None
+    block_size: int = Field(ge=1, le=MAX_BLOCK_SIZE)
+    tool_tokens: int | None = Field(default=None, ge=0, le=MAX_TRACE_TOKENS)
+    system_tokens: int | None = Field(default=None, ge=0, le=MAX_TRACE_TOKENS)
+    requests: list[Entry] = Field(min_length=1, max_length=MAX_REQUESTS)
+
+
+Subagent.model_rebuild()
+TraceConversation.model_rebuild()
+
+
+# -- what is replayed --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    tokens: int  # the recorded ``in``
+    out: int
+    blocks: tuple[int, ...]  # hash ids, in order
+    wait_s: float  # recorded wait after the previous reply of its context (0 for the first)
+    hit_tokens: int  # what an unlimited cache held of it: leading blocks sent earlier in its context
+
+
+@dataclass(frozen=True)
+class ReplayContext:
+    """A conversation or a subagent: its own cache context, started ``start_s`` after its tree's start."""
+
+    key: str  # "c3" for conversation 3, "c3.s0.s1" for the second subagent of its first subagent
+    start_s: float
+    requests: tuple[ReplayRequest, ...]
+
+
+@dataclass(frozen=True)
+class ReplayTree:
+    """One conversation with every subagent under it, by start time (the conversation first)."""
+
+    index: int
+    contexts: tuple[ReplayContext, ...]
+
+
+@dataclass(frozen=True)
+class ConversationTrace:
+    path: Path
+    block_size: tuple[int, ...]  # per conversation
+    trees: tuple[ReplayTree, ...]
+    extra: tuple[dict[str, Any], ...] = ()  # each conversation's fields agentload does not use
+
+    @functools.cached_property
+    def by_key(self) -> dict[str, ReplayContext]:
+        return {c.key: c for tree in self.trees for c in tree.contexts}
+
+    def requests(self) -> Iterator[ReplayRequest]:
+        for tree in self.trees:
+            for context in tree.contexts:
+                yield from context.requests
+
+
+def trace_ceiling(trace: ConversationTrace) -> float:
+    """The whole trace's prefix-hit ceiling: hit tokens ÷ prompt tokens under an unlimited cache."""
+    hit = prompt = 0
+    for request in trace.requests():
+        hit += request.hit_tokens
+        prompt += request.tokens
+    return hit / prompt if prompt else 0.0
+
+
+_KEY = re.compile(r"^c\d+(\.s\d+)*$")
+
+
+def prefix_ceiling(trace: ConversationTrace, records: Sequence[RequestRecord]) -> float | None:
+    """The ceiling for what ``records`` replayed (records of other workloads, or of no request, are skipped)."""
+    hit = prompt = 0
+    contexts = trace.by_key
+    for record in records:
+        key = record.ids.agent.rsplit("/", 1)[-1]
+        context = contexts.get(key) if _KEY.match(key) else None
+        if context is None or not 0 <= record.ids.turn < len(context.requests):
+            continue
+        request = context.requests[record.ids.turn]
+        hit += request.hit_tokens
+        prompt += request.tokens
+    return hit / prompt if prompt else None
+
+
+# -- reading -----------------------------------------------------------------------------------------------------
+
+_REQUESTS_KEY = re.compile(r'"(requests|block_size)"\s*:')
+_SNIFF_BYTES = 64 * 2**10
+
+
+def is_conversation_trace(path: str | Path) -> bool:
+    """Whether ``path`` looks like this format rather than a JSONL trace (a file that cannot be read is left to
+    the JSONL reader, whose error names it): a JSON array, a document whose first line is an opening brace alone
+    (a JSONL row is one line), or a first line with a ``requests`` or ``block_size`` key."""
+    try:
+        with Path(path).open("rb") as f:
+            head = f.read(_SNIFF_BYTES).decode("utf-8", errors="ignore").lstrip()
+    except OSError:
+        return False
+    if head.startswith("["):
+        return True
+    if not head.startswith("{"):
+        return False
+    first = head.split("\n", 1)[0]
+    return first.strip() == "{" or _REQUESTS_KEY.search(first) is not None
+
+
+def _where(loc: Sequence[int | str]) -> str:
+    """A pydantic location as a path: ``requests[3].requests[5].in`` (the union's tags left out)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("request", "subagent"):
+            out += f".{part}" if out else part
+    return out
+
+
+def _conversation_name(index: int, obj: Any) -> str:
+    ident = obj.get("id") if isinstance(obj, dict) else None
+    return f"conversation {index}" + (f" ({ident})" if isinstance(ident, str) and ident else "")
+
+
+def load_conversation_trace(path: str | Path) -> ConversationTrace:
+    """Read a conversation trace; ``ConfigError`` names the file, the conversation, the request and the field."""
+    path = Path(path)
+    text = read_text(path, "conversation trace", max_bytes=MAX_DOCUMENT_BYTES)
+    doc = parse_json(text, str(path))
+    items = doc if isinstance(doc, list) else [doc]
+    if not items:
+        raise ConfigError(f"{path}: the trace holds no conversation")
+    if len(items) > MAX_CONVERSATIONS:
+        raise ConfigError(f"{path}: a trace holds at most {MAX_CONVERSATIONS:,} conversations; split it")
+    trees: list[ReplayTree] = []
+    sizes: list[int] = []
+    extras: list[dict[str, Any]] = []
+    total_ids = 0
+    for index, obj in enumerate(items):
+        name = _conversation_name(index, obj)
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{path}: {name}: expected a JSON object, got {type(obj).__name__}")
+        try:
+            conversation = TraceConversation.model_validate(obj)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ConfigError(f"{path}: {name}: {_where(err['loc']) or 'the conversation'}: {msg}") from exc
+        contexts: list[ReplayContext] = []
+        total_ids = _flatten(path, name, conversation.block_size, conversation.requests, f"c{index}", "requests",
+                             0.0, 0, contexts, total_ids)  # fmt: skip
+        contexts.sort(key=lambda c: c.start_s)  # stable: the conversation (at 0) first
+        trees.append(ReplayTree(index, tuple(contexts)))
+        sizes.append(conversation.block_size)
+        extras.append(dict(conversation.model_extra or {}))
+    return ConversationTrace(path, tuple(sizes), tuple(trees), tuple(extras))
+
+
+def _flatten(
+    path: Path,
+    name: str,
+    block_size: int,
+    entries: Sequence[TraceRequest | Subagent],
+    key: str,
+    where: str,
+    start_s: float,
+    depth: int,
+    out: list[ReplayContext],
+    total_ids: int,
+) -> int:
+    """Append ``entries``' context and, depth first, its subagents' to ``out``; returns the hash ids seen so far."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{path}: {name}: {where}: subagents nested deeper than {MAX_DEPTH}")
+    requests: list[ReplayRequest] = []
+    cache: set[int] = set()
+    origin: float | None = None  # the context's first request's t: subagents start relative to it
+    previous: TraceRequest | None = None
+    subagents: list[tuple[int, Subagent]] = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, Subagent):
+            subagents.append((i, entry))
+            continue
+        if len(entry.hash_ids) * block_size > entry.in_:
+            raise ConfigError(
+                f"{path}: {name}: {where}[{i}].hash_ids: {len(entry.hash_ids)} blocks of {block_size} tokens are "
+                f"more than its {entry.in_} input tokens (a hash id names a full block)"
+            )
+        total_ids += len(entry.hash_ids)
+        if total_ids > MAX_TOTAL_HASH_IDS:
+            raise ConfigError(f"{path}: more than {MAX_TOTAL_HASH_IDS:,} hash ids in all; split the trace")
+        if origin is None:
+            origin = entry.t
+        if previous is None:
+            wait = 0.0
+        elif entry.think_time is not None:
+            wait = entry.think_time
+        else:  # the gap the timestamps leave once the previous reply was complete (if its time is known)
+            wait = max(0.0, entry.t - previous.t - (previous.api_time or 0.0))
+        hits = 0
+        for block in entry.hash_ids:
+            if block not in cache:
+                break
+            hits += 1
+        cache.update(entry.hash_ids)
+        requests.append(ReplayRequest(entry.in_, entry.out, tuple(entry.hash_ids), wait, hits * block_size))
+        previous = entry
+    out.append(ReplayContext(key, start_s, tuple(requests)))
+    for n, (i, sub) in enumerate(subagents):
+        offset = max(0.0, sub.t - (origin or 0.0))
+        total_ids = _flatten(path, name, block_size, sub.requests, f"{key}.s{n}", f"{where}[{i}].requests",
+                             start_s + offset, depth + 1, out, total_ids)  # fmt: skip
+    return total_ids
+
+
+# -- replay ------------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=65_536)
+def _block_text(salt: tuple[int, ...], block: int, n_words: int) -> str:
+    """The text a hash id stands for in one tree context: the same for every request that names it there."""
+    rng = np.random.default_rng([*salt, 0, block])
+    return " ".join(VOCAB[rng.integers(0, len(VOCAB), n_words)])
+
+
+def prompt_text(
+    request: ReplayRequest, salt: tuple[int, ...], turn: int, block_words: int, tokens_per_word: float
+) -> str:
+    """``request``'s prompt: its blocks' texts in order, then words of its own to ``in`` server tokens in all
+    (less the chat template's, so the server counts ~``in``)."""
+    parts = [_block_text(salt, block, block_words) for block in request.blocks]
+    rest = request.tokens - SINGLE_MESSAGE_OVERHEAD_TOKENS - len(request.blocks) * block_words * tokens_per_word
+    own = max(0 if parts else 1, math.floor(rest / tokens_per_word))
+    if own:
+        parts.append(words(np.random.default_rng([*salt, 1, turn]), own))
+    return " ".join(parts)
+
+
+class _Draws:
+    """The level's draw counter, shared by its agents: the k-th tree of the level is conversation k mod n."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self) -> int:
+        k, self.next = self.next, self.next + 1
+        return k
+
+
+@dataclass
+class _TreeState:
+    """A drawn tree's conversations in flight; the tree is reported when its last one ends (here, not in the agent:
+    a level that stops as that one ends closes the agent before it could look)."""
+
+    done: Callable[[bool], None]
+    pending: int = 0
+    all_started: bool = False
+    failed: bool = False
+    stopped: bool = False
+
+    def ended(self, end: Ending) -> None:
+        self.pending -= 1
+        if end.reason == STOPPED:  # the level ended mid-tree: not a finished session
+            self.stopped = True
+        elif end.reason != DONE:
+            self.failed = True
+        if self.pending == 0 and self.all_started and not self.stopped:
+            self.done(not self.failed)
+
+
+@dataclass
+class ConversationTreeDriver:
+    """One agent: a session tree at a time, drawn from the trace, its conversations spawned at their times."""
+
+    agent_id: str
+    trace: ConversationTrace
+    draws: _Draws
+    time_scale: float
+    seed: int
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    def conversations(self, ctx: LoadContext) -> Steps:
+        slots = asyncio.Semaphore(MAX_LIVE_CONVERSATIONS)
+        while not ctx.should_stop():
+            draw = self.draws.take()
+            tree = self.trace.trees[draw % len(self.trace.trees)]
+            state = _TreeState(functools.partial(self._tree_done, ctx))
+            start = ctx.clock.now()
+            contexts = [c for c in tree.contexts if c.requests]  # a conversation of subagents only sends none itself
+            for n, context in enumerate(contexts):
+                if context.start_s > 0:
+                    yield Wait(until=start + context.start_s * self.time_scale, slice_s=WAIT_SLICE_S)
+                state.pending += 1
+                state.all_started = n == len(contexts) - 1
+                yield Spawn(_ContextTurns(self, ctx, tree.index, context, draw), slots, state.ended)
+            while state.pending > 0:  # the tree is the unit of concurrency: the next starts when it has ended
+                yield Wait(TREE_POLL_S)
+            if state.stopped:
+                return
+            if state.failed:
+                yield Wait(FAILURE_PAUSE_S)
+
+    def _tree_done(self, ctx: LoadContext, ok: bool) -> None:
+        ctx.session_done(self.agent_id, ok=ok)
+
+
+class _ContextTurns:
+    """One conversation or subagent of a drawn tree as a conversation of single-message requests."""
+
+    def __init__(
+        self, driver: ConversationTreeDriver, ctx: LoadContext, index: int, context: ReplayContext, draw: int
+    ) -> None:
+        self.driver, self.ctx, self.context = driver, ctx, context
+        self.name = f"{driver.agent_id}/d{draw}/{context.key}"
+        # Fresh per draw and per context (a subagent's cache is its own), and the run's and the level's, so a rerun
+        # against the same server finds nothing of this level warm. The agent too: a distributed level's actors
+        # each count their own draws.
+        self.salt = (
+            driver.seed, ctx.level, stable_int(ctx.text_salt), stable_int(driver.agent_id), draw,
+            stable_int(context.key),
+        )  # fmt: skip
+        self.block_size = driver.trace.block_size[index]
+
+    def request(self, turn: int) -> Request | None:
+        if turn >= len(self.context.requests):
+            return None
+        ctx, request = self.ctx, self.context.requests[turn]
+        sizing = ctx.sizing
+        text = prompt_text(request, self.salt, turn, sizing.words(self.block_size), sizing.tokens_per_word)
+        body = {
+            "model": ctx.model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": max(1, request.out),
+            **self.driver.extra_body,
+        }
+        return Request(body, RequestIds(run=ctx.run_id, level=ctx.level, agent=self.name, turn=turn))
+
+    async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        if not records[-1].ok:
+            return End(FAILED)
+        if turn + 1 >= len(self.context.requests):
+            return End(DONE)
+        return Next(self.context.requests[turn + 1].wait_s * self.driver.time_scale)
+
+
+@dataclass(eq=False)
+class ConversationTraceWorkload:
+    """Closed-loop replay of a conversation trace in session trees (one tree per agent at a time)."""
+
+    trace: ConversationTrace
+    time_scale: float = 1.0  # recorded waits times this: 0.5 halves think times and subagent start offsets
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name = f"trace:{self.trace.path}"
+        scale = self.time_scale
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 <= scale <= 1e6:
+            raise ConfigError(f"time_scale must be a number from 0 to 1e6 (1 = as recorded), got {scale!r}")
+
+    def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
+        # ``context`` does not apply: the trace fixes every size.
+        draws = _Draws()
+        return [
+            ConversationDriver(
+                ConversationTreeDriver(agent_id, self.trace, draws, float(self.time_scale), seed, dict(self.extra_body))
+            )
+            for agent_id in agent_ids(count)
+        ]
+
+    def ceiling(self, records: Sequence[RequestRecord]) -> float | None:
+        """The trace's own prefix-hit ceiling over what ``records`` replayed (``workload.base.ReplayCeiling``)."""
+        return prefix_ceiling(self.trace, records)
+
+
+CONVERSATION_OPTIONS = ("time_scale", "extra_body")
+
+
+def conversation_workload(path: str | Path, **options: Any) -> ConversationTraceWorkload:
+    unknown = sorted(set(options) - set(CONVERSATION_OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown option {', '.join(unknown)} for a conversation trace; known: {', '.join(CONVERSATION_OPTIONS)}"
+        )
+    return ConversationTraceWorkload(load_conversation_trace(path), **options)
