@@ -99,9 +99,10 @@ import orjson
 from aiohttp import web
 
 from agentload.cli.common import MAX_DASHBOARD_RATE, MIN_DASHBOARD_RATE, dashboard_interval
-from agentload.cli.run import RunOptions, run_fleet
+from agentload.dashboard import open_board
 from agentload.dashboard.server import INTERVAL_S, Flusher
 from agentload.dashboard.state import LiveState
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
 from agentload.load import runner
@@ -269,11 +270,23 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool, rate: float | None = None) -> RunOptions:
+def _opts(fleet: Path, out: Path, url: str, width: int, dashboard: bool, rate: float | None = None) -> FleetApp:
     """The fleet's run options; ``rate``: the page's updates a second (``agentload run --dashboard-rate``)."""
     interval_s = dashboard_interval(dashboard, rate if dashboard else None)
-    return RunOptions(fleet=fleet, out=out, url=url, mode=Mode.PARALLEL, width=width, progress="none",
-                      dashboard=dashboard, fsync=False, dashboard_interval_s=interval_s)  # fmt: skip
+    return FleetApp(
+        FleetSettings(
+            fleet=fleet,
+            out=out,
+            url=url,
+            mode=Mode.PARALLEL,
+            width=width,
+            progress="none",
+            dashboard=dashboard,
+            fsync=False,
+            dashboard_interval_s=interval_s,
+        ),
+        open_board=open_board,
+    )
 
 
 class LoopProfile:
@@ -415,7 +428,7 @@ def _start_reader(off_core: bool) -> subprocess.Popen[bytes]:
     return proc
 
 
-async def _read_stream(opts: RunOptions, stream: Stream, own: OwnTime, reader: subprocess.Popen[bytes] | None) -> None:
+async def _read_stream(opts: FleetApp, stream: Stream, own: OwnTime, reader: subprocess.Popen[bytes] | None) -> None:
     """The page's stand-in: reads the run's event stream in this process (no ``reader``: its parsing counts as the
     client's CPU) or, as a browser would, in the process ``reader`` (``_start_reader``), told the URL here and read
     after the run (``_reader_result``)."""
@@ -485,13 +498,13 @@ async def _lag_probe(lags: list[float], period: float = 0.05) -> None:
 
 
 async def _run(
-    opts: RunOptions, stream: Stream | None, lags: list[float], own: OwnTime, reader: subprocess.Popen[bytes] | None
+    opts: FleetApp, stream: Stream | None, lags: list[float], own: OwnTime, reader: subprocess.Popen[bytes] | None
 ) -> FleetResult:
     tasks = [asyncio.ensure_future(_lag_probe(lags))]
     if stream is not None:
         tasks.append(asyncio.ensure_future(_read_stream(opts, stream, own, reader)))
     try:
-        return await run_fleet(opts)
+        return await opts.run()
     finally:
         tasks[0].cancel()
         await asyncio.gather(tasks[0], return_exceptions=True)
@@ -530,7 +543,7 @@ def _share_line(shares: list[float], limit: float = 0.05) -> str:
             f"{verdict}")  # fmt: skip
 
 
-def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
+def _browser_pass(opts: FleetApp) -> dict[str, Any] | None:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -541,7 +554,7 @@ def _browser_pass(opts: RunOptions) -> dict[str, Any] | None:
     args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"]  # fmt: skip
     result: dict[str, Any] = {}
-    run = threading.Thread(target=lambda: result.update(run=asyncio.run(run_fleet(opts))), daemon=True)
+    run = threading.Thread(target=lambda: result.update(run=asyncio.run(opts.run())), daemon=True)
     run.start()
     while opts.dashboard_url is None:
         time.sleep(0.01)
@@ -586,7 +599,7 @@ def _switches() -> tuple[int, int, int]:
 
 
 def _timed_run(
-    opts: RunOptions,
+    opts: FleetApp,
     stream: Stream | None,
     lags: list[float],
     own: OwnTime,
@@ -609,7 +622,7 @@ def _timed_run(
     return r, used, took
 
 
-def _own_time_run(args: argparse.Namespace, opts: RunOptions, stream: Stream, own: OwnTime) -> None:
+def _own_time_run(args: argparse.Namespace, opts: FleetApp, stream: Stream, own: OwnTime) -> None:
     """One more run with the dashboard, its own code timed in place (``OwnTime``: the timers are installed now, for
     good, so no run of the blocks before pays for them); with ``--change-ages`` also how long each change waited."""
     own.install(ages=args.change_ages)

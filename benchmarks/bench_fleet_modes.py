@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
 
@@ -65,26 +65,28 @@ def main() -> None:
             )
         )
 
-        def opts(mode: Mode) -> RunOptions:
-            return RunOptions(
-                fleet=fleet,
-                mode=mode,
-                out=Path(tmp) / mode.value,
-                profile=args.profile,
-                progress="none",
-                virtual=not args.real_time,
+        def opts(mode: Mode) -> FleetApp:
+            return FleetApp(
+                FleetSettings(
+                    fleet=fleet,
+                    mode=mode,
+                    out=Path(tmp) / mode.value,
+                    profile=args.profile,
+                    progress="none",
+                    virtual=not args.real_time,
+                )
             )
 
         started = time.monotonic()
         if args.real_time:
 
             async def both() -> list[FleetResult]:
-                return list(await asyncio.gather(run_fleet(opts(Mode.SEQUENTIAL)), run_fleet(opts(Mode.AUTO))))
+                return list(await asyncio.gather(opts(Mode.SEQUENTIAL).run(), opts(Mode.AUTO).run()))
 
             seq, auto = asyncio.run(both())
         else:
-            seq = run_virtual(run_fleet(opts(Mode.SEQUENTIAL)))
-            auto = run_virtual(run_fleet(opts(Mode.AUTO)))
+            seq = run_virtual(opts(Mode.SEQUENTIAL).run())
+            auto = run_virtual(opts(Mode.AUTO).run())
         took = time.monotonic() - started
 
     clock = "wall clock" if args.real_time else "simulated time"

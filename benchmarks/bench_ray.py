@@ -240,7 +240,7 @@ count = {agents}
 
 
 def fleet_cost(args: argparse.Namespace) -> None:
-    from agentload.cli.run import RunOptions, run_fleet
+    from agentload.fleet.app import FleetApp, FleetSettings
     from agentload.fleet.limiter import Mode
     from agentload.load.cluster import ExecutorSpec, require_ray
 
@@ -257,10 +257,10 @@ def fleet_cost(args: argparse.Namespace) -> None:
                 spec = Path(tmp) / "fleet.toml"
                 spec.write_text(fleet)
                 executor = ExecutorSpec("ray", workers=args.workers) if name == "ray" else ExecutorSpec()
-                opts = RunOptions(fleet=spec, url=f"http://{host}:{port}", mode=Mode.PARALLEL, width=width,
-                                  out=Path(tmp) / "runs", progress="none", executor=executor)  # fmt: skip
+                opts = FleetApp(FleetSettings(fleet=spec, url=f"http://{host}:{port}", mode=Mode.PARALLEL, width=width,
+                                  out=Path(tmp) / "runs", progress="none", executor=executor))  # fmt: skip
                 cpu0, t0 = time.process_time(), time.monotonic()
-                result = asyncio.run(run_fleet(opts))
+                result = asyncio.run(opts.run())
                 cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
             t = result.totals
             who = "one process (agents and streams)" if name == "local" else f"the driver ({args.workers} actors)"

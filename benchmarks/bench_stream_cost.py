@@ -44,7 +44,7 @@ from typing import Any
 from aiohttp import web
 
 import bench_dashboard as bd
-from agentload.cli.run import RunOptions, run_fleet
+from agentload.fleet.app import FleetApp
 from agentload.fleet.results import FleetResult
 from simproc import fast_profile, sim_process
 
@@ -136,14 +136,14 @@ async def _aiohttp_stream(payload: bytes, period: float, nagle: bool) -> AsyncIt
 
 
 async def _bare_run(
-    opts: RunOptions, arm: str, reader: subprocess.Popen[str], payload: bytes, period: float
+    opts: FleetApp, arm: str, reader: subprocess.Popen[str], payload: bytes, period: float
 ) -> FleetResult:
     assert reader.stdin is not None
     serving = _raw_stream(payload, period) if arm == "raw" else _aiohttp_stream(payload, period, arm == "nagle")
     async with serving as port:
         reader.stdin.write(f"{port}\n")
         reader.stdin.flush()
-        return await run_fleet(opts)
+        return await opts.run()
 
 
 def _no_delay_off(sock: socket.socket) -> None:
@@ -169,7 +169,7 @@ def _nagle_on_event_streams() -> Iterator[None]:
         setattr(web.StreamResponse, "prepare", prepare)  # noqa: B010
 
 
-def _one_run(arm: str, opts: RunOptions, payload: bytes, period: float) -> tuple[FleetResult, float, str]:
+def _one_run(arm: str, opts: FleetApp, payload: bytes, period: float) -> tuple[FleetResult, float, str]:
     """One run of the fleet with ``arm``'s stream: its result, this process's CPU over it, what the reader got."""
     if arm in ("none", "dashboard", "dashboard-nagle"):
         dashboard = arm != "none"

@@ -102,6 +102,22 @@ def test_a_simulated_run_prints_json_and_resumes_as_a_no_op(tmp_path: Path) -> N
     assert (run_dir / "turns.jsonl").read_text().count('"kind":"turn"') == before
 
 
+def test_json_prints_the_progress_on_stderr_and_the_json_alone_on_stdout(tmp_path: Path) -> None:
+    """``--json`` moves the progress lines to stderr rather than silencing them: a long run is seen to move, and
+    stdout is one JSON document."""
+    fleet = _fleet(tmp_path)
+    argv = [str(fleet), "--virtual", "--json", "--out", str(tmp_path / "runs"), "--profile", "laptop"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    parsed = FleetResult.model_validate_json(result.stdout)  # the whole of stdout
+    assert parsed.totals.done == 3
+    done = [line.split() for line in result.stderr.splitlines() if line.lstrip().startswith("done ")]
+    assert sorted(words[1] for words in done) == sorted(f"{a.agent_id}:" for a in parsed.agents)
+    quiet = CliRunner().invoke(app, [*argv, "--progress", "none"])
+    assert quiet.exit_code == 0, quiet.output
+    assert not [line for line in quiet.stderr.splitlines() if line.lstrip().startswith("done ")]
+
+
 def test_resume_refuses_a_different_fleet(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)
     out = tmp_path / "runs"

@@ -23,8 +23,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agentload.agent.loop import TurnLog
 from agentload.cli.common import dashboard_interval
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import Clock, LoopClock, RealClock
+from agentload.dashboard import open_board
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.replay import FleetReplay
 from agentload.dashboard.server import Flusher, make_app
@@ -33,6 +33,7 @@ from agentload.endpoint.records import RequestIds, RequestRecord, ToolCallRecord
 from agentload.endpoint.scrape import parse_metrics
 from agentload.endpoint.signals import ServerSignals
 from agentload.errors import ConfigError
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, CheckpointLog, load_log
 from agentload.fleet.config import AgentPlan, expand, load_fleet
 from agentload.fleet.limiter import AdaptiveWidth, FixedWidth, Limiter, Mode, make_policy
@@ -401,8 +402,8 @@ async def test_a_request_in_flight_or_a_page_behind_keeps_the_rate_without_event
 
 
 # -- on real runs ---------------------------------------------------------------------------------------------------
-async def _start(opts: RunOptions) -> tuple[asyncio.Task[FleetResult], str, str]:
-    task = asyncio.ensure_future(run_fleet(opts))
+async def _start(opts: FleetApp) -> tuple[asyncio.Task[FleetResult], str, str]:
+    task = asyncio.ensure_future(opts.run())
     for _ in range(400):
         if opts.dashboard_url is not None or task.done():
             break
@@ -416,7 +417,7 @@ async def _committed(run_dir: Path) -> int:
     return sum(len(t) for t in load_log(run_dir / LOG, repair=False).turns.values())
 
 
-async def _wait_turns(opts: RunOptions, at_least: int) -> None:
+async def _wait_turns(opts: FleetApp, at_least: int) -> None:
     for _ in range(800):
         if opts.run_dir is not None and (opts.run_dir / LOG).exists() and await _committed(opts.run_dir) >= at_least:
             return
@@ -431,11 +432,9 @@ async def _post(session: aiohttp.ClientSession, base: str, token: str, body: dic
         return answer
 
 
-def _opts(tmp_path: Path, fleet: Path | None, **kw: Any) -> RunOptions:
-    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", profile=FAST, dashboard=True)
-    for k, v in kw.items():
-        setattr(opts, k, v)
-    return opts
+def _opts(tmp_path: Path, fleet: Path | None, **kw: Any) -> FleetApp:
+    settings = FleetSettings(fleet=fleet, out=tmp_path / "runs", progress="none", profile=FAST, dashboard=True)
+    return FleetApp(settings.model_copy(update=kw), open_board=open_board)
 
 
 async def test_the_dashboard_rate_sets_the_pages_update_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -452,7 +451,7 @@ async def test_the_dashboard_rate_sets_the_pages_update_period(tmp_path: Path, m
     fleet = _fleet(tmp_path, count=2, rounds=1, think=0.0)
     for rate in (None, 2.0):
         opts = _opts(tmp_path, fleet, dashboard_interval_s=dashboard_interval(True, rate))
-        result = await run_fleet(opts)
+        result = await opts.run()
         assert result.totals.done == result.totals.agents
     assert periods == [0.25, 0.5]
 
@@ -512,7 +511,7 @@ async def test_stop_leaves_the_run_resumable_with_every_turn_once(tmp_path: Path
     assert first.totals.done < 6
     assert [c.reason for c in first.limiter.history] == ["set from the dashboard: parallel 2"]
     assert opts.run_dir is not None
-    resumed = await run_fleet(RunOptions(resume=opts.run_dir, progress="none", out=tmp_path / "runs"))
+    resumed = await FleetApp(FleetSettings(resume=opts.run_dir, progress="none", out=tmp_path / "runs")).run()
     assert resumed.totals.done == 6
     assert not resumed.stopped_early
     state = load_log(opts.run_dir / LOG, repair=False)
@@ -540,7 +539,7 @@ async def test_stop_leaves_the_run_resumable_with_every_turn_once(tmp_path: Path
 
 async def test_without_the_flag_nothing_is_served(tmp_path: Path) -> None:
     opts = _opts(tmp_path, _fleet(tmp_path, count=2, rounds=2, think=0.0), dashboard=False)
-    result = await run_fleet(opts)
+    result = await opts.run()
     assert result.totals.done == 3
     assert opts.dashboard_url is None
 
@@ -552,7 +551,7 @@ async def test_a_port_in_use_is_one_error_before_the_run_is_recorded(tmp_path: P
         port = taken.getsockname()[1]
         opts = _opts(tmp_path, _fleet(tmp_path, count=2, rounds=2, think=0.0), dashboard_port=port)
         with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
-            await run_fleet(opts)
+            await opts.run()
     assert opts.run_dir is None
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
 
@@ -560,7 +559,7 @@ async def test_a_port_in_use_is_one_error_before_the_run_is_recorded(tmp_path: P
 async def test_a_virtual_run_refuses_the_dashboard(tmp_path: Path) -> None:
     opts = _opts(tmp_path, _fleet(tmp_path), virtual=True)
     with pytest.raises(ConfigError, match="no real time to watch"):
-        await run_fleet(opts)
+        await opts.run()
 
 
 def _turn(round_: int, ttft: float, out: int, content: str = "", *, sent: float = 10.0) -> TurnLog:
@@ -864,7 +863,7 @@ async def test_stop_one_agent_on_a_real_run_then_resume_finishes_it_once(tmp_pat
     assert by_id["w.3"].turns < rounds
     assert all(by_id[a].outcome == "done" for a in ("plan", "w.0", "w.1", "w.2", "w.4"))
     assert first.totals.done == 5
-    resumed = await run_fleet(RunOptions(resume=opts.run_dir, progress="none", out=tmp_path / "runs"))
+    resumed = await FleetApp(FleetSettings(resume=opts.run_dir, progress="none", out=tmp_path / "runs")).run()
     assert resumed.totals.done == 6
     state = load_log(opts.run_dir / LOG, repair=False)  # raises on a turn lost or repeated
     assert {a: len(t) for a, t in state.turns.items()} == {"plan": 2, **{f"w.{i}": rounds for i in range(5)}}

@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from agentload.cli.dashboard import serve_replay
 from agentload.cli.main import app
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
+from agentload.dashboard import open_board
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
@@ -64,7 +65,7 @@ depends_on = ["plan"]
 
 
 class _Run(threading.Thread):
-    def __init__(self, opts: RunOptions) -> None:
+    def __init__(self, opts: FleetApp) -> None:
         super().__init__(daemon=True)
         self.opts = opts
         self.result: FleetResult | None = None
@@ -72,7 +73,7 @@ class _Run(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.result = asyncio.run(run_fleet(self.opts))
+            self.result = asyncio.run(self.opts.run())
         except BaseException as exc:  # handed to the test's thread
             self.error = exc
 
@@ -83,8 +84,12 @@ def _committed(run_dir: Path) -> int:
 
 def test_24_agents_render_and_pause_resume_from_the_page(tmp_path: Path) -> None:
     (tmp_path / "f.toml").write_text(FLEET)
-    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
-                      dashboard=True)  # fmt: skip
+    opts = FleetApp(
+        FleetSettings(
+            fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100", dashboard=True
+        ),
+        open_board=open_board,
+    )
     run = _Run(opts)
     run.start()
     deadline = time.monotonic() + 30
@@ -182,8 +187,12 @@ depends_on = ["plan"]
 
 def test_stop_and_restart_one_agent_from_its_card(tmp_path: Path) -> None:
     (tmp_path / "f.toml").write_text(FLEET.replace("count = 23", "count = 21") + LONG_TASKS)
-    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
-                      dashboard=True)  # fmt: skip
+    opts = FleetApp(
+        FleetSettings(
+            fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100", dashboard=True
+        ),
+        open_board=open_board,
+    )
     run = _Run(opts)
     run.start()
     deadline = time.monotonic() + 30
@@ -308,9 +317,12 @@ def _scrub(page: Page, t: float) -> None:
 
 def test_a_finished_run_replays_with_a_time_slider(tmp_path: Path) -> None:
     (tmp_path / "f.toml").write_text(FLEET)
-    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
-                      virtual=True)  # fmt: skip
-    result = run_virtual(run_fleet(opts))
+    opts = FleetApp(
+        FleetSettings(
+            fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100", virtual=True
+        )
+    )
+    result = run_virtual(opts.run())
     assert result.totals.done == 24
     assert opts.run_dir is not None
     log = load_log(opts.run_dir / LOG, repair=False)
@@ -390,8 +402,17 @@ count = 3
 
 def test_a_sequential_run_shows_its_mode_and_no_preemptions_it_did_not_have(tmp_path: Path) -> None:
     (tmp_path / "f.toml").write_text(SEQUENTIAL)
-    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
-                      mode=Mode.SEQUENTIAL, dashboard=True)  # fmt: skip
+    opts = FleetApp(
+        FleetSettings(
+            fleet=tmp_path / "f.toml",
+            out=tmp_path / "runs",
+            progress="none",
+            profile="llama-8b-h100",
+            mode=Mode.SEQUENTIAL,
+            dashboard=True,
+        ),
+        open_board=open_board,
+    )
     run = _Run(opts)
     run.start()
     deadline = time.monotonic() + 30
@@ -420,9 +441,17 @@ def test_a_sequential_run_shows_its_mode_and_no_preemptions_it_did_not_have(tmp_
 
 def test_a_killed_run_replays_as_incomplete_not_finished(tmp_path: Path) -> None:
     (tmp_path / "f.toml").write_text(SEQUENTIAL)
-    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", profile="llama-8b-h100",
-                      virtual=True, stop_after_s=2.0)  # fmt: skip
-    run_virtual(run_fleet(opts))
+    opts = FleetApp(
+        FleetSettings(
+            fleet=tmp_path / "f.toml",
+            out=tmp_path / "runs",
+            progress="none",
+            profile="llama-8b-h100",
+            virtual=True,
+            stop_after_s=2.0,
+        )
+    )
+    run_virtual(opts.run())
     assert opts.run_dir is not None
     # What a SIGKILL before the segment's end leaves: the manifest as created ("running") and no results.json.
     (opts.run_dir / "results.json").unlink()

@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 
 from agentload.cli.dashboard import serve_replay
 from agentload.cli.main import app
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
 from agentload.dashboard.benchreplay import BenchReplay
 from agentload.dashboard.replay import SEGMENT_GAP_S, FleetReplay, open_replay
 from agentload.dashboard.server import make_replay_app
 from agentload.errors import CheckpointError
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.samples import read_samples
 from agentload.store.rundir import RunDir
@@ -58,10 +58,10 @@ depends_on = ["plan"]
 
 def _run(tmp_path: Path, **kw: Any) -> Path:
     (tmp_path / "f.toml").write_text(FLEET)
-    opts = RunOptions(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", virtual=True, profile=FAST)
-    for k, v in kw.items():
-        setattr(opts, k, v)
-    run_virtual(run_fleet(opts))
+    settings = FleetSettings(fleet=tmp_path / "f.toml", out=tmp_path / "runs", progress="none", virtual=True,
+                             profile=FAST)  # fmt: skip
+    opts = FleetApp(settings.model_copy(update=kw))
+    run_virtual(opts.run())
     assert opts.run_dir is not None
     return opts.run_dir
 
@@ -96,13 +96,15 @@ def test_the_end_of_a_finished_run_is_what_its_log_says(finished: Path) -> None:
 def busy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run on a slow server (the laptop profile, long contexts, short think): requests queue and hold KV."""
     tmp = tmp_path_factory.mktemp("busy")
-    opts = RunOptions(fleet=tmp / "f.toml", out=tmp / "runs", progress="none", virtual=True, profile="laptop")
+    opts = FleetApp(
+        FleetSettings(fleet=tmp / "f.toml", out=tmp / "runs", progress="none", virtual=True, profile="laptop")
+    )
     (tmp / "f.toml").write_text(
         FLEET.replace("think_time_s = 0.5", "think_time_s = 0.1").replace(
             "context_tokens = 300", "context_tokens = 4000"
         )
     )
-    run_virtual(run_fleet(opts))
+    run_virtual(opts.run())
     assert opts.run_dir is not None
     return opts.run_dir
 
@@ -162,7 +164,7 @@ def test_a_stopped_then_resumed_run_is_two_segments_with_the_gap_between(tmp_pat
     unfinished = [a for a, c in end.items() if c["state"] not in ("done",)]
     assert unfinished  # cut short at 2 s of a run that needs more
     assert {end[a]["state"] for a in unfinished} <= {"interrupted", "waiting"}
-    run_virtual(run_fleet(RunOptions(resume=run_dir, progress="none", out=tmp_path / "runs")))
+    run_virtual(FleetApp(FleetSettings(resume=run_dir, progress="none", out=tmp_path / "runs")).run())
     replay = FleetReplay(run_dir)
     first, second = replay.segments
     assert second["start"] == pytest.approx(first["end"] + SEGMENT_GAP_S)

@@ -47,21 +47,21 @@ from agentload.bench import runner as bench_runner
 from agentload.bench.runner import run_level
 from agentload.bench.target import Target
 from agentload.capacity.profile import load_profile
-from agentload.cli import run as run_cli
 from agentload.cli.common import default_book
-from agentload.cli.run import RunOptions, run_fleet
-from agentload.cli.suite import suite_over
 from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.client import stream_watch
 from agentload.endpoint.connection import ConnectionOptions, connect, open_connection
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
 from agentload.endpoint.transport import ConnectFailed, Response, StreamBroken, TransportError
+from agentload.fleet import app as fleet_app
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.limiter import Mode
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultInjector, FaultSpec, parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
+from agentload.suite.app import suite_over
 from agentload.suite.cases import select
 from agentload.suite.runner import SuiteConfig
 from agentload.workload.registry import get_workload
@@ -480,11 +480,11 @@ async def _run(cell: Cell, tmp: Path) -> None:
         made.append(_server(cell, behaviour=config.behaviour))
         return made[-1]
 
-    opts = RunOptions(fleet=fleet, out=tmp / "runs", progress="none", virtual=True, mode=Mode.PARALLEL,
-                      width=cell.agents)  # fmt: skip
-    with (mock.patch.object(run_cli, "SimServer", server),
-          mock.patch.object(run_cli, "InProcessTransport", lambda s: _transport(cell, s))):  # fmt: skip
-        result = await run_fleet(opts)
+    opts = FleetApp(FleetSettings(fleet=fleet, out=tmp / "runs", progress="none", virtual=True, mode=Mode.PARALLEL,
+                      width=cell.agents))  # fmt: skip
+    with (mock.patch.object(fleet_app, "SimServer", server),
+          mock.patch.object(fleet_app, "InProcessTransport", lambda s: _transport(cell, s))):  # fmt: skip
+        result = await opts.run()
     assert opts.run_dir is not None
     assert len(made) == 1
     cell.stopped = result.server_failure

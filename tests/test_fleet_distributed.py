@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
 from agentload.errors import ExecutorError
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
@@ -30,7 +30,7 @@ RAY = ExecutorSpec("ray", workers=3)
 
 
 class Clusters:
-    """The stand-ins a run started (``RunOptions.cluster``), with an optional hook once the actors exist."""
+    """The stand-ins a run started (``FleetApp.cluster``), with an optional hook once the actors exist."""
 
     def __init__(self, count: int = 3, on_start: Any = None) -> None:
         self.count = count
@@ -55,12 +55,13 @@ class _Started(FakeCluster):
         return actors
 
 
-def _run(tmp_path: Path, fleet: Path | None, **kwargs: Any) -> tuple[FleetResult, Path]:
-    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True, profile=FAST,
-                      mode=Mode.PARALLEL, width=6)  # fmt: skip
-    for key, value in kwargs.items():
-        setattr(opts, key, value)
-    result = run_virtual(run_fleet(opts))
+def _run(tmp_path: Path, fleet: Path | None, cluster: Any = None, **kwargs: Any) -> tuple[FleetResult, Path]:
+    settings = FleetSettings(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True, profile=FAST,
+                             mode=Mode.PARALLEL, width=6)  # fmt: skip
+    opts = FleetApp(settings.model_copy(update=kwargs))
+    if cluster is not None:
+        opts.cluster = cluster
+    result = run_virtual(opts.run())
     assert opts.run_dir is not None
     return result, opts.run_dir
 
@@ -139,10 +140,11 @@ def test_every_actor_dead_stops_the_run_and_resume_finishes_it(tmp_path: Path) -
 
         killers.append(asyncio.ensure_future(later()))
 
-    opts = RunOptions(fleet=_fleet(tmp_path), out=tmp_path / "runs", progress="none", virtual=True, profile=FAST,
-                      mode=Mode.PARALLEL, width=6, executor=RAY, cluster=Clusters(on_start=kill_all_later))  # fmt: skip
+    settings = FleetSettings(fleet=_fleet(tmp_path), out=tmp_path / "runs", progress="none", virtual=True,
+                             profile=FAST, mode=Mode.PARALLEL, width=6, executor=RAY)  # fmt: skip
+    opts = FleetApp(settings, cluster=Clusters(on_start=kill_all_later))
     with pytest.raises(ExecutorError, match="every Ray actor died"):
-        run_virtual(run_fleet(opts))
+        run_virtual(opts.run())
     assert opts.run_dir is not None
     kept = {(a, t.round) for a, lines in load_log(opts.run_dir / LOG).turns.items() for t in lines}
     assert 0 < len(kept) < 36

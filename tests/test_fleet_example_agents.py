@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, WORKSPACES, load_log
 from agentload.fleet.limiter import Mode
 
@@ -15,8 +15,10 @@ FLEET = Path(__file__).resolve().parents[1] / "examples" / "fleet.toml"
 
 
 def test_the_example_fleet_calls_its_tools_over_several_rounds(tmp_path: Path) -> None:
-    opts = RunOptions(fleet=FLEET, mode=Mode.PARALLEL, width=4, out=tmp_path, progress="none", virtual=True)
-    result = run_virtual(run_fleet(opts))
+    opts = FleetApp(
+        FleetSettings(fleet=FLEET, mode=Mode.PARALLEL, width=4, out=tmp_path, progress="none", virtual=True)
+    )
+    result = run_virtual(opts.run())
     agents = {a.agent_id: a for a in result.agents}
     assert result.totals.done == 10
     # plan: write plan.md, answer; each reviewer: read the plan and search, write defects.md, answer; report: read

@@ -56,22 +56,23 @@ async def test_a_resume_keeps_the_simulated_model_the_run_started_with(tmp_path:
     """run.json records the embedded simulator's behaviour; a resume without --behaviour uses it, not the default."""
     from contextlib import AsyncExitStack
 
-    from agentload.cli.run import RunOptions, _create_run, _manifest, _open_server
+    from agentload.fleet.app import FleetApp, FleetSettings
     from agentload.fleet.checkpoint import read_manifest
     from agentload.sim.behaviour import FillerBehaviour
     from agentload.sim.inprocess import InProcessTransport
 
     fleet = tmp_path / "f.toml"
     fleet.write_text('name = "f"\n[[tasks]]\nid = "t"\nprompt = "hi"\nmax_rounds = 1\n', encoding="utf-8")
-    started = RunOptions(fleet=fleet, out=tmp_path / "runs", virtual=True, progress="none")
-    started.behaviour = "filler"
-    manifest, _ = _manifest(started)
-    manifest, run_dir = _create_run(started, manifest)
+    started = FleetApp(
+        FleetSettings(fleet=fleet, out=tmp_path / "runs", virtual=True, progress="none", behaviour="filler")
+    )
+    manifest, _ = started.open_manifest()
+    manifest, run_dir = started.create_run(manifest)
     assert read_manifest(run_dir).behaviour == "filler"
-    resumed = RunOptions(fleet=None, resume=run_dir, progress="none")  # behaviour left at its default, "agent"
-    manifest, _ = _manifest(resumed)
+    resumed = FleetApp(FleetSettings(fleet=None, resume=run_dir, progress="none"))  # behaviour left at "agent"
+    manifest, _ = resumed.open_manifest()
     async with AsyncExitStack() as stack:
-        server = await _open_server(resumed, manifest, stack)
+        server = await resumed.open_server(manifest, stack)
         assert isinstance(server.transport, InProcessTransport)
         behaviour = server.transport.server.config.behaviour
     assert isinstance(getattr(behaviour, "inner", behaviour), FillerBehaviour)
@@ -132,13 +133,13 @@ max_rounds = 3
 
 def test_a_model_that_writes_a_1500_level_path_does_not_stop_the_fleet(tmp_path: Path) -> None:
     """Through the real runner on the simulator: the model's write is refused, the dependent still runs."""
-    from agentload.cli.run import RunOptions, run_fleet
     from agentload.clock import run_virtual
+    from agentload.fleet.app import FleetApp, FleetSettings
 
     deep = "/".join(["d"] * DEEP) + "/plan.md"
     fleet = _deep_fleet(tmp_path, f"Write the review plan to {deep}, then answer.")
-    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True)
-    result = run_virtual(run_fleet(opts))
+    opts = FleetApp(FleetSettings(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True))
+    result = run_virtual(opts.run())
     assert (result.totals.done, result.totals.failed) == (2, 0)
     plan = next(a for a in result.agents if a.agent_id == "plan")
     assert plan.tool_calls == 1
@@ -147,26 +148,26 @@ def test_a_model_that_writes_a_1500_level_path_does_not_stop_the_fleet(tmp_path:
 
 def test_a_resume_hands_over_past_a_1500_level_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run whose hand-over died on a deep tree resumes: the dependent runs with the plan, the fleet finishes."""
-    from agentload.cli.run import RunOptions, run_fleet
     from agentload.clock import run_virtual
     from agentload.fleet import runner
+    from agentload.fleet.app import FleetApp, FleetSettings
     from agentload.fleet.checkpoint import WORKSPACES
 
     def crash(*_args: object) -> list[str]:
         raise RecursionError("maximum recursion depth exceeded")  # what the recursive walk did to the first run
 
     fleet = _deep_fleet(tmp_path, "Write the review plan to plan.md, then answer.")
-    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True)
+    opts = FleetApp(FleetSettings(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True))
     with monkeypatch.context() as patched:
         patched.setattr(runner, "hand_over", crash)
         with pytest.raises(RecursionError):
-            run_virtual(run_fleet(opts))
+            run_virtual(opts.run())
     assert opts.run_dir is not None
     plan_ws = opts.run_dir / WORKSPACES / "plan"
     assert (plan_ws / "plan.md").is_file()
     build_deep_tree(plan_ws / "deep", DEEP, files_at=(DEEP,))  # as an older version let the model leave it
-    resumed = RunOptions(fleet=None, resume=opts.run_dir, progress="none")
-    result = run_virtual(run_fleet(resumed))
+    resumed = FleetApp(FleetSettings(fleet=None, resume=opts.run_dir, progress="none"))
+    result = run_virtual(resumed.run())
     assert (result.totals.done, result.totals.failed) == (2, 0)
     review = next(a for a in result.agents if a.agent_id == "review")
     assert review.turns >= 1

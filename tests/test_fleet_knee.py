@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
 
@@ -26,13 +26,11 @@ JOB = Path(__file__).resolve().parents[1] / "examples" / "laptop-knee.toml"
 TOLERANCE = 0.20
 
 
-def _opts(tmp_path: Path, mode: Mode, width: int, **kwargs: object) -> RunOptions:
-    opts = RunOptions(fleet=JOB, mode=mode, width=width, out=tmp_path / f"{mode.value}-{width}", progress="none")
+def _opts(tmp_path: Path, mode: Mode, width: int, **kwargs: object) -> FleetApp:
     # The knee figures were measured with the filler model's load shape (the agent model is the default now).
-    opts.behaviour = "filler"
-    for key, value in kwargs.items():
-        setattr(opts, key, value)
-    return opts
+    settings = FleetSettings(fleet=JOB, mode=mode, width=width, out=tmp_path / f"{mode.value}-{width}",
+                             progress="none", behaviour="filler")  # fmt: skip
+    return FleetApp(settings.model_copy(update=kwargs))
 
 
 def _peak(points: dict[int, FleetResult]) -> int:
@@ -50,12 +48,10 @@ def _report(points: dict[int, FleetResult], autos: dict[int, FleetResult]) -> st
 
 @pytest.mark.slow
 def test_auto_settles_near_the_throughput_peak_in_simulated_time(tmp_path: Path) -> None:
-    points = {
-        w: run_virtual(run_fleet(_opts(tmp_path, Mode.PARALLEL, w, virtual=True))) for w in (4, 6, 7, 8, 9, 10, 12)
-    }
+    points = {w: run_virtual(_opts(tmp_path, Mode.PARALLEL, w, virtual=True).run()) for w in (4, 6, 7, 8, 9, 10, 12)}
     assert all(r.totals.done == 24 for r in points.values())
     peak = _peak(points)
-    autos = {s: run_virtual(run_fleet(_opts(tmp_path, Mode.AUTO, s, virtual=True))) for s in (2, 16)}
+    autos = {s: run_virtual(_opts(tmp_path, Mode.AUTO, s, virtual=True).run()) for s in (2, 16)}
     print(_report(points, autos))
     # The curve has a KV knee: past it, throughput falls by half (every turn re-prefills an evicted context).
     assert points[12].turns_per_s < 0.6 * points[peak].turns_per_s
@@ -75,8 +71,8 @@ def test_auto_settles_near_the_throughput_peak_in_simulated_time(tmp_path: Path)
 async def test_auto_settles_near_the_throughput_peak_in_real_time(tmp_path: Path) -> None:
     stop = 150.0
     widths = (4, 6, 8, 10, 12)
-    runs = [run_fleet(_opts(tmp_path, Mode.PARALLEL, w, stop_after_s=stop)) for w in widths]
-    runs.append(run_fleet(_opts(tmp_path, Mode.AUTO, 2, stop_after_s=stop)))
+    runs = [_opts(tmp_path, Mode.PARALLEL, w, stop_after_s=stop).run() for w in widths]
+    runs.append(_opts(tmp_path, Mode.AUTO, 2, stop_after_s=stop).run())
     results = await asyncio.gather(*runs)
     points = dict(zip(widths, results[:-1], strict=True))
     auto = results[-1]

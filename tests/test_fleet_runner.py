@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentload.cli.run import RunOptions, run_fleet
 from agentload.clock import run_virtual
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, RESULTS, LogState, load_log
 from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
@@ -23,10 +23,9 @@ def _fleet(tmp_path: Path, text: str, name: str = "fleet") -> Path:
 
 
 def _run(tmp_path: Path, fleet: Path | None, **kwargs: object) -> tuple[FleetResult, Path]:
-    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True, profile=FAST)
-    for key, value in kwargs.items():
-        setattr(opts, key, value)
-    result = run_virtual(run_fleet(opts))
+    settings = FleetSettings(fleet=fleet, out=tmp_path / "runs", progress="none", virtual=True, profile=FAST)
+    opts = FleetApp(settings.model_copy(update=kwargs))
+    result = run_virtual(opts.run())
     assert isinstance(result, FleetResult)
     assert opts.run_dir is not None
     return result, opts.run_dir

@@ -22,9 +22,10 @@ from typing import Any
 import typer
 from typer.testing import CliRunner
 
-from agentload.cli.run import RunOptions, run, run_fleet
+from agentload.cli.run import run
 from agentload.clock import LoopClock
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
+from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, RESULTS, CheckpointLog, LogState, load_log
 from agentload.fleet.config import expand, parse_fleet
 from agentload.fleet.limiter import Limiter, Mode, make_policy
@@ -87,9 +88,11 @@ async def _crash_run(tmp_path: Path) -> tuple[FleetResult, Path, bytes]:
     fleet = tmp_path / "crash.toml"
     fleet.write_text(FLEET)
     proc, url = _start_sim(tmp_path, "first")
-    opts = RunOptions(fleet=fleet, out=tmp_path / "runs", progress="none", url=url, mode=Mode.PARALLEL, width=WIDTH)
+    opts = FleetApp(
+        FleetSettings(fleet=fleet, out=tmp_path / "runs", progress="none", url=url, mode=Mode.PARALLEL, width=WIDTH)
+    )
     try:
-        task = asyncio.create_task(run_fleet(opts))
+        task = asyncio.create_task(opts.run())
         for _ in range(6000):
             turns, finished = _progress(opts.run_dir)
             if (turns >= KILL_AFTER_TURNS and finished >= 1) or task.done():
@@ -131,7 +134,7 @@ async def test_a_killed_server_leaves_agents_resumable_and_a_resume_completes_th
     proc, url = _start_sim(tmp_path, "second")
     try:
         resumed = await asyncio.wait_for(
-            run_fleet(RunOptions(resume=run_dir, url=url, progress="none", mode=Mode.PARALLEL, width=WIDTH)),
+            FleetApp(FleetSettings(resume=run_dir, url=url, progress="none", mode=Mode.PARALLEL, width=WIDTH)).run(),
             timeout=300,
         )
     finally:

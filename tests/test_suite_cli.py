@@ -3,16 +3,24 @@ for a bad flag or a server that answers nothing."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 from pathlib import Path
 
 import pytest
 import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
-from agentload.cli.suite import redact, suite
-from agentload.suite.results import load_run
+from agentload.agent.loop import AgentSpec, Transcript
+from agentload.cli.suite import suite
+from agentload.endpoint.redact import redact_url
+from agentload.suite.cases import all_tests
+from agentload.suite.model import SUITE_VERSION
+from agentload.suite.progress import PROGRESS_EVERY_S, LineProgress
+from agentload.suite.results import TestResult, load_run
+from agentload.suite.runner import DEFAULT_MAX_TOKENS
 from agentload.suite.scoring import Status
 
 app = typer.Typer()
@@ -131,4 +139,68 @@ def test_credentials_in_the_url_are_never_shown() -> None:
     assert "hunter2" not in out + err
     assert "sk-abc" not in out + err
     assert json.loads(out)["endpoint"] == f"http://user:***@127.0.0.1:{port}/v1?api_key=***"
-    assert redact("https://[::1]:8443/v1") == "https://[::1]:8443/v1"
+    assert redact_url("https://[::1]:8443/v1") == "https://[::1]:8443/v1"
+
+
+def test_json_prints_progress_lines_on_stderr_and_the_json_alone_on_stdout(tmp_path: Path) -> None:
+    """A long ``--json`` run is seen to move: a line as each level starts and one when its last test is done, on
+    stderr; stdout holds the JSON and nothing else."""
+    code, out, err = _run("--tests", "T1,T2", "--sweep", "1,2", "--json", "--out", str(tmp_path))
+    assert code == 0, err
+    data = json.loads(out)  # the whole of stdout is the one JSON document
+    assert [level["agents"] for level in data["levels"]] == [1, 2]
+    lines = err.splitlines()
+    assert "suite: 1 agent × 2 tests started" in lines
+    assert "suite: 2 agents × 2 tests started" in lines
+    done = [line for line in lines if " tests done, " in line]
+    assert done[-1].startswith("suite: 2 agents: 4/4 tests done, 4 passed (")
+    assert any(line.startswith("suite: 1 agent: 2/2 tests done, 2 passed (") for line in done)
+    # The levels' lines come in the order the levels ran.
+    assert lines.index("suite: 1 agent × 2 tests started") < lines.index("suite: 2 agents × 2 tests started")
+
+
+def _requested(saved: Path) -> set[int | None]:
+    run = load_run(saved)
+    return {r.requested_tokens for a in run.levels[0].agent_results for t in a.tests for r in t.transcript.records()}
+
+
+def test_every_turn_asks_for_the_default_output_cap_unless_told_otherwise(tmp_path: Path) -> None:
+    """The cap is in every request's body (``max_tokens``, read back from the records the client made of what it
+    sent); ``--max-tokens`` replaces it."""
+    code, _, err = _run("--tests", "T1,T5", "--json", "--out", str(tmp_path / "default"))
+    assert code == 0, err
+    (saved,) = (tmp_path / "default").glob("suite-*/suite.json")
+    assert _requested(saved) == {DEFAULT_MAX_TOKENS}
+    code, _, err = _run("--tests", "T1,T5", "--json", "--max-tokens", "300", "--out", str(tmp_path / "given"))
+    assert code == 0, err
+    (saved,) = (tmp_path / "given").glob("suite-*/suite.json")
+    assert _requested(saved) == {300}
+
+
+def test_the_help_says_the_default_cap_and_why() -> None:
+    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    text = " ".join(result.stdout.split())
+    assert f"default {DEFAULT_MAX_TOKENS:,}" in text
+    assert "8,106 tokens" in text
+
+
+def test_line_progress_between_a_levels_ends_is_at_most_one_line_per_period() -> None:
+    """Where no bar can redraw, an 800-test level of 100 s prints a line each 10 s, not one a test."""
+    assert PROGRESS_EVERY_S == 10.0
+    out = Console(file=io.StringIO(), width=200)
+    now = [0.0]
+    lines = LineProgress(out, now=lambda: now[0])
+    lines.level(8, 100)
+    test = all_tests()[0]
+    spec = AgentSpec(agent_id=f"agent-0/{test.id}", model="m", messages=test.messages())
+    passed = TestResult(test_id=test.id, category=test.category, status=Status.PASS, reason="right tool",
+                        suite_version=SUITE_VERSION, played_version=SUITE_VERSION, started_s=0.0, duration_s=1.0,
+                        transcript=Transcript(agent_id=spec.agent_id, spec=spec))  # fmt: skip
+    for _ in range(800):
+        now[0] += 0.125  # 100 s in all, in steps a float holds exactly
+        lines.test_done(8, passed)
+    printed = out.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert printed[0] == "suite: 8 agents × 100 tests started"
+    assert printed[1] == "suite: 8 agents: 80/800 tests done, 80 passed (10 s)"
+    assert printed[-1] == "suite: 8 agents: 800/800 tests done, 800 passed (100 s)"
+    assert len(printed) == 11  # the start, then one each 10 s; the tenth is the level's end

@@ -7,13 +7,13 @@ import asyncio
 
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import default_book
-from agentload.cli.suite import suite_over
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import open_connection
 from agentload.endpoint.transport import Endpoint
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
+from agentload.suite.app import suite_over
 from agentload.suite.cases import all_tests
 from agentload.suite.distributed import RaySuite, SuiteWorker
 from agentload.suite.results import AgentStatus, SuiteRun

@@ -1,7 +1,7 @@
 """The suite survives what bench survives: injected stalls, resets, 5xx, 429s and a cold start leave its scores as
 a clean run's, because its load goes through the same connection (watchdog + retries).
 
-The suite runs exactly as ``agentload suite`` runs it (``cli.suite.suite_over`` on an ``endpoint.connection``),
+The suite runs exactly as ``agentload suite`` runs it (``suite.app.suite_over`` on an ``endpoint.connection``),
 against the oracle simulator in process on virtual time, with the production watchdog and retry defaults: a
 600 s stall is noticed at the 60 s idle deadline and a 15-minute cold start is waited out, in milliseconds of
 wall time. The retry backoff's jitter is seeded too (``retry_rng``), so a run is the same run every time. Drawn
@@ -25,7 +25,6 @@ import pytest
 
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import default_book
-from agentload.cli.suite import suite_over
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
 from agentload.endpoint.records import ErrorKind
@@ -33,6 +32,7 @@ from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultSpec, parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
+from agentload.suite.app import suite_over
 from agentload.suite.cases import all_tests, select
 from agentload.suite.results import SuiteRun
 from agentload.suite.runner import SuiteConfig

@@ -8,21 +8,23 @@ before it finished any test.
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from rich.console import Console
 from typer.testing import CliRunner
 
 from agentload.agent.loop import AgentSpec, Transcript
-from agentload.cli import suite as suite_cli
-from agentload.cli.common import console
 from agentload.cli.main import app
 from agentload.report.runpages import suite_section
+from agentload.report.suiteview import render_suite_level
 from agentload.store.runstore import save_suite_run
 from agentload.store.suiterun import suite_info
+from agentload.suite.app import summary
 from agentload.suite.cases import all_tests
 from agentload.suite.model import Category, SuiteTest
 from agentload.suite.results import (
@@ -94,12 +96,13 @@ def test_an_unscored_test_must_say_why() -> None:
         _result(POOLED[0], Status.UNSCORED, " ")
 
 
-def test_the_console_prints_the_honest_rate_with_its_counts_and_the_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_console_prints_the_honest_rate_with_its_counts_and_the_cut() -> None:
     run = _cut_run()
-    monkeypatch.setattr(console, "width", 240)  # the reason on one line of its cell
-    with console.capture() as captured:
-        suite_cli.render_level(run.levels[0])
-    words = " ".join(captured.get().split())
+    # A console of its own, wide enough for the reason on one line of its cell (setting the shared console's width
+    # would outlive the test: the monkeypatch restores a fixed width, not the console's own measuring).
+    out = Console(file=io.StringIO(), width=240)
+    render_suite_level(run.levels[0], out)
+    words = " ".join(out.file.getvalue().split())  # type: ignore[attr-defined]
     assert "pooled pass rate 66.7% passes ÷ tests scored: 3 scored, 1 unscored, 30 not run" in words
     assert "seed's figure 5.9%" in words
     assert WHY in words  # the reason beside the unscored test
@@ -107,7 +110,7 @@ def test_the_console_prints_the_honest_rate_with_its_counts_and_the_cut(monkeypa
 
 
 def test_the_json_summary_carries_the_counts_and_the_cut() -> None:
-    out = suite_cli.summary(_cut_run())
+    out = summary(_cut_run())
     json.dumps(out)  # what --json prints
     level = out["levels"][0]
     assert level["pooled_pass_rate"] == pytest.approx(2 / 3)

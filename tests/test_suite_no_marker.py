@@ -20,7 +20,6 @@ import pytest
 
 from agentload.capacity.profile import load_profile
 from agentload.cli.common import default_book
-from agentload.cli.suite import suite_over
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.transport import Response
@@ -29,6 +28,7 @@ from agentload.sim.behaviour import MARKER, OracleBehaviour, Reply, Scenario, Sc
 from agentload.sim.chat import Message, Tool
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
+from agentload.suite.app import suite_over
 from agentload.suite.cases import all_tests, by_id, select
 from agentload.suite.model import SuiteTest
 from agentload.suite.oracle import scenarios

@@ -5,23 +5,24 @@ simulator, compiled into one RunResult with capacity estimates and the explained
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal, Protocol
+from functools import partial
+from typing import Literal
 
 import numpy as np
 
 from agentload import __version__
 from agentload.bench.analysis import LevelData, compare_arms, matched_sizes, summarise
+from agentload.bench.observe import BenchObserver, Unobserved
 from agentload.bench.results import CapacityEstimate, Knee, LevelSummary, RunResult
 from agentload.bench.runner import run_level
-from agentload.bench.search import Search, SearchStep, Slo, find_knee, sweep, with_ratio
+from agentload.bench.search import Search, Slo, find_knee, sweep, with_ratio
 from agentload.bench.soak import GpuMonitor, drift_notes
 from agentload.bench.target import Target
 from agentload.clock import LoopClock
-from agentload.endpoint.backend import RecordSink
-from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
+from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.output import can_force_length
 from agentload.errors import CheckpointError, EndpointError, ServerLostError
 from agentload.load.cluster import RayCluster
@@ -32,22 +33,6 @@ from agentload.workload.synthetic import SyntheticWorkload
 from agentload.workload.trace import MooncakeWorkload
 
 Mode = Literal["sweep", "find-knee", "grid", "soak", "single"]
-LevelHook = Callable[[LevelSummary], None]
-DataHook = Callable[[LevelData], None]
-
-
-class BenchWatch(Protocol):
-    """What a live view hears of a bench as it runs (``dashboard.bench.BenchBoard`` fits); levels as they end come
-    through ``on_level`` and requests through the record sink, as for everyone else."""
-
-    def level_started(self, level: int, agents: int, context: int, workload: str, warmup_s: float,
-                      window_s: float) -> None: ...  # fmt: skip
-
-    def connected(self, conn: Connection) -> Callable[[], None]:
-        """A level's connection is open; returns what undoes the subscription."""
-        ...
-
-    def step(self, step: SearchStep) -> None: ...
 
 
 # What ``--same-text`` salts every run's text with in place of its run id: a constant, so the seed alone decides it.
@@ -185,224 +170,239 @@ async def run_bench(
     *,
     pool: tuple[int, int, str] | None = None,
     slots: int | None = None,
-    on_level: LevelHook | None = None,
-    sink: RecordSink | None = None,
+    observer: BenchObserver | None = None,
     run_id: str | None = None,
-    on_data: DataHook | None = None,
     resumed: Sequence[LevelSummary] = (),
     created: str | None = None,
     resume_from_s: float = 0.0,
-    watch: BenchWatch | None = None,
 ) -> tuple[RunResult, list[LevelData]]:
     """Run the plan's levels and compile the result; the levels' raw data is returned beside it.
 
-    ``on_data`` gets each level's raw data as it ends (its server samples are written then), ``on_level`` its
-    summary. ``resumed``: the levels an interrupted run of the same plan finished, in order; the plan retraces its
-    steps (a knee search decides from the same figures the same way) and takes those instead of measuring them
-    again, so a resumed run measures only what the interrupted one had not. ``resume_from_s``: the run time the
-    interrupted run had reached (its last sample), so the resumed levels' times follow the kept ones on one axis.
-    ``watch``: a live view (``bench --dashboard``) told when each level starts, its connection, and each step of
-    the search.
+    ``observer`` hears each level as it starts, its connection, each request, the level's raw data and summary as
+    it ends (its server samples are written then) and each step of the knee search. ``resumed``: the levels an
+    interrupted run of the same plan finished, in order; the plan retraces its steps (a knee search decides from
+    the same figures the same way) and takes those instead of measuring them again, so a resumed run measures only
+    what the interrupted one had not. ``resume_from_s``: the run time the interrupted run had reached (its last
+    sample), so the resumed levels' times follow the kept ones on one axis.
     """
-    run_id = run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     created = created or datetime.now(UTC).isoformat(timespec="seconds")
-    t0 = LoopClock().now() - resume_from_s
-    all_data: list[LevelData] = []
-    levels: list[LevelSummary] = []
-    knees: list[Knee] = []
-    capacity: list[CapacityEstimate] = []
-    notes: list[str] = []
-    description = ""
-    model = ""
+    run = _Run(plan, pool, observer or Unobserved(), run_id, resumed, resume_from_s)
+    await run.prepare(slots)
+    # A lost server ends the run where it is: the levels measured so far, the lost one (marked in its warnings)
+    # and the result marked incomplete; no knee or capacity is claimed for the context it was lost in.
+    incomplete: str | None = None
+    try:
+        for context in plan.contexts:
+            await run.context(context)
+    except _ServerLost as exc:
+        incomplete = str(exc)
+    if run.probe.virtual:
+        await run.probe.transport.aclose()
+    if plan.synthetic is not None and run.levels and incomplete is None:
+        incomplete = await run.synthetic_arm(plan.synthetic)
+    return run.result(created, incomplete), run.all_data
 
-    probe_target = plan.make_target()
-    description, model = probe_target.description, probe_target.model
-    if slots is None and probe_target.profile is not None:
-        slots = probe_target.profile.slots
-    sizing, sizing_note = await measure_token_sizing(probe_target, plan.seed)
-    if sizing_note:
-        notes.append(sizing_note)
-    engine = probe_target.engine
-    pinned = slots if plan.pin_slots and slots else None
-    # Mooncake's jobs start at their trace times whether or not the agent's earlier ones have finished: pinned to
-    # one slot, an agent's overlapping jobs would wait for each other while the other slots sat idle.
-    if pinned and isinstance(plan.workload, MooncakeWorkload):
-        pinned = None
-        notes.append("agents not pinned to slots: the Mooncake trace's jobs overlap (open loop), so the server "
-                     "chooses each job's slot")  # fmt: skip
-    if pinned:
-        notes.append(f"agents pinned to the server's {pinned} slots (id_slot = agent mod {pinned}; --no-pin-slots "
-                     "lets the server choose)")  # fmt: skip
-    exact_engine = engine if plan.exact_output and can_force_length(engine) else None
-    if plan.exact_output and exact_engine is None:
-        notes.append(
-            f"the engine ({engine or 'unknown'}) offers no way to ask for exact output lengths: replies are as long "
-            "as the model makes them (see each level's realised ÷ requested output)"
-        )
 
-    async def measure_with(workload: Workload, agents: int, context: int, scale: float = 1.0) -> LevelSummary:
-        nonlocal description, model
-        if len(levels) < len(resumed):
-            done = resumed[len(levels)]
-            if (done.workload, done.agents, done.context) != (workload.name, agents, context):
-                raise CheckpointError(
-                    f"the interrupted run's level {done.level} measured {done.agents} agents × {done.context:,} "
-                    f"tokens of {done.workload}, but resuming asks for {agents} × {context:,} of {workload.name}: "
-                    "the run was started with other settings or another agentload"
-                )
-            levels.append(done)
+class _Run:
+    """One bench run's state as its levels are measured (``run_bench``)."""
+
+    def __init__(self, plan: BenchPlan, pool: tuple[int, int, str] | None, observer: BenchObserver,
+                 run_id: str | None, resumed: Sequence[LevelSummary], resume_from_s: float) -> None:  # fmt: skip
+        self.plan = plan
+        self.pool = pool
+        self.observer = observer
+        self.run_id = run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.resumed = resumed
+        self.t0 = LoopClock().now() - resume_from_s
+        self.all_data: list[LevelData] = []
+        self.levels: list[LevelSummary] = []
+        self.knees: list[Knee] = []
+        self.capacity: list[CapacityEstimate] = []
+        self.notes: list[str] = []
+        self.synthetic: list[LevelSummary] = []
+        self.ratio: float | None = None
+        self.why: list[str] = []
+        self.probe = plan.make_target()
+        self.description, self.model = self.probe.description, self.probe.model
+        self.slots: int | None = None
+        self.pinned: int | None = None
+        self.exact_engine: str | None = None
+        self.sizing = SIMULATOR_SIZING
+
+    async def prepare(self, slots: int | None) -> None:
+        """Size the text in the server's tokens and settle slot pins and exact output lengths, with their notes."""
+        plan, probe = self.plan, self.probe
+        self.slots = slots if slots is not None or probe.profile is None else probe.profile.slots
+        self.sizing, sizing_note = await measure_token_sizing(probe, plan.seed)
+        if sizing_note:
+            self.notes.append(sizing_note)
+        self.pinned = self.slots if plan.pin_slots and self.slots else None
+        # Mooncake's jobs start at their trace times whether or not the agent's earlier ones have finished: pinned
+        # to one slot, an agent's overlapping jobs would wait for each other while the other slots sat idle.
+        if self.pinned and isinstance(plan.workload, MooncakeWorkload):
+            self.pinned = None
+            self.notes.append("agents not pinned to slots: the Mooncake trace's jobs overlap (open loop), so the "
+                              "server chooses each job's slot")  # fmt: skip
+        if self.pinned:
+            self.notes.append(f"agents pinned to the server's {self.pinned} slots (id_slot = agent mod "
+                              f"{self.pinned}; --no-pin-slots lets the server choose)")  # fmt: skip
+        engine = probe.engine
+        self.exact_engine = engine if plan.exact_output and can_force_length(engine) else None
+        if plan.exact_output and self.exact_engine is None:
+            self.notes.append(
+                f"the engine ({engine or 'unknown'}) offers no way to ask for exact output lengths: replies are as "
+                "long as the model makes them (see each level's realised ÷ requested output)"
+            )
+
+    def taken(self, workload: Workload, agents: int, context: int) -> LevelSummary | None:
+        """The interrupted run's level in this place, when resuming (it must be the level asked for here)."""
+        if len(self.levels) >= len(self.resumed):
+            return None
+        done = self.resumed[len(self.levels)]
+        if (done.workload, done.agents, done.context) != (workload.name, agents, context):
+            raise CheckpointError(
+                f"the interrupted run's level {done.level} measured {done.agents} agents × {done.context:,} "
+                f"tokens of {done.workload}, but resuming asks for {agents} × {context:,} of {workload.name}: "
+                "the run was started with other settings or another agentload"
+            )
+        self.levels.append(done)
+        return done
+
+    async def measure(self, workload: Workload, agents: int, context: int, scale: float = 1.0) -> LevelSummary:
+        """One level (or the interrupted run's, when resuming); a level the server's loss cut short ends the run."""
+        done = self.taken(workload, agents, context)
+        if done is not None:
             return done
+        plan = self.plan
         target = plan.make_target()
-        description, model = target.description, target.model
+        self.description, self.model = target.description, target.model
         warmup_s = plan.warmup_s * (0.5 if scale < 1.0 else 1.0)
-        if watch is not None:
-            watch.level_started(len(levels), agents, context, workload.name, warmup_s, plan.window_s)
+        self.observer.level_started(len(self.levels), agents, context, workload.name, warmup_s, plan.window_s)
         try:
             # A probe (scale < 1) measures at least its share of the window and until it has enough turns, the
             # whole window being the cap; a sweep level measures the whole window and says if it was too few.
             data = await run_level(
-                target,
-                workload,
-                agents=agents,
-                context=context,
-                level=len(levels),
-                run_id=run_id,
-                text_salt=SAME_TEXT_SALT if plan.same_text else run_id,
-                run_t0=t0,
-                warmup_s=warmup_s,
-                window_s=plan.window_s,
-                min_window_s=plan.window_s * scale,
-                min_turns=plan.min_turns,
-                seed=plan.seed,
-                sink=sink,
-                sizing=sizing,
-                exact_output_engine=exact_engine,
-                pin_slots=pinned,
-                on_connect=watch.connected if watch is not None else None,
+                target, workload, agents=agents, context=context, level=len(self.levels), run_id=self.run_id,
+                text_salt=SAME_TEXT_SALT if plan.same_text else self.run_id, run_t0=self.t0, warmup_s=warmup_s,
+                window_s=plan.window_s, min_window_s=plan.window_s * scale, min_turns=plan.min_turns,
+                seed=plan.seed, sink=self.observer.record, sizing=self.sizing,
+                exact_output_engine=self.exact_engine, pin_slots=self.pinned, on_connect=self.observer.connected,
                 cluster=None if target.virtual else plan.cluster,
-            )
+            )  # fmt: skip
         finally:
             if target.virtual:
                 await target.transport.aclose()
-        all_data.append(data)
-        if on_data is not None:
-            on_data(data)
+        self.all_data.append(data)
         summary = summarise(data)
-        levels.append(summary)
-        if on_level is not None:
-            on_level(summary)
+        self.levels.append(summary)
+        self.observer.level_done(data, summary)
         if data.lost is not None:
             raise _ServerLost(data.lost)
         return summary
 
-    # Held sessions sit at their context all the time, so pool ÷ the context the server counted is their capacity
-    # (tokenizers differ: our words are not the server's tokens). Growing sessions pass through every size up to
-    # the target within a window too short to see many of them end, so for them the target stays the divisor.
-    holds = isinstance(plan.workload, AgenticWorkload) and plan.workload.growth == "hold"
-
-    def estimate_at(context: int, knee: int | None) -> CapacityEstimate:
-        real = realised_context(levels, context, knee) if holds else None
+    def estimate_at(self, context: int, knee: int | None) -> CapacityEstimate:
+        plan, probe, slots = self.plan, self.probe, self.slots
+        # Held sessions sit at their context all the time, so pool ÷ the context the server counted is their
+        # capacity (tokenizers differ: our words are not the server's tokens). Growing sessions pass through every
+        # size up to the target within a window too short to see many of them end, so for them the target stays
+        # the divisor.
+        holds = isinstance(plan.workload, AgenticWorkload) and plan.workload.growth == "hold"
+        real = realised_context(self.levels, context, knee) if holds else None
         if real is None:
-            estimate = capacity_for(probe_target, context, pool, slots=slots)
+            estimate = capacity_for(probe, context, self.pool, slots=slots)
         else:
-            estimate = capacity_for(probe_target, real, pool, target_context=context, slots=slots)
+            estimate = capacity_for(probe, real, self.pool, target_context=context, slots=slots)
         # A slot server shares no prefix across slots, so the shared system prompt is stored once per slot.
-        if isinstance(plan.workload, AgenticWorkload) and probe_target.profile is None and slots is None:
+        if isinstance(plan.workload, AgenticWorkload) and probe.profile is None and slots is None:
             # The system prompt every agent shares, in server tokens (the workload sizes it so; its template
             # header is left out, a few tokens that only ever round a block down). The simulator's profile
             # layouts (hybrid groups) have their own arithmetic, so this refinement is for real servers.
             estimate = with_shared_prefix(estimate, plan.workload.shape(context).system_tokens)
         return estimate
 
-    # A lost server ends the run where it is: the levels measured so far, the lost one (marked in its warnings)
-    # and the result marked incomplete; no knee or capacity is claimed for the context it was lost in.
-    incomplete: str | None = None
-    try:
-        for context in plan.contexts:
-            scale = plan.probe_scale if plan.mode == "find-knee" else 1.0
-
-            async def measure(agents: int, context: int = context, scale: float = scale) -> LevelSummary:
-                return await measure_with(plan.workload, agents, context, scale)
-
-            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=slots, pinned=pinned is not None,
-                            context=context, on_step=watch.step if watch is not None else None)  # fmt: skip
+    async def context(self, context: int) -> None:
+        """The plan's levels at one context: a knee searched or swept, or levels held (soak) or measured (single)."""
+        plan = self.plan
+        scale = plan.probe_scale if plan.mode == "find-knee" else 1.0
+        measure = partial(self.measure, plan.workload, context=context, scale=scale)
+        if plan.mode in ("find-knee", "sweep", "grid"):
+            search = Search(measure, tolerance=plan.tolerance, slo=plan.slo, slots=self.slots,
+                            pinned=self.pinned is not None, context=context, on_step=self.observer.step)  # fmt: skip
             if plan.mode == "find-knee":
                 knee = await find_knee(search, context, max_agents=plan.max_agents)
-            elif plan.mode in ("sweep", "grid"):
+            else:
                 knee = await sweep(search, plan.agents, context)
-            elif plan.mode == "soak":
-                gpus = GpuMonitor()
-                gpus.start()
-                try:
-                    for n in plan.agents:
-                        kept = len(all_data)
-                        await measure(n)
-                        if len(all_data) > kept:  # measured here, not taken from an interrupted run
-                            notes.extend(drift_notes(all_data[-1]))
-                finally:
-                    gpu_notes = await gpus.stop()  # also when the server was lost: no sampler left running
-                notes.extend(gpu_notes)
-                capacity.append(estimate_at(context, None))
-                continue
-            else:  # single: the levels are measured, no knee is claimed
-                for n in plan.agents:
-                    await measure(n)
-                capacity.append(estimate_at(context, None))
-                continue
-            estimate = estimate_at(context, knee.agents)
-            capacity.append(estimate)
-            knees.append(with_ratio(knee, estimate.predicted))
-    except _ServerLost as exc:
-        incomplete = str(exc)
-    if probe_target.virtual:
-        await probe_target.transport.aclose()
+            estimate = self.estimate_at(context, knee.agents)
+            self.capacity.append(estimate)
+            self.knees.append(with_ratio(knee, estimate.predicted))
+            return
+        if plan.mode == "soak":
+            await self.soak(measure)
+        else:  # single: the levels are measured, no knee is claimed
+            for n in plan.agents:
+                await measure(n)
+        self.capacity.append(self.estimate_at(context, None))
 
-    ratio = None
-    synthetic: list[LevelSummary] = []
-    why: list[str] = []
-    if plan.synthetic is not None and levels and incomplete is None:
-        at = knees[0].agents if knees and knees[0].agents > 0 else levels[-1].agents
-        real = next((s for s in levels if s.agents == at and s.context == plan.contexts[0]), levels[-1])
-        arm = plan.synthetic
+    async def soak(self, measure: Callable[[int], Awaitable[LevelSummary]]) -> None:
+        """Hold each level, with the GPUs sampled throughout, and note how it drifted."""
+        gpus = GpuMonitor()
+        gpus.start()
+        try:
+            for n in self.plan.agents:
+                kept = len(self.all_data)
+                await measure(n)
+                if len(self.all_data) > kept:  # measured here, not taken from an interrupted run
+                    self.notes.extend(drift_notes(self.all_data[-1]))
+        finally:
+            gpu_notes = await gpus.stop()  # also when the server was lost: no sampler left running
+        self.notes.extend(gpu_notes)
+
+    async def synthetic_arm(self, arm: Workload) -> str | None:
+        """The matched synthetic arm at the knee (or the last level), for the real ÷ synthetic ratio; returns why
+        the run is incomplete when the server was lost during it."""
+        at = self.knees[0].agents if self.knees and self.knees[0].agents > 0 else self.levels[-1].agents
+        real = next((s for s in self.levels if s.agents == at and s.context == self.plan.contexts[0]), self.levels[-1])
         sizes = matched_sizes(real)
         if isinstance(arm, SyntheticWorkload) and arm.fixed_sizes() is None and sizes is not None:
             arm = arm.matched(*sizes)  # the agents' own mean request, so only structure differs
         try:
-            synth = await measure_with(arm, real.agents, real.context)
+            synth = await self.measure(arm, real.agents, real.context)
         except _ServerLost as exc:
-            incomplete = str(exc)
-        else:
-            # Its own series: not one of the agents' levels (no knee rule, no table row among them).
-            levels.remove(synth)
-            synthetic.append(synth)
-            ratio = real.output_tps / synth.output_tps if synth.output_tps > 0 else None
-            why = compare_arms(real, synth)
-    result = RunResult(
-        run_id=run_id,
-        created=created,
-        agentload_version=__version__,
-        target=description,
-        model=model,
-        workload=plan.workload.name,
-        mode=plan.mode,
-        settings={
-            "warmup_s": plan.warmup_s,
-            "window_s": plan.window_s,
-            "tolerance": plan.tolerance,
-            "slo": str(plan.slo) if plan.slo else None,
-            "exact_output": exact_engine is not None,
-            "pin_slots": pinned is not None if slots else None,  # None: not a slot server
-            "tokens_per_word": round(sizing.tokens_per_word, 4),
-            "token_sizing": sizing.source,
-            **plan.settings,
-        },
-        levels=levels,
-        capacity=capacity,
-        knee=knees,
-        real_over_synthetic=ratio,
-        synthetic=synthetic,
-        synthetic_why=why,
-        notes=notes,
-        incomplete=incomplete,
-    )
-    return result, all_data
+            return str(exc)
+        # Its own series: not one of the agents' levels (no knee rule, no table row among them).
+        self.levels.remove(synth)
+        self.synthetic.append(synth)
+        self.ratio = real.output_tps / synth.output_tps if synth.output_tps > 0 else None
+        self.why = compare_arms(real, synth)
+        return None
+
+    def result(self, created: str, incomplete: str | None) -> RunResult:
+        plan = self.plan
+        return RunResult(
+            run_id=self.run_id,
+            created=created,
+            agentload_version=__version__,
+            target=self.description,
+            model=self.model,
+            workload=plan.workload.name,
+            mode=plan.mode,
+            settings={
+                "warmup_s": plan.warmup_s,
+                "window_s": plan.window_s,
+                "tolerance": plan.tolerance,
+                "slo": str(plan.slo) if plan.slo else None,
+                "exact_output": self.exact_engine is not None,
+                "pin_slots": self.pinned is not None if self.slots else None,  # None: not a slot server
+                "tokens_per_word": round(self.sizing.tokens_per_word, 4),
+                "token_sizing": self.sizing.source,
+                **plan.settings,
+            },
+            levels=self.levels,
+            capacity=self.capacity,
+            knee=self.knees,
+            real_over_synthetic=self.ratio,
+            synthetic=self.synthetic,
+            synthetic_why=self.why,
+            notes=self.notes,
+            incomplete=incomplete,
+        )

@@ -17,8 +17,7 @@ from agentload.endpoint.redact import SECRETS, redact
 from agentload.errors import AgentloadError, ConfigError
 from agentload.load.cluster import ExecutorSpec
 from agentload.sim.behaviour import ScenarioBook
-from agentload.sim.scenarios import builtin_scenarios
-from agentload.suite.oracle import scenarios as suite_scenarios
+from agentload.suite.app import oracle_book
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -152,10 +151,11 @@ def read_api_key(name: str | None) -> str | None:
 def default_book() -> ScenarioBook:
     """The simulator's built-in scenarios plus one per behaviour-suite test, for ``OracleBehaviour``.
 
-    Built here, at the composition root, because the suite imports the simulator: were the simulator to load the
-    suite's scenarios itself, the two packages would import each other.
+    Handed to the simulator here, at the composition root, because the suite imports the simulator: were the
+    simulator to load the suite's scenarios itself, the two packages would import each other. The suite puts the
+    book together (``suite.app.oracle_book``), for its own embedded simulator too.
     """
-    return ScenarioBook([*builtin_scenarios(), *suite_scenarios()])
+    return oracle_book()
 
 
 @contextmanager

@@ -50,6 +50,14 @@ from agentload.suite.results import (
 )
 from agentload.suite.scoring import Status
 
+# The output cap ``agentload suite`` puts on each turn unless told otherwise. A turn of the suite is a tool call or
+# a short answer (the simulator's oracle, which passes every test, never writes more than 86 tokens in one), so
+# 1,024 leaves a reasoning model room to think and still ends a turn in which a weak model rambles: uncapped, one
+# generated 8,106 tokens in a single turn, 325 s. The cap counts against the server's context as the prompt does
+# (a server refuses prompt + cap past its max-model-len), so a short-context run lowers it or --payload-tokens.
+# Library callers (``SuiteConfig``) still default to no cap.
+DEFAULT_MAX_TOKENS = 1024
+
 TestDone = Callable[[int, TestResult], None]  # (agents in the level, the finished test's result)
 LevelStart = Callable[[int, int], None]  # (agents in the level, tests each agent runs)
 
