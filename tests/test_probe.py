@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from agentload.cli.probe import probe as probe_command
-from agentload.endpoint.probe import DEFAULT_AUTO_START, ProbeResult, preflight, probe
+from agentload.endpoint.probe import DEFAULT_AUTO_START, TEMPLATE_DROPS_TOOLS, ProbeResult, preflight, probe
 from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.errors import ConfigError, EndpointTimeoutError, EndpointUnreachableError
 from tests.simserver import running_sim
@@ -145,6 +145,21 @@ async def test_llamacpp_slots_context_and_cached_tokens() -> None:
     assert result.block_size is None  # llama.cpp has no paged pool; its "blocks" would be made up
     assert (result.reports_cached_tokens, result.prefix_caching, result.cached_tokens_advice) == (True, True, None)
     assert preflight(result, planned_context=8192, requested_width=None).reason == "llama.cpp has 4 slots"
+
+
+@pytest.mark.parametrize(("caps", "noted"), [({"supports_tools": False}, True), ({"supports_tools": True}, False),
+                                             (None, False)])  # fmt: skip
+async def test_a_llamacpp_template_that_drops_tools_is_noted(caps: dict[str, bool] | None, noted: bool) -> None:
+    props: dict[str, Any] = {"total_slots": 2, "default_generation_settings": {"n_ctx": 4096}}
+    if caps is not None:
+        props["chat_template_caps"] = caps  # as llama-server states it; older builds have no such field
+    transport = engine(
+        {"/v1/models": models("llamacpp"), "/props": (200, props), "/slots": (200, [{"id": 0}, {"id": 1}])},
+        [chat_stream(cached=0), chat_stream(cached=80)],
+    )
+    result = await probe("http://127.0.0.1:8080", transport=transport)
+    assert result.engine == "llamacpp"
+    assert (TEMPLATE_DROPS_TOOLS in result.notes) is noted
 
 
 async def test_ollama_by_its_own_api() -> None:

@@ -17,12 +17,15 @@ from typing import Any
 
 import pytest
 
+from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.backend import RetryingBackend
 from agentload.endpoint.client import ChatClient, FixedDeadlines, Phase
 from agentload.endpoint.records import ErrorKind, Outcome, RequestIds, RequestRecord
 from agentload.endpoint.signals import SignalPoller
+from agentload.endpoint.transport import MockRequest, MockResponse, MockTransport
 from agentload.endpoint.watchdog import Watchdog, estimate_prompt_tokens
 from tests.fakeclock import ManualClock
+from tests.hostile import sse
 from tests.mockserver import Routes, scripted
 from tests.simserver import running_sim
 
@@ -233,6 +236,49 @@ async def test_silence_on_a_queueing_server_whose_counters_stand_still_is_given_
     assert given_up == pytest.approx(10, abs=dog.check_s)
     assert dog.statistics().refused == {"idle": 1}
     await server.poller.stop()
+
+
+def slow_stream(tokens: int, pause_at: int, pause_s: float) -> MockTransport:
+    """A ready, idle vLLM whose chat stream sends a token a second and pauses ``pause_s`` after token ``pause_at``."""
+
+    async def handler(request: MockRequest) -> MockResponse:
+        path = "/" + request.url.split("/", 3)[3]
+        if path == "/health":
+            return MockResponse(200, chunks_script=[(0.0, b"")])
+        if path == "/metrics":
+            return MockResponse(200, chunks_script=[(0.0, vllm_metrics())])
+        token = b'{"choices":[{"index":0,"delta":{"content":"w "}}]}'
+        script = [(1.0 + (pause_s if i == pause_at else 0.0), sse([token])) for i in range(tokens)]
+        return MockResponse(200, chunks_script=[*script, (0.0, sse([b"[DONE]"]))])
+
+    return MockTransport(handler)
+
+
+async def streamed(tokens: int, pause_at: int, pause_s: float) -> RequestRecord:
+    transport = slow_stream(tokens, pause_at, pause_s)
+    poller = SignalPoller("http://127.0.0.1:9", engine="vllm", transport=transport, clock=LoopClock())
+    await poller.start()
+    client = ChatClient("http://127.0.0.1:9", transport=transport, api_key_env=None,
+                        policy=Watchdog(signals=poller, clock=LoopClock()))  # fmt: skip
+    try:
+        return await client.chat({**BODY, "max_tokens": tokens})
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.parametrize(("pause_s", "cut"), [(5.0, False), (90.0, True)])
+def test_a_pause_in_a_stream_older_than_idle_s_is_judged_by_its_own_length(pause_s: float, cut: bool) -> None:
+    # Production defaults (idle_s 60, checks every 2 s), in virtual time: a token a second for 100 s with one pause
+    # after 70 s. A 5 s pause is a slow decoder's, not a stall; judged by the stream's age (70 s > idle_s) it was
+    # once cut at the first check. A 90 s pause on a server with nothing queued is a stall: cut at idle_s of it.
+    record = run_virtual(streamed(100, pause_at=70, pause_s=pause_s))
+    if not cut:
+        assert record.outcome is Outcome.OK, record.error_message
+        assert record.completion_tokens == 100
+        return
+    assert record.error is ErrorKind.IDLE_TIMEOUT
+    assert record.t_done is not None
+    assert record.chunk_times[-1] + 60.0 <= record.t_done <= record.chunk_times[-1] + 60.0 + 2 * 2.0
 
 
 async def test_without_signals_the_watchdog_is_a_predicted_deadline() -> None:

