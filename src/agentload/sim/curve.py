@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from agentload.agent.shape import TURN_OVERHEAD_TOKENS, AgenticShape
 from agentload.capacity.knee import KNEE_TOLERANCE, RULE_TEXT, LevelSignals, judge_all
@@ -85,7 +85,13 @@ def run_durations(profile: ServingProfile, agents: int, context: int, shape: Age
 
 def held_agent(context: int, agent: AgentShape) -> AgenticShape:
     """The plan's agent as bench's ``agentic-hold`` shape: held at ``context`` (its prompt plus a reply of twice
-    the mean peak there), every turn the plan's sizes exactly, the plan's think time between turns.
+    the mean peak there), every turn the plan's sizes exactly, the plan's think time between turns."""
+    return AgenticShape.published(context, "hold", **held_agent_options(context, agent))
+
+
+def held_agent_options(context: int, agent: AgentShape) -> dict[str, Any]:
+    """The ``agentic-hold`` options (``workload.agentic.SHAPE_OPTIONS``) of ``held_agent``: with them bench runs the
+    very workload the plan's curve simulates (``benchmarks/plan_vs_bench.py`` compares the two knees).
 
     The plan's turn input counts the chat template's tokens between turns; the shape's tool result does not.
     """
@@ -96,19 +102,17 @@ def held_agent(context: int, agent: AgentShape) -> AgenticShape:
             f"a context of {context} leaves no room for a {agent.system_tokens}-token system prompt and a turn of "
             f"{agent.turn_input_tokens} input and {agent.output_tokens} output tokens"
         )
-    return AgenticShape.published(
-        context,
-        "hold",
-        start_tokens=opening,  # a held session's first prompt is its whole opening
-        system_tokens=agent.system_tokens,
-        output_tokens=agent.output_tokens,
-        tool_result_tokens=tool,
-        tool_latency_s=0.0,
-        think_s=agent.think_s,
-        output_sigma=0.0,
-        tool_result_sigma=0.0,
-        think_sigma=0.0,
-    )
+    return {
+        "start_tokens": opening,  # a held session's first prompt is its whole opening
+        "system_tokens": agent.system_tokens,
+        "output_tokens": agent.output_tokens,
+        "tool_result_tokens": tool,
+        "tool_latency_s": 0.0,
+        "think_s": agent.think_s,
+        "output_sigma": 0.0,
+        "tool_result_sigma": 0.0,
+        "think_sigma": 0.0,
+    }
 
 
 def _signals(p: CurvePoint, offload: bool) -> LevelSignals:
