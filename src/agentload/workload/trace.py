@@ -532,19 +532,10 @@ class MooncakeWorkload:
     def fit_level(self, warmup_s: float, window_s: float) -> str | None:
         """Make the replay fill a level of ``warmup_s`` + ``window_s``: None when the trace outlasts it; a note
         when it is shorter and will loop; ``ConfigError`` when it is shorter and ``repeat`` is False."""
-        need = warmup_s + window_s
-        span = self.span_s
-        if span >= need:
-            return None
-        lasts = f"{self.name} lasts {span:,.0f} s" + (f" at speed {self.speed:g}" if self.speed != 1 else "")
-        needs = f"a level needs {need:,.0f} s ({warmup_s:,.0f} s warm-up + {window_s:,.0f} s window)"
-        if self.repeat is False:
-            raise ConfigError(
-                f"{lasts} but {needs}: it would end before the window and measure nothing; replay it in a loop "
-                "(repeat, the default), slow it down (speed) or shorten --warmup / --window"
-            )
-        self._loop = True
-        return f"{lasts}; {needs}: replayed in a loop, each pass with fresh text (no pass finds another's cached)"
+        lasts = f"{self.name} lasts {self.span_s:,.0f} s"
+        note = _fit(lasts, self.span_s, self.speed, self.repeat, warmup_s, window_s)
+        self._loop = note is not None
+        return note and f"{note}: replayed in a loop, each pass with fresh text (no pass finds another's cached)"
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` does not apply: the trace fixes every size.
@@ -745,19 +736,10 @@ class SessionReplayWorkload:
 
     def fit_level(self, warmup_s: float, window_s: float) -> str | None:
         """As ``MooncakeWorkload.fit_level``: loop (or, with ``repeat`` False, refuse) a trace shorter than a level."""
-        need = warmup_s + window_s
-        span = self.span_s
-        if span >= need:
-            return None
-        lasts = f"{self.name} lasts at least {span:,.0f} s" + (f" at speed {self.speed:g}" if self.speed != 1 else "")
-        needs = f"a level needs {need:,.0f} s ({warmup_s:,.0f} s warm-up + {window_s:,.0f} s window)"
-        if self.repeat is False:
-            raise ConfigError(
-                f"{lasts} but {needs}: it could end before the window and measure nothing; replay it in a loop "
-                "(repeat, the default), slow it down (speed) or shorten --warmup / --window"
-            )
-        self._loop = True
-        return f"{lasts}; {needs}: its sessions are replayed in a loop, each pass with fresh text"
+        lasts = f"{self.name} lasts at least {self.span_s:,.0f} s"
+        note = _fit(lasts, self.span_s, self.speed, self.repeat, warmup_s, window_s)
+        self._loop = note is not None
+        return note and f"{note}: its sessions are replayed in a loop, each pass with fresh text"
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` does not apply: the trace fixes every size.
@@ -787,6 +769,22 @@ def trace_workload(
     if isinstance(trace, MooncakeTrace):
         return MooncakeWorkload(trace, **options)
     return SessionReplayWorkload(trace, **options)
+
+
+def _fit(lasts: str, span_s: float, speed: float, repeat: bool | None, warmup_s: float, window_s: float) -> str | None:
+    """Whether a trace lasting ``span_s`` fills a level of ``warmup_s`` + ``window_s``: None when it does; the start
+    of a note when it must loop; ``ConfigError`` when it must loop and ``repeat`` is False."""
+    need = warmup_s + window_s
+    if span_s >= need:
+        return None
+    lasts += f" at speed {speed:g}" if speed != 1 else ""
+    needs = f"a level needs {need:,.0f} s ({warmup_s:,.0f} s warm-up + {window_s:,.0f} s window)"
+    if repeat is False:
+        raise ConfigError(
+            f"{lasts} but {needs}: it would end before the window and measure nothing; replay it in a loop "
+            "(repeat, the default), slow it down (speed) or shorten --warmup / --window"
+        )
+    return f"{lasts}; {needs}"
 
 
 def fit_to_level(workload: Workload, warmup_s: float, window_s: float) -> str | None:
