@@ -170,7 +170,7 @@ def _render_slots(p: Plan, out: Console) -> None:
     )
     out.print(_model_line(p))
     for note in p.model.notes:
-        out.print(f"  [dim]note: {note}[/]")
+        out.print(f"  [dim]note: {escape(note)}[/]")
     t = _three_columns("memory and the slots' KV")
     t.add_row(f"weights ({p.memory.weight_dtype})", _size(s.weights_gb * 1e9), "estimate")
     t.add_row(f"KV per token ({p.kv.dtype.value})", _size(p.kv.bytes_per_token), "all layers")
