@@ -12,8 +12,9 @@ from rich.console import Console
 
 from agentload.capacity.profile import load_profile
 from agentload.cli import common
-from agentload.cli.common import MAX_SEED, check_seed, clean_errors, default_book, read_api_key, resolve_key_env
+from agentload.cli.common import MAX_SEED, check_seed, clean_errors, default_book
 from agentload.cli.sim import make_behaviour, with_max_model_len
+from agentload.endpoint.apikey import read_api_key, resolve_key_env
 from agentload.endpoint.redact import SECRETS
 from agentload.errors import ConfigError
 from agentload.sim.agentmodel import AgentBehaviour

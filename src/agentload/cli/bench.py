@@ -27,9 +27,9 @@ from agentload.cli.common import (
     default_book,
     err_console,
     executor_spec,
-    read_api_key,
     reports_errors,
 )
+from agentload.endpoint.apikey import read_api_key
 from agentload.errors import ConfigError, ServerLostError
 from agentload.store.benchrun import BenchRecorder, resumable
 from agentload.store.rundir import INVOCATION, RunDir

@@ -15,7 +15,8 @@ from rich.table import Table
 
 from agentload.capacity import calibrate as calibration
 from agentload.capacity.calibrate import FITTED, CalibrationPlan, CalibrationResult
-from agentload.cli.common import ApiKeyEnvOption, JsonOption, console, err_console, read_api_key, reports_errors
+from agentload.cli.common import ApiKeyEnvOption, JsonOption, console, err_console, reports_errors
+from agentload.endpoint.apikey import read_api_key
 from agentload.endpoint.scrape import ServerProbe
 from agentload.errors import ConfigError
 from agentload.workload.words import WORDS

@@ -3,7 +3,6 @@ oracle's scenario book, and turning our errors into exit status 2."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentload.endpoint.redact import SECRETS, redact
+from agentload.endpoint.apikey import DEFAULT_API_KEY_ENV
+from agentload.endpoint.redact import redact
 from agentload.errors import AgentloadError, ConfigError
 from agentload.load.cluster import ExecutorSpec
 from agentload.sim.behaviour import ScenarioBook
@@ -29,7 +29,6 @@ EXIT_USAGE = 2
 
 # The options every command that talks to a server or writes results shares: one name, one help text, one meaning
 # everywhere. A command that has no use for one leaves it out rather than accepting it and ignoring it.
-DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 ApiKeyEnvOption = Annotated[
     str | None,
     typer.Option(
@@ -116,19 +115,6 @@ def executor_spec(executor: str, ray_address: str | None, workers: int | None) -
     return ExecutorSpec(kind="ray" if executor == "ray" else "local", address=ray_address, workers=workers)
 
 
-def resolve_key_env(name: str | None) -> str:
-    """The variable to read the API key from: ``name``, else ``OPENAI_API_KEY``.
-
-    A variable named on purpose must be set — a typo would otherwise send no key and show up only as a 401 per
-    request; the default may be unset (most local servers want no key).
-    """
-    if name is None:
-        return DEFAULT_API_KEY_ENV
-    if not os.environ.get(name):
-        raise ConfigError(f"--api-key-env {name}: that environment variable is not set")
-    return name
-
-
 # numpy takes any non-negative seed; the bound keeps it inside a 64-bit integer (the run history's column).
 MAX_SEED = 2**63 - 1
 
@@ -138,14 +124,6 @@ def check_seed(seed: int) -> int:
     if not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"--seed {seed}: use a whole number from 0 to {MAX_SEED}")
     return seed
-
-
-def read_api_key(name: str | None) -> str | None:
-    """The API key itself (see ``resolve_key_env``), or None when there is none to send; registered as a secret
-    so nothing this process writes or prints can show it (``endpoint.redact``)."""
-    key = os.environ.get(resolve_key_env(name)) or None
-    SECRETS.add(key)
-    return key
 
 
 def default_book() -> ScenarioBook:

@@ -9,8 +9,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from agentload.cli.common import ApiKeyEnvOption, JsonOption, console, reports_errors, resolve_key_env
+from agentload.cli.common import ApiKeyEnvOption, JsonOption, console, reports_errors
 from agentload.endpoint import probe as engine_probe
+from agentload.endpoint.apikey import resolve_key_env
 from agentload.endpoint.probe import ENGINE_LABELS, ProbeResult
 from agentload.errors import ConfigError
 

@@ -27,11 +27,11 @@ from agentload.cli.common import (
     err_console,
     executor_spec,
     reports_errors,
-    resolve_key_env,
 )
 from agentload.cli.sim import make_behaviour
 from agentload.clock import run_virtual
 from agentload.dashboard import open_board
+from agentload.endpoint.apikey import resolve_key_env
 from agentload.errors import ConfigError, EndpointError, ExecutorError
 from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import read_manifest

@@ -27,8 +27,8 @@ from agentload.cli.common import (
     err_console,
     executor_spec,
     reports_errors,
-    resolve_key_env,
 )
+from agentload.endpoint.apikey import resolve_key_env
 from agentload.errors import ConfigError, ServerLostError
 from agentload.report.suiteview import render_suite_level
 from agentload.store.runstore import run_root, save_suite_run

@@ -30,9 +30,10 @@ from rich.console import Console
 from agentload.agent.loop import ChatBackend
 from agentload.capacity.profile import load_profile
 from agentload.clock import Clock, LoopClock
+from agentload.endpoint.apikey import read_api_key
 from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
 from agentload.endpoint.probe import Preflight, ProbeResult, preflight, probe, served_model
-from agentload.endpoint.redact import MASK, SECRETS, redact_url
+from agentload.endpoint.redact import MASK, redact_url
 from agentload.endpoint.signals import SignalPoller
 from agentload.endpoint.transport import Endpoint, Transport, signed_transport
 from agentload.errors import ConfigError
@@ -66,7 +67,6 @@ from agentload.store.runstore import RunStore
 
 # The in-process simulator answers any URL; this one says so in the results (and resolves nowhere).
 IN_PROCESS_URL = "http://simulator.invalid"
-DEFAULT_KEY_ENV = "OPENAI_API_KEY"  # read when no variable is named and it is set (most local servers want none)
 
 ProgressKind = Literal["auto", "live", "lines", "none"]
 
@@ -152,14 +152,6 @@ _stderr = Console(stderr=True, highlight=False)
 
 def _say(message: str) -> None:
     _stderr.print(message, markup=False, soft_wrap=True)
-
-
-def read_key(name: str | None) -> str | None:
-    """The API key from the variable named (else OPENAI_API_KEY), or None; registered as a secret so nothing this
-    process writes or prints can show it (``endpoint.redact``)."""
-    key = os.environ.get(name or DEFAULT_KEY_ENV) or None
-    SECRETS.add(key)
-    return key
 
 
 @asynccontextmanager
@@ -366,7 +358,7 @@ class FleetApp:
                 )
             # One signed transport for the probe, the signal poller and the agents, so each request carries the
             # key and the URL's credentials, and every component sees (and records) only the URL without them.
-            server, signed = signed_transport(url, read_key(self.api_key_env))
+            server, signed = signed_transport(url, read_api_key(self.api_key_env))
             stack.push_async_callback(signed.aclose)
             return Server(server.base, server.shown, signed)
         profile = manifest.profile or s.profile
@@ -390,7 +382,7 @@ class FleetApp:
         # Each actor opens its own connection: the URL with its credentials and the key (never shown), or the
         # embedded simulator's 127.0.0.1 address, which actors on this machine reach.
         url = self.settings.url or manifest.url or server.url
-        key = read_key(self.api_key_env) if (self.settings.url or manifest.url) else None
+        key = read_api_key(self.api_key_env) if (self.settings.url or manifest.url) else None
         # A virtual run's in-process simulator is handed over as it is: only an in-process stand-in for Ray (tests)
         # runs one; the command refuses --executor ray with --virtual.
         cluster.start(FleetWorker, Endpoint(url, key, server.transport if manifest.virtual else None), engine)

@@ -17,6 +17,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from agentload.capacity.profile import load_profile
+from agentload.endpoint.apikey import DEFAULT_API_KEY_ENV
 from agentload.endpoint.connection import Connection, open_connection
 from agentload.endpoint.probe import probe, served_model
 from agentload.endpoint.records import Outcome
@@ -42,7 +43,6 @@ from agentload.suite.runner import (
 )
 
 EMBEDDED_PROFILE = "qwen3-235b-gb300"  # the source benchmark's deployment, and short simulated steps
-DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
 Note = Callable[[str], None]
 
@@ -54,7 +54,7 @@ class SuiteSettings(BaseModel):
 
     url: str | None = None  # None: the embedded simulator with the oracle
     model: str | None = None  # None: the one the server serves (the oracle's on the simulator)
-    key_env: str = DEFAULT_KEY_ENV  # the variable the API key is read from (the key itself is never held here)
+    key_env: str = DEFAULT_API_KEY_ENV  # the variable the API key is read from (the key itself is never held here)
     profile: str = EMBEDDED_PROFILE  # the embedded simulator's
     tests: tuple[str, ...] | None = None  # test ids; None: all
     skip_hop: bool = False
