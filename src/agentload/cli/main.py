@@ -17,6 +17,7 @@ from agentload.cli import dashboard as dashboard_cmd
 from agentload.cli import plan as plan_cmd
 from agentload.cli import probe as probe_cmd
 from agentload.cli import profiles as profiles_cmd
+from agentload.cli import record as record_cmd
 from agentload.cli import report as report_cmd
 from agentload.cli import run as run_cmd
 from agentload.cli import runs as runs_cmd
@@ -57,6 +58,7 @@ app.command("run")(run_cmd.run)
 app.command("runs")(runs_cmd.runs)
 app.command("report")(report_cmd.report)
 app.command("dashboard")(dashboard_cmd.dashboard)
+app.command("record")(record_cmd.record)
 
 
 def main() -> None:
