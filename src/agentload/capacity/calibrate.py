@@ -572,6 +572,83 @@ async def calibrate(
     m = _Measurements()
 
     progress.phase("reading the server", 1)
+    server = await _read_server(target, url, model, m)
+    draft = server.profile_doc(name or _default_name(server.served.id))
+    resolved = parse_profile(tomli_w.dumps(draft), "the calibrated profile")
+    session = _Session(target, server.served.id, plan, progress, m, random.Random(plan.seed))
+    fastest = await _measure(session, plan, server)
+
+    coefficients, report = fit_step_coefficients(
+        fastest,
+        m.itl,
+        structure=resolved.coefficients,
+        model=resolved.model,
+        step_s=plan.step_s,
+        round_trip_s=server.round_trip_s,
+    )
+    if report.memory_bound_ttft == len(fastest):
+        m.notes.append(
+            "every prompt was memory-bound (TTFT flat in length): prefill_s_per_token and attention_s_per_pair "
+            "are not determined; longer prompts would determine them"
+        )
+    m.notes.append(
+        f"step_s is not identifiable apart from weights_s and api_overhead_s; set to {plan.step_s:g} s, layer_s to 0"
+    )
+    m.notes.append(f"api_overhead_s is the TTFT intercept less a {server.round_trip_s * 1e3:.2f} ms round trip")
+    doc = server.profile_doc(draft["name"], coefficients, report)
+    doc["tokenizer"] = session.tokenizer_table()
+    text = tomli_w.dumps(doc)
+    parse_profile(text, "the calibrated profile")  # it must load as written
+    return CalibrationResult(
+        url=url,
+        served_model=server.served.id,
+        catalogue_model=server.catalogue_name,
+        pool=server.pool,
+        max_model_len=server.max_model_len,
+        round_trip_s=server.round_trip_s,
+        ttft=tuple(m.ttft),
+        itl=tuple(m.itl),
+        coefficients=coefficients,
+        fit=report,
+        notes=tuple(m.notes),
+        profile_name=doc["name"],
+        profile_toml=text,
+        word_pieces=tuple(doc["tokenizer"]["word_pieces"]),
+        word_pieces_source=doc["tokenizer"]["source"],
+        chat_template=m.template,
+    )
+
+
+@dataclass(frozen=True)
+class _Server:
+    """What the server says about itself before anything is measured: the model, its pool, the round trip."""
+
+    url: str
+    served: ServedModel
+    pool: ServerPool
+    max_model_len: int
+    round_trip_s: float
+    catalogue_name: str | None
+    kv_dtype: str
+
+    def profile_doc(
+        self, name: str, coefficients: StepCoefficients | None = None, report: FitReport | None = None
+    ) -> dict[str, Any]:
+        return _profile_doc(
+            name,
+            self.url,
+            self.served,
+            self.catalogue_name,
+            self.pool,
+            self.max_model_len,
+            self.kv_dtype,
+            coefficients,
+            report,
+        )
+
+
+async def _read_server(target: CalibrationTarget, url: str, model: str | None, m: _Measurements) -> _Server:
+    """The served model (``model``, or the first listed), its pool and context, and the median of 5 round trips."""
     served = _pick_model(await target.models(), model)
     pool = await target.pool()
     max_model_len = served.max_model_len or pool.max_model_len
@@ -585,60 +662,32 @@ async def calibrate(
     except ConfigError:
         m.notes.append(f"the server's cache dtype {kv_dtype!r} is unknown here; the profile says auto")
         kv_dtype = "auto"
-    draft = _profile_doc(name or _default_name(served.id), url, served, catalogue_name, pool, max_model_len, kv_dtype)
-    resolved = parse_profile(tomli_w.dumps(draft), "the calibrated profile")
-    session = _Session(target, served.id, plan, progress, m, random.Random(plan.seed))
+    return _Server(url, served, pool, max_model_len, rtt, catalogue_name, kv_dtype)
+
+
+async def _measure(session: _Session, plan: CalibrationPlan, server: _Server) -> tuple[TtftPoint, ...]:
+    """Every measurement in order (warm-up, words, template, TTFT, ITL); the fastest TTFT at each prompt length.
+
+    Refused when too few lengths or ITL points came back to fit the coefficients.
+    """
+    m = session.m
     await session.warm_up()
-    progress.advance()
+    session.progress.advance()
     await session.words()
     await session.template()
 
-    await session.ttft(_ttft_lengths(plan, max_model_len, pool.tokens))
+    await session.ttft(_ttft_lengths(plan, server.max_model_len, server.pool.tokens))
     fastest = fastest_per_length(m.ttft)
     if len(fastest) < 3:
         raise CalibrationError(f"only {len(m.ttft)} usable TTFT measurements at fewer than 3 prompt lengths")
-    contexts = plan.itl_contexts or (256, min(max_model_len // 4, 8192))
-    measured_contexts = await session.itl(contexts, pool, max_model_len)
+    contexts = plan.itl_contexts or (256, min(server.max_model_len // 4, 8192))
+    measured_contexts = await session.itl(contexts, server.pool, server.max_model_len)
     if len(m.itl) < 3:
         raise CalibrationError(f"only {len(m.itl)} usable ITL measurements; the pool may be too small")
     if len(measured_contexts) < 2 or len({p.batch for p in m.itl}) < 2:
         # One context leaves batch and batch × context collinear; one batch size leaves batch and the intercept.
         m.notes.append("ITL was measured at one context or one batch size: request_s and kv_s_per_token are unsure")
-
-    coefficients, report = fit_step_coefficients(
-        fastest, m.itl, structure=resolved.coefficients, model=resolved.model, step_s=plan.step_s, round_trip_s=rtt
-    )
-    if report.memory_bound_ttft == len(fastest):
-        m.notes.append(
-            "every prompt was memory-bound (TTFT flat in length): prefill_s_per_token and attention_s_per_pair "
-            "are not determined; longer prompts would determine them"
-        )
-    m.notes.append(
-        f"step_s is not identifiable apart from weights_s and api_overhead_s; set to {plan.step_s:g} s, layer_s to 0"
-    )
-    m.notes.append(f"api_overhead_s is the TTFT intercept less a {rtt * 1e3:.2f} ms round trip")
-    doc = _profile_doc(draft["name"], url, served, catalogue_name, pool, max_model_len, kv_dtype, coefficients, report)
-    doc["tokenizer"] = session.tokenizer_table()
-    text = tomli_w.dumps(doc)
-    parse_profile(text, "the calibrated profile")  # it must load as written
-    return CalibrationResult(
-        url=url,
-        served_model=served.id,
-        catalogue_model=catalogue_name,
-        pool=pool,
-        max_model_len=max_model_len,
-        round_trip_s=rtt,
-        ttft=tuple(m.ttft),
-        itl=tuple(m.itl),
-        coefficients=coefficients,
-        fit=report,
-        notes=tuple(m.notes),
-        profile_name=doc["name"],
-        profile_toml=text,
-        word_pieces=tuple(doc["tokenizer"]["word_pieces"]),
-        word_pieces_source=doc["tokenizer"]["source"],
-        chat_template=m.template,
-    )
+    return fastest
 
 
 def _pick_model(models: list[ServedModel], wanted: str | None) -> ServedModel:

@@ -146,12 +146,7 @@ class _Fields:
 
 def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -> HFModel:
     """Map a parsed config.json to a ``ModelSpec`` (see the module docstring for the fields read)."""
-    cfg: Mapping[str, Any] = config
-    text_config = config.get("text_config")
-    if isinstance(text_config, Mapping):
-        cfg = {**{k: v for k, v in config.items() if k != "text_config"}, **text_config}
-    defaults = CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {})
-    cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
+    cfg = _merged_config(config)
     f = _Fields(cfg, source)
     notes: list[str] = []
     model_type = str(cfg.get("model_type", ""))
@@ -164,37 +159,8 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
     else:
         kv_heads = heads
         notes.append("num_key_value_heads absent: multi-head attention assumed (one KV head per query head)")
-
-    fields: dict[str, Any] = {}
-    if f.has("compress_ratios"):
-        head_dim = f.int_("head_dim")
-        fields.update(
-            attention=AttentionKind.DEEPSEEK_V4,
-            compress_ratios=_main_compress_ratios(f, layers),
-            sliding_window=f.int_("sliding_window"),
-            qk_rope_head_dim=f.int_("qk_rope_head_dim"),
-            index_head_dim=f.int_("index_head_dim"),
-        )
-        if f.has("index_topk"):
-            fields["sparse_read_tokens"] = f.int_("index_topk")
-    elif f.has("kv_lora_rank"):
-        rope = f.int_("qk_rope_head_dim")
-        nope = f.int_("qk_nope_head_dim")
-        head_dim = nope + rope
-        fields.update(attention=AttentionKind.MLA, kv_lora_rank=f.int_("kv_lora_rank"), qk_rope_head_dim=rope)
-        if f.has("index_topk"):
-            fields["sparse_read_tokens"] = f.int_("index_topk")
-    elif f.has("head_dim"):
-        head_dim = f.int_("head_dim")
-    else:
-        if hidden % heads:
-            raise ConfigError(f"{source}: missing field 'head_dim' (hidden_size {hidden} ÷ {heads} heads is not whole)")
-        head_dim = hidden // heads
-
-    experts = f.first_int(("num_experts", "num_local_experts", "n_routed_experts"), 0)
-    per_token = f.first_int(("num_experts_per_tok", "experts_per_token"), 0) if experts else 0
-    if experts and not per_token:
-        raise ConfigError(f"{source}: missing field 'num_experts_per_tok' for a model with {experts} experts")
+    head_dim, fields = _attention_fields(f, layers, hidden, heads)
+    experts, per_token = _experts(f)
 
     sliding = 0 if "compress_ratios" in fields else _sliding_layers(f, model_type, layers)
     if sliding == layers:
@@ -229,6 +195,57 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
         source,
     )
     return HFModel(spec, source, tuple(notes))
+
+
+def _merged_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal config's ``text_config`` lifted to the top, over the model class's defaults, nulls dropped."""
+    cfg: Mapping[str, Any] = config
+    text_config = config.get("text_config")
+    if isinstance(text_config, Mapping):
+        cfg = {**{k: v for k, v in config.items() if k != "text_config"}, **text_config}
+    defaults = CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {})
+    return {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
+
+
+def _attention_fields(f: _Fields, layers: int, hidden: int, heads: int) -> tuple[int, dict[str, Any]]:
+    """The head size and the attention's own fields: DeepSeek-V4 (compress ratios), MLA (a latent), or plain."""
+    fields: dict[str, Any] = {}
+    if f.has("compress_ratios"):
+        head_dim = f.int_("head_dim")
+        fields.update(
+            attention=AttentionKind.DEEPSEEK_V4,
+            compress_ratios=_main_compress_ratios(f, layers),
+            sliding_window=f.int_("sliding_window"),
+            qk_rope_head_dim=f.int_("qk_rope_head_dim"),
+            index_head_dim=f.int_("index_head_dim"),
+        )
+        if f.has("index_topk"):
+            fields["sparse_read_tokens"] = f.int_("index_topk")
+    elif f.has("kv_lora_rank"):
+        rope = f.int_("qk_rope_head_dim")
+        nope = f.int_("qk_nope_head_dim")
+        head_dim = nope + rope
+        fields.update(attention=AttentionKind.MLA, kv_lora_rank=f.int_("kv_lora_rank"), qk_rope_head_dim=rope)
+        if f.has("index_topk"):
+            fields["sparse_read_tokens"] = f.int_("index_topk")
+    elif f.has("head_dim"):
+        head_dim = f.int_("head_dim")
+    else:
+        if hidden % heads:
+            raise ConfigError(
+                f"{f.source}: missing field 'head_dim' (hidden_size {hidden} ÷ {heads} heads is not whole)"
+            )
+        head_dim = hidden // heads
+    return head_dim, fields
+
+
+def _experts(f: _Fields) -> tuple[int, int]:
+    """(routed experts, experts per token), both 0 for a dense model."""
+    experts = f.first_int(("num_experts", "num_local_experts", "n_routed_experts"), 0)
+    per_token = f.first_int(("num_experts_per_tok", "experts_per_token"), 0) if experts else 0
+    if experts and not per_token:
+        raise ConfigError(f"{f.source}: missing field 'num_experts_per_tok' for a model with {experts} experts")
+    return experts, per_token
 
 
 def _main_compress_ratios(f: _Fields, layers: int) -> list[int]:

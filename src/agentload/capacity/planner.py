@@ -687,82 +687,18 @@ def _derivations(
 ) -> tuple[Derivation, ...]:
     layout = profile.layout
     model = found.spec
-    out: list[Derivation] = []
-    if layout.v4 is not None:
-        kv_how = (
-            "vLLM's fp8_ds_mla pages per 256-token block (584-B main entries, 132-B indexer keys, padded to 576 B; "
-            "sliding window and compressor state as sliding groups); the pool charges one slab per block id"
-        )
-    elif model.attention is AttentionKind.MLA:
-        kv_how = "layers × (kv_lora_rank + qk_rope_head_dim) × dtype bytes (MLA latent)"
-    else:
-        kv_how = "2 × layers × kv_heads × head_dim × dtype bytes"
-    if model.attention is AttentionKind.HYBRID:
-        kv_how += "; sliding layers stop growing at their window (≈ ceil((W−1)/16)+1 blocks)"
-    if layout.replication > 1:
-        kv_how += f"; {layout.replication:g} copies across {spec.num_gpus} GPUs (heads cannot split further)"
-    out.append(Derivation(figure="KV bytes per token", kind="exact", how=kv_how))
-    weight_source = "catalogue" if found.source == "catalogue" else "estimated from config.json shapes"
-    out.append(
-        Derivation(
-            figure="weights memory",
-            kind="estimate",
-            how=f"parameters ({weight_source}) × {profile.weight_bytes_per_param:g} bytes; quantisation scales "
-            "and layers kept in higher precision not counted",
-        )
-    )
-    if spec.pool_tokens is not None:
-        out.append(Derivation(figure="KV pool", kind="stated", how=f"--pool-tokens {spec.pool_tokens:,}"))
-    elif spec.num_gpu_blocks is not None:
-        out.append(Derivation(figure="KV pool", kind="stated", how=f"--num-gpu-blocks {spec.num_gpu_blocks:,} (exact)"))
-    elif spec.kv_memory_gib is not None:
-        out.append(
-            Derivation(
-                figure="KV pool",
-                kind="stated",
-                how=f"--kv-memory-gib {spec.kv_memory_gib:g} × {spec.num_gpus} GPU(s) ÷ bytes per block "
-                "(vLLM logs the GiB to 0.01, so a few blocks either way)",
-            )
-        )
-    else:
-        out.append(
-            Derivation(
-                figure="KV pool",
-                kind="estimate",
-                how=f"{spec.num_gpus} × ({profile.gpu.memory_gb:g} GB × {spec.gpu_memory_utilization:g} − "
-                f"{spec.activation_gib:g} GiB activations) − weights, in blocks; often 20-30% off: pass the "
-                "server's logged pool with --pool-tokens",
-            )
-        )
-    out.append(
-        Derivation(
-            figure="maximum concurrency",
-            kind="vLLM formula",
-            how="pool blocks ÷ blocks one max-model-len request holds"
-            + (
-                "; DeepSeek-V4 (vLLM 0.22): ⌈Σ_g pages_g × page_g ÷ full-group page⌉ with sliding groups sized "
-                "⌈min(W−1+T, L)/block⌉+1, and the logged tokens = int(concurrency × L)"
-                if layout.v4 is not None
-                else ""
-            ),
-        )
-    )
-    agents_how = "pool blocks ÷ blocks one session at the context holds"
-    if model.attention is AttentionKind.HYBRID:
-        agents_how += "; the naive figure is logged pool tokens ÷ context, which ignores the windows"
-    if layout.v4 is not None:
-        agents_how += (
-            " while decoding: ⌈context/256⌉ full pages + ⌈W/block⌉+1 per sliding group; vLLM's logged figure "
-            "instead reserves a whole prefill chunk in every sliding group of every request"
-        )
-    out.append(Derivation(figure="agents at the context", kind="estimate", how=agents_how + " (inherits the pool)"))
-    out.append(
+    out = [
+        _kv_derivation(spec, layout, model),
+        _weights_derivation(profile, found),
+        _pool_derivation(spec, profile),
+        _concurrency_derivation(layout),
+        _agents_derivation(layout, model),
         Derivation(
             figure="step times",
             kind="estimate",
             how="datasheet bandwidth and FLOP/s at 45% MFU, plus fixed per-step and per-request costs",
-        )
-    )
+        ),
+    ]
     if offload is not None:
         out.append(
             Derivation(
@@ -782,6 +718,82 @@ def _derivations(
     return tuple(out)
 
 
+def _kv_derivation(spec: PlanSpec, layout: KVLayout, model: ModelSpec) -> Derivation:
+    """How the KV bytes per token follow from the attention's shape."""
+    if layout.v4 is not None:
+        kv_how = (
+            "vLLM's fp8_ds_mla pages per 256-token block (584-B main entries, 132-B indexer keys, padded to 576 B; "
+            "sliding window and compressor state as sliding groups); the pool charges one slab per block id"
+        )
+    elif model.attention is AttentionKind.MLA:
+        kv_how = "layers × (kv_lora_rank + qk_rope_head_dim) × dtype bytes (MLA latent)"
+    else:
+        kv_how = "2 × layers × kv_heads × head_dim × dtype bytes"
+    if model.attention is AttentionKind.HYBRID:
+        kv_how += "; sliding layers stop growing at their window (≈ ceil((W−1)/16)+1 blocks)"
+    if layout.replication > 1:
+        kv_how += f"; {layout.replication:g} copies across {spec.num_gpus} GPUs (heads cannot split further)"
+    return Derivation(figure="KV bytes per token", kind="exact", how=kv_how)
+
+
+def _weights_derivation(profile: ServingProfile, found: ModelFigures) -> Derivation:
+    weight_source = "catalogue" if found.source == "catalogue" else "estimated from config.json shapes"
+    return Derivation(
+        figure="weights memory",
+        kind="estimate",
+        how=f"parameters ({weight_source}) × {profile.weight_bytes_per_param:g} bytes; quantisation scales "
+        "and layers kept in higher precision not counted",
+    )
+
+
+def _pool_derivation(spec: PlanSpec, profile: ServingProfile) -> Derivation:
+    """Where the pool came from: one of the three flags that state it, or the memory estimate."""
+    if spec.pool_tokens is not None:
+        return Derivation(figure="KV pool", kind="stated", how=f"--pool-tokens {spec.pool_tokens:,}")
+    if spec.num_gpu_blocks is not None:
+        return Derivation(figure="KV pool", kind="stated", how=f"--num-gpu-blocks {spec.num_gpu_blocks:,} (exact)")
+    if spec.kv_memory_gib is not None:
+        return Derivation(
+            figure="KV pool",
+            kind="stated",
+            how=f"--kv-memory-gib {spec.kv_memory_gib:g} × {spec.num_gpus} GPU(s) ÷ bytes per block "
+            "(vLLM logs the GiB to 0.01, so a few blocks either way)",
+        )
+    return Derivation(
+        figure="KV pool",
+        kind="estimate",
+        how=f"{spec.num_gpus} × ({profile.gpu.memory_gb:g} GB × {spec.gpu_memory_utilization:g} − "
+        f"{spec.activation_gib:g} GiB activations) − weights, in blocks; often 20-30% off: pass the "
+        "server's logged pool with --pool-tokens",
+    )
+
+
+def _concurrency_derivation(layout: KVLayout) -> Derivation:
+    return Derivation(
+        figure="maximum concurrency",
+        kind="vLLM formula",
+        how="pool blocks ÷ blocks one max-model-len request holds"
+        + (
+            "; DeepSeek-V4 (vLLM 0.22): ⌈Σ_g pages_g × page_g ÷ full-group page⌉ with sliding groups sized "
+            "⌈min(W−1+T, L)/block⌉+1, and the logged tokens = int(concurrency × L)"
+            if layout.v4 is not None
+            else ""
+        ),
+    )
+
+
+def _agents_derivation(layout: KVLayout, model: ModelSpec) -> Derivation:
+    agents_how = "pool blocks ÷ blocks one session at the context holds"
+    if model.attention is AttentionKind.HYBRID:
+        agents_how += "; the naive figure is logged pool tokens ÷ context, which ignores the windows"
+    if layout.v4 is not None:
+        agents_how += (
+            " while decoding: ⌈context/256⌉ full pages + ⌈W/block⌉+1 per sliding group; vLLM's logged figure "
+            "instead reserves a whole prefill chunk in every sliding group of every request"
+        )
+    return Derivation(figure="agents at the context", kind="estimate", how=agents_how + " (inherits the pool)")
+
+
 # -- llama.cpp slots ----------------------------------------------------------------------------------------------
 
 
@@ -790,75 +802,14 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
     assert spec.slots is not None
     model = found.spec
     n = spec.slots
-    if spec.num_gpus > 1:
-        # The profile's KV arithmetic is vLLM's tensor parallelism (KV heads split or copied per GPU); llama.cpp's
-        # default splits layers instead, each layer's KV whole on one GPU. Refused rather than sized wrong.
-        raise ConfigError(
-            f"--slots plans one GPU: llama.cpp splits a model's layers across {spec.num_gpus} GPUs, which this "
-            "planner does not model yet (its KV arithmetic is vLLM's tensor parallelism); use --gpus 1"
-        )
-    per_slot = spec.slot_context or spec.max_model_len or model.max_position_embeddings
-    if per_slot is None:
-        raise ConfigError(f"model {model.name} states no max_position_embeddings; pass --slot-context")
-    context = spec.context_per_agent or per_slot
-    if context > per_slot:
-        raise ConfigError(
-            f"context per agent {context:,} exceeds the per-slot context {per_slot:,} (llama.cpp gives each of the "
-            f"{n} slots -c ÷ -np tokens): one agent's conversation does not fit a slot; raise --slot-context"
-        )
-    if context <= spec.agent.per_turn_tokens:
-        raise ConfigError(
-            f"context per agent {context:,} must exceed one turn's tokens ({spec.agent.per_turn_tokens:,}: system "
-            "prompt + tool result + reply)"
-        )
-    if n * per_slot > MAX_POOL_TOKENS:
-        raise ConfigError(f"--slots {n} × --slot-context {per_slot:,} is more than {MAX_POOL_TOKENS:,} tokens of -c")
+    per_slot, context = _slot_sizes(spec, model, n)
     profile = resolve(_profile_file(spec, model, per_slot, n), f"{model.name} on {gpu_name}, {n} slots")
     layout = profile.layout
     weights = profile.weights_bytes
     kv_all = profile.num_blocks * layout.stored_page_bytes
-    per_slot_bytes = kv_all / n
-    memory = profile.gpu.memory_gb * 1e9 * spec.num_gpus
-    free = memory - weights - spec.activation_gib * 2**30 * spec.num_gpus
-    allows = max(0, math.floor(free / per_slot_bytes)) if per_slot_bytes > 0 else 0
     sm = profile.step_model
     prefill = sm.chunked_prefill_time(context, profile.max_num_batched_tokens)
-    past = (
-        f"agent {n + 1} and beyond: every slot is busy, so a turn waits for one (llamacpp:requests_deferred; bench's "
-        f"knee cause slots_full), then takes whichever slot is idle (pinned with id_slot: its own, once the agent "
-        f"sharing it is done), whose cache holds another agent's prompt, and "
-        f"re-prefills its whole context (≈ {prefill:.2f} s for {context:,} tokens); more memory does not help"
-    )
-    notes: list[str] = []
-    first_prompt = spec.agent.system_tokens + spec.agent.turn_input_tokens
-    share = spec.agent.system_tokens / first_prompt
-    if share > SLOT_PROMPT_SIMILARITY:
-        notes.append(
-            f"the agents share a {spec.agent.system_tokens:,}-token system prompt, {share:.0%} of a first turn's "
-            f"prompt, above llama-server's --slot-prompt-similarity {SLOT_PROMPT_SIMILARITY:g}: a turn that finds no "
-            "slot of its own takes the idle slot most like it (another agent's) over an empty one (llama.cpp skips "
-            "empty slots in that test), so when agents' turns seldom overlap they can end up sharing one slot and "
-            "re-prefilling every turn while other slots stay empty, a knee below the slot count; the simulated curve "
-            "shows whether it happens here, for clients that let the server choose. A client can pin each agent to "
-            "its own slot with llama.cpp's id_slot request field (agentload bench does: agent i → slot i mod N), so "
-            "no agent takes another's slot below N and past N a turn waits for its own slot (queueing) and "
-            "re-prefills only when the agent sharing that slot ran in between"
-        )
-    slots = SlotFigures(
-        slots=n,
-        slot_context=per_slot,
-        total_context=n * per_slot,
-        kv_bytes_per_slot=per_slot_bytes,
-        kv_gb_all_slots=kv_all / 1e9,
-        memory_gb=memory / 1e9,
-        weights_gb=weights / 1e9,
-        slots_memory_allows=allows,
-        fits_memory=allows >= n,
-        agents_that_fit=n,
-        past_slots=past,
-        startup_line=slot_startup_line(n, per_slot),
-        notes=tuple(notes),
-    )
+    slots = _slot_figures(spec, profile, n, per_slot, context, prefill)
     weight_dtype = spec.weight_dtype or model.checkpoint_dtype
     return Plan(
         spec=spec,
@@ -902,6 +853,86 @@ def _plan_slots(spec: PlanSpec, found: ModelFigures, gpu_name: str) -> Plan:
         serve=_llamacpp_command(spec, profile, model, n, per_slot),
         derivations=_slot_derivations(spec, profile, n, per_slot),
         slots=slots,
+    )
+
+
+def _slot_sizes(spec: PlanSpec, model: ModelSpec, n: int) -> tuple[int, int]:
+    """(tokens per slot, context per agent), checked: one GPU, an agent's conversation fits its slot."""
+    if spec.num_gpus > 1:
+        # The profile's KV arithmetic is vLLM's tensor parallelism (KV heads split or copied per GPU); llama.cpp's
+        # default splits layers instead, each layer's KV whole on one GPU. Refused rather than sized wrong.
+        raise ConfigError(
+            f"--slots plans one GPU: llama.cpp splits a model's layers across {spec.num_gpus} GPUs, which this "
+            "planner does not model yet (its KV arithmetic is vLLM's tensor parallelism); use --gpus 1"
+        )
+    per_slot = spec.slot_context or spec.max_model_len or model.max_position_embeddings
+    if per_slot is None:
+        raise ConfigError(f"model {model.name} states no max_position_embeddings; pass --slot-context")
+    context = spec.context_per_agent or per_slot
+    if context > per_slot:
+        raise ConfigError(
+            f"context per agent {context:,} exceeds the per-slot context {per_slot:,} (llama.cpp gives each of the "
+            f"{n} slots -c ÷ -np tokens): one agent's conversation does not fit a slot; raise --slot-context"
+        )
+    if context <= spec.agent.per_turn_tokens:
+        raise ConfigError(
+            f"context per agent {context:,} must exceed one turn's tokens ({spec.agent.per_turn_tokens:,}: system "
+            "prompt + tool result + reply)"
+        )
+    if n * per_slot > MAX_POOL_TOKENS:
+        raise ConfigError(f"--slots {n} × --slot-context {per_slot:,} is more than {MAX_POOL_TOKENS:,} tokens of -c")
+    return per_slot, context
+
+
+def _slot_figures(
+    spec: PlanSpec, profile: ServingProfile, n: int, per_slot: int, context: int, prefill: float
+) -> SlotFigures:
+    """What the slots hold and how many the memory allows, and what happens past the slot count."""
+    weights = profile.weights_bytes
+    kv_all = profile.num_blocks * profile.layout.stored_page_bytes
+    per_slot_bytes = kv_all / n
+    memory = profile.gpu.memory_gb * 1e9 * spec.num_gpus
+    free = memory - weights - spec.activation_gib * 2**30 * spec.num_gpus
+    allows = max(0, math.floor(free / per_slot_bytes)) if per_slot_bytes > 0 else 0
+    past = (
+        f"agent {n + 1} and beyond: every slot is busy, so a turn waits for one (llamacpp:requests_deferred; bench's "
+        f"knee cause slots_full), then takes whichever slot is idle (pinned with id_slot: its own, once the agent "
+        f"sharing it is done), whose cache holds another agent's prompt, and "
+        f"re-prefills its whole context (≈ {prefill:.2f} s for {context:,} tokens); more memory does not help"
+    )
+    return SlotFigures(
+        slots=n,
+        slot_context=per_slot,
+        total_context=n * per_slot,
+        kv_bytes_per_slot=per_slot_bytes,
+        kv_gb_all_slots=kv_all / 1e9,
+        memory_gb=memory / 1e9,
+        weights_gb=weights / 1e9,
+        slots_memory_allows=allows,
+        fits_memory=allows >= n,
+        agents_that_fit=n,
+        past_slots=past,
+        startup_line=slot_startup_line(n, per_slot),
+        notes=_shared_prompt_notes(spec),
+    )
+
+
+def _shared_prompt_notes(spec: PlanSpec) -> tuple[str, ...]:
+    """A warning when a shared system prompt makes llama-server hand an agent another agent's slot."""
+    first_prompt = spec.agent.system_tokens + spec.agent.turn_input_tokens
+    share = spec.agent.system_tokens / first_prompt
+    if share <= SLOT_PROMPT_SIMILARITY:
+        return ()
+    return (
+        f"the agents share a {spec.agent.system_tokens:,}-token system prompt, {share:.0%} of a first turn's "
+        f"prompt, above llama-server's --slot-prompt-similarity {SLOT_PROMPT_SIMILARITY:g}: a turn that finds no "
+        "slot of its own takes the idle slot most like it (another agent's) over an empty one (llama.cpp skips "
+        "empty slots in that test), so when agents' turns seldom overlap they can end up sharing one slot and "
+        "re-prefilling every turn while other slots stay empty, a knee below the slot count; the simulated curve "
+        "shows whether it happens here, for clients that let the server choose. A client can pin each agent to "
+        "its own slot with llama.cpp's id_slot request field (agentload bench does: agent i → slot i mod N), so "
+        "no agent takes another's slot below N and past N a turn waits for its own slot (queueing) and "
+        "re-prefills only when the agent sharing that slot ran in between",
     )
 
 

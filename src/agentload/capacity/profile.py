@@ -286,18 +286,8 @@ def weights_bytes(model: ModelSpec, weight_bytes_per_param: float) -> float:
 
 def resolve(spec: ProfileFile, source: str) -> ServingProfile:
     """Turn a parsed profile into numbers: look up names, size the pool, derive the step coefficients."""
-    model = (
-        catalog.get_model(spec.model)
-        if isinstance(spec.model, str)
-        else catalog.model_from_mapping(str(spec.model.get("name", spec.name)), _without_name(spec.model), source)
-    )
-    if isinstance(spec.gpu, str):
-        gpu = catalog.get_gpu(spec.gpu)
-    else:
-        try:
-            gpu = GpuSpec(**{"name": spec.name, **spec.gpu})
-        except ValidationError as exc:
-            raise ConfigError(f"{source} [gpu]: {catalog.validation_message(exc)}") from exc
+    model = _resolve_model(spec, source)
+    gpu = _resolve_gpu(spec, source)
     wbytes = WEIGHT_BYTES[spec.weight_dtype]
     layout = kv_layout(
         model,
@@ -307,72 +297,9 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         max_model_len=spec.max_model_len,
         max_num_batched_tokens=spec.max_num_batched_tokens,
     )
-    pool = spec.kv_pool
-    if spec.slots is not None:
-        # llama.cpp allocates -c tokens of KV up front and splits them evenly over the slots; no memory estimate.
-        num_blocks = spec.slots * layout.blocks_per_request(spec.max_model_len)
-        pool_source = f"{spec.slots} slots × {spec.max_model_len:,} tokens (llama.cpp -np × per-slot context)"
-    elif pool.num_blocks is not None:
-        num_blocks, pool_source = pool.num_blocks, "stated in blocks by the profile"
-    elif pool.tokens is not None:
-        num_blocks = layout.num_blocks_for_logged_tokens(pool.tokens)
-        pool_source = f"stated by the profile as {pool.tokens:,} tokens"
-    elif pool.available_gib is not None:
-        num_blocks = layout.num_blocks_for_bytes(spec.num_gpus * pool.available_gib * 2**30)
-        pool_source = (
-            f"from {pool.available_gib:g} GiB of available KV memory per GPU (logged to 0.01 GiB: "
-            f"±{layout.num_blocks_for_bytes(spec.num_gpus * 0.005 * 2**30):,} blocks)"
-        )
-    else:
-        free = spec.num_gpus * (
-            gpu.memory_gb * 1e9 * pool.gpu_memory_utilization - pool.activation_gib * 2**30
-        ) - weights_bytes(model, wbytes)
-        if free <= 0:
-            raise ConfigError(
-                f"{source}: the weights ({weights_bytes(model, wbytes) / 1e9:.1f} GB in {spec.weight_dtype}) do not "
-                f"fit in {spec.num_gpus} × {gpu.memory_gb:g} GB at gpu_memory_utilization "
-                f"{pool.gpu_memory_utilization} with {pool.activation_gib:g} GiB per GPU for activations; use more "
-                "GPUs or a smaller weight dtype"
-            )
-        num_blocks = layout.num_blocks_for_bytes(free)
-        pool_source = "estimated from GPU memory (often 20-30% off; calibrate from the server)"
-    if num_blocks > MAX_POOL_BLOCKS:
-        raise ConfigError(
-            f"{source}: a KV pool of {num_blocks:,} blocks ({pool_source}) is more than the {MAX_POOL_BLOCKS:,} "
-            "the simulator holds; state a smaller pool or a larger block_size"
-        )
-    blocks_for_one = layout.blocks_per_request(spec.max_model_len)
-    if num_blocks < blocks_for_one:
-        raise ConfigError(
-            f"{source}: the KV pool ({num_blocks} blocks) cannot hold one request of max_model_len "
-            f"{spec.max_model_len} ({blocks_for_one} blocks); lower max_model_len"
-        )
-    st = spec.step
-    coefficients = StepCoefficients.derive(
-        model,
-        gpu,
-        layout,
-        num_gpus=spec.num_gpus,
-        weight_bytes_per_param=wbytes,
-        mfu=st.mfu,
-        bandwidth_efficiency=st.bandwidth_efficiency,
-        step_s=st.step_s,
-        request_s=st.request_s,
-        layer_s=st.layer_s,
-        api_overhead_s=st.api_overhead_s,
-    )
-    if st.pinned:
-        unknown = set(st.pinned) - set(StepCoefficients.model_fields)
-        if unknown:
-            raise ConfigError(f"{source} [step.pinned]: unknown coefficients {', '.join(sorted(unknown))}")
-        bad = sorted(k for k, v in st.pinned.items() if not math.isfinite(v))
-        if bad:
-            raise ConfigError(f"{source} [step.pinned]: {', '.join(bad)} must be finite numbers")
-        # model_copy(update=...) skips validation, which let negative step times through: validate the result.
-        try:
-            coefficients = StepCoefficients.model_validate({**coefficients.model_dump(), **st.pinned})
-        except ValidationError as exc:
-            raise ConfigError(f"{source} [step.pinned]: {catalog.validation_message(exc)}") from exc
+    num_blocks, pool_source = _pool_blocks(spec, model, gpu, layout, source)
+    _check_pool(spec, layout, num_blocks, pool_source, source)
+    coefficients = _step_coefficients(spec, model, gpu, layout, source)
     load_gbps = spec.offload.load_gbps or gpu.host_link_gbps
     return ServingProfile(
         name=spec.name,
@@ -392,7 +319,7 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         offload_blocks=int(spec.offload.gib * 2**30 // layout.stored_page_bytes),
         offload_load_bytes_per_s=load_gbps * 1e9 * spec.num_gpus / layout.replication,
         coefficients=coefficients,
-        gpu_memory_utilization=pool.gpu_memory_utilization,
+        gpu_memory_utilization=spec.kv_pool.gpu_memory_utilization,
         pool_source=pool_source,
         slots=spec.slots,
         word_pieces=tuple(w / sum(spec.tokenizer.word_pieces) for w in spec.tokenizer.word_pieces),
@@ -401,6 +328,102 @@ def resolve(spec: ProfileFile, source: str) -> ServingProfile:
         if spec.tokenizer.template_opening is None or spec.tokenizer.template_exchange is None
         else (spec.tokenizer.template_opening, spec.tokenizer.template_exchange),
     )
+
+
+def _resolve_model(spec: ProfileFile, source: str) -> ModelSpec:
+    """The catalogue's model by name, or the profile's own ``[model]`` table."""
+    if isinstance(spec.model, str):
+        return catalog.get_model(spec.model)
+    return catalog.model_from_mapping(str(spec.model.get("name", spec.name)), _without_name(spec.model), source)
+
+
+def _resolve_gpu(spec: ProfileFile, source: str) -> GpuSpec:
+    """The catalogue's GPU by name, or the profile's own ``[gpu]`` table."""
+    if isinstance(spec.gpu, str):
+        return catalog.get_gpu(spec.gpu)
+    try:
+        return GpuSpec(**{"name": spec.name, **spec.gpu})
+    except ValidationError as exc:
+        raise ConfigError(f"{source} [gpu]: {catalog.validation_message(exc)}") from exc
+
+
+def _pool_blocks(spec: ProfileFile, model: ModelSpec, gpu: GpuSpec, layout: KVLayout, source: str) -> tuple[int, str]:
+    """The pool in blocks and where that figure came from: the slots, the profile's statement, or GPU memory."""
+    pool = spec.kv_pool
+    if spec.slots is not None:
+        # llama.cpp allocates -c tokens of KV up front and splits them evenly over the slots; no memory estimate.
+        num_blocks = spec.slots * layout.blocks_per_request(spec.max_model_len)
+        return num_blocks, f"{spec.slots} slots × {spec.max_model_len:,} tokens (llama.cpp -np × per-slot context)"
+    if pool.num_blocks is not None:
+        return pool.num_blocks, "stated in blocks by the profile"
+    if pool.tokens is not None:
+        return layout.num_blocks_for_logged_tokens(pool.tokens), f"stated by the profile as {pool.tokens:,} tokens"
+    if pool.available_gib is not None:
+        num_blocks = layout.num_blocks_for_bytes(spec.num_gpus * pool.available_gib * 2**30)
+        return num_blocks, (
+            f"from {pool.available_gib:g} GiB of available KV memory per GPU (logged to 0.01 GiB: "
+            f"±{layout.num_blocks_for_bytes(spec.num_gpus * 0.005 * 2**30):,} blocks)"
+        )
+    wbytes = WEIGHT_BYTES[spec.weight_dtype]
+    free = spec.num_gpus * (
+        gpu.memory_gb * 1e9 * pool.gpu_memory_utilization - pool.activation_gib * 2**30
+    ) - weights_bytes(model, wbytes)
+    if free <= 0:
+        raise ConfigError(
+            f"{source}: the weights ({weights_bytes(model, wbytes) / 1e9:.1f} GB in {spec.weight_dtype}) do not "
+            f"fit in {spec.num_gpus} × {gpu.memory_gb:g} GB at gpu_memory_utilization "
+            f"{pool.gpu_memory_utilization} with {pool.activation_gib:g} GiB per GPU for activations; use more "
+            "GPUs or a smaller weight dtype"
+        )
+    return layout.num_blocks_for_bytes(free), "estimated from GPU memory (often 20-30% off; calibrate from the server)"
+
+
+def _check_pool(spec: ProfileFile, layout: KVLayout, num_blocks: int, pool_source: str, source: str) -> None:
+    """Refuse a pool the simulator cannot hold, or one that cannot hold a single request of max_model_len."""
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise ConfigError(
+            f"{source}: a KV pool of {num_blocks:,} blocks ({pool_source}) is more than the {MAX_POOL_BLOCKS:,} "
+            "the simulator holds; state a smaller pool or a larger block_size"
+        )
+    blocks_for_one = layout.blocks_per_request(spec.max_model_len)
+    if num_blocks < blocks_for_one:
+        raise ConfigError(
+            f"{source}: the KV pool ({num_blocks} blocks) cannot hold one request of max_model_len "
+            f"{spec.max_model_len} ({blocks_for_one} blocks); lower max_model_len"
+        )
+
+
+def _step_coefficients(
+    spec: ProfileFile, model: ModelSpec, gpu: GpuSpec, layout: KVLayout, source: str
+) -> StepCoefficients:
+    """The step-time coefficients derived from the hardware, then any the profile pins (validated as a whole)."""
+    st = spec.step
+    coefficients = StepCoefficients.derive(
+        model,
+        gpu,
+        layout,
+        num_gpus=spec.num_gpus,
+        weight_bytes_per_param=WEIGHT_BYTES[spec.weight_dtype],
+        mfu=st.mfu,
+        bandwidth_efficiency=st.bandwidth_efficiency,
+        step_s=st.step_s,
+        request_s=st.request_s,
+        layer_s=st.layer_s,
+        api_overhead_s=st.api_overhead_s,
+    )
+    if not st.pinned:
+        return coefficients
+    unknown = set(st.pinned) - set(StepCoefficients.model_fields)
+    if unknown:
+        raise ConfigError(f"{source} [step.pinned]: unknown coefficients {', '.join(sorted(unknown))}")
+    bad = sorted(k for k, v in st.pinned.items() if not math.isfinite(v))
+    if bad:
+        raise ConfigError(f"{source} [step.pinned]: {', '.join(bad)} must be finite numbers")
+    # model_copy(update=...) skips validation, which let negative step times through: validate the result.
+    try:
+        return StepCoefficients.model_validate({**coefficients.model_dump(), **st.pinned})
+    except ValidationError as exc:
+        raise ConfigError(f"{source} [step.pinned]: {catalog.validation_message(exc)}") from exc
 
 
 def _without_name(fields: dict[str, Any]) -> dict[str, Any]:

@@ -267,6 +267,8 @@ class Filler:
         return None
 
     def _grounded(self, key: str, required: bool) -> str | None:
+        """A string parameter's value, by what its name means: what a tool result gave, else what the request
+        names for that kind of value (a file, an address, a date, a currency, an ID, a place, a text …)."""
         low_key = key.lower()
         words = _words(low_key)
         clause, request = self.clause, self.conv.request
@@ -292,26 +294,12 @@ class Filler:
         if words & {"expression", "formula", "equation", "expr", "math", "calculation"}:
             return ex.expression(clause) or ex.expression(request) or self._expression_from_results()
         if words & {"date", "day", "when", "deadline"}:
-            dates = _first_nonempty([ex.DATE.findall(t) for t in texts])
-            if dates:
-                return self._pick(dates, key)
-            for rel in ("today", "tomorrow", "yesterday"):
-                if rel in request.lower():
-                    return rel
-            return None
+            return self._date(key, texts)
         if words & {"time", "hour", "at"} and not words & {"zone"} and any(ex.CLOCK.search(t) for t in texts):
             return self._pick(_first_nonempty([ex.CLOCK.findall(t) for t in texts]), key)
         codes = ex.currencies(clause) or ex.currencies(request)
         if words & {"currency", "base", "quote", "target", "source", "from", "to", "symbol"} and codes:
-            second = bool(words & {"to", "target", "quote"})
-            first = bool(words & {"from", "source", "base"})
-            if second and len(codes) > 1:
-                return codes[1]
-            if first or second:
-                return codes[0]
-            pick = min(self._codes_used, len(codes) - 1)
-            self._codes_used += 1
-            return codes[pick]
+            return self._currency(words, codes)
         if words & {"symbol", "ticker"}:
             tickers = [t for t in re.findall(r"\b[A-Z]{1,5}\b", request) if t not in {"I", "A", "AND", "OR", "ID"}]
             return tickers[0] if tickers else None
@@ -319,37 +307,15 @@ class Filler:
             named = re.search(rf"\b(?:in|into|to)\s+({'|'.join(ex.LANGUAGES)})\b", request, re.I)
             return named.group(1).capitalize() if named else ("English" if required else None)
         if low_key.endswith("id") or (words & _ID_WORDS and not words & _NAME_WORDS - _ID_WORDS):
-            found = _first_nonempty([self._ids(t, key) for t in texts])
-            if not found:
-                found = _first_nonempty([ex.quoted(t) for t in texts])
-            if not found:
-                found = self._result_shapes(lambda t: self._ids(t, key))
-            return self._pick(found, key)
+            return self._identifier(key, texts)
         if words & _PLACE_WORDS:
-            found = ex.places(clause) + ex.names(clause, self._anchors(key))
-            found = list(dict.fromkeys(found)) or ex.places(request) + ex.names(request, self._anchors(key))
-            found = _prefer_anchored(found, clause, self._anchors(key))
-            if words & {"city", "town"}:
-                found = _cities_first(found, clause + " " + request)
-            found = [v for v in found if not any(c.isdigit() for c in v)]
-            return self._pick(found, key) or self._result_place()
+            return self._place(key, words)
         if words & _QUERY_WORDS:
             return ex.query(clause) or ex.query(request) or _topic(clause if len(clause) > 12 else request)
         if words & _TEXT_WORDS:
-            q = ex.quoted(clause) or ex.quoted(request)
-            if q and not (self.acting and self.answer_text and words & {"content", "body", "summary"}):
-                return q[0]
-            if not required and not any(w in request.lower() for w in words):
-                return None  # an optional note nobody asked for stays out
-            if self.answer_text:
-                return self.answer_text
-            return _after_that(clause) or (_topic(request) if required else None)
+            return self._text(words, required)
         if words & _NAME_WORDS or words & _ID_WORDS:
-            anchors = self._anchors(key)
-            found = _first_nonempty([ex.names(t, anchors) for t in texts])
-            if not found:
-                found = _first_nonempty([self._ids(t, key) for t in texts])
-            return self._pick(found, key) or (_topic(clause, 6) if required else None)
+            return self._name(key, texts, required)
         if words & {"unit", "units"}:
             unit = self._conversion_unit(key)
             if unit:
@@ -357,6 +323,73 @@ class Filler:
             return "fahrenheit" if "fahrenheit" in request.lower() else ("celsius" if required else None)
         if not required:
             return None
+        return self._anything_named(key)
+
+    def _date(self, key: str, texts: tuple[str, str]) -> str | None:
+        """A date the clause or request writes out, else a relative day the request says."""
+        dates = _first_nonempty([ex.DATE.findall(t) for t in texts])
+        if dates:
+            return self._pick(dates, key)
+        for rel in ("today", "tomorrow", "yesterday"):
+            if rel in self.conv.request.lower():
+                return rel
+        return None
+
+    def _currency(self, words: set[str], codes: list[str]) -> str:
+        """One of the currency codes named: the second for a target, the first for a source, else each in turn."""
+        second = bool(words & {"to", "target", "quote"})
+        first = bool(words & {"from", "source", "base"})
+        if second and len(codes) > 1:
+            return codes[1]
+        if first or second:
+            return codes[0]
+        pick = min(self._codes_used, len(codes) - 1)
+        self._codes_used += 1
+        return codes[pick]
+
+    def _identifier(self, key: str, texts: tuple[str, str]) -> str | None:
+        """An ID the texts name, else a quoted value, else one shaped like an ID in a tool result."""
+        found = _first_nonempty([self._ids(t, key) for t in texts])
+        if not found:
+            found = _first_nonempty([ex.quoted(t) for t in texts])
+        if not found:
+            found = self._result_shapes(lambda t: self._ids(t, key))
+        return self._pick(found, key)
+
+    def _place(self, key: str, words: set[str]) -> str | None:
+        """A place the clause names (else the request), cities first for a city, else one a tool result gave."""
+        clause, request = self.clause, self.conv.request
+        found = ex.places(clause) + ex.names(clause, self._anchors(key))
+        found = list(dict.fromkeys(found)) or ex.places(request) + ex.names(request, self._anchors(key))
+        found = _prefer_anchored(found, clause, self._anchors(key))
+        if words & {"city", "town"}:
+            found = _cities_first(found, clause + " " + request)
+        found = [v for v in found if not any(c.isdigit() for c in v)]
+        return self._pick(found, key) or self._result_place()
+
+    def _text(self, words: set[str], required: bool) -> str | None:
+        """A free text: what is quoted, else the answer being written, else what follows "that"."""
+        clause, request = self.clause, self.conv.request
+        q = ex.quoted(clause) or ex.quoted(request)
+        if q and not (self.acting and self.answer_text and words & {"content", "body", "summary"}):
+            return q[0]
+        if not required and not any(w in request.lower() for w in words):
+            return None  # an optional note nobody asked for stays out
+        if self.answer_text:
+            return self.answer_text
+        return _after_that(clause) or (_topic(request) if required else None)
+
+    def _name(self, key: str, texts: tuple[str, str], required: bool) -> str | None:
+        """A name the texts give (else an ID), or the clause's topic when the parameter is required."""
+        anchors = self._anchors(key)
+        found = _first_nonempty([ex.names(t, anchors) for t in texts])
+        if not found:
+            found = _first_nonempty([self._ids(t, key) for t in texts])
+        return self._pick(found, key) or (_topic(self.clause, 6) if required else None)
+
+    def _anything_named(self, key: str) -> str:
+        """A required parameter of no known kind: what is quoted, else an ID or name, else the topic."""
+        clause, request = self.clause, self.conv.request
         q = ex.quoted(clause) or ex.quoted(request)
         if q:
             return q[0]

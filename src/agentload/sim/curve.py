@@ -141,27 +141,65 @@ def add_throughput_curve(
     refine: bool = True,
 ) -> Plan:
     """``plan_`` with a simulated throughput curve and its knee (see ``knee_rule`` in the result)."""
-    profile = planned_profile(plan_)
-    context = plan_.agents.context
-    agent = plan_.spec.agent
-    shape = SessionShape.from_agentic(held_agent(context, agent))
+    runs = _CurveRuns(plan_, progress)
     offload = plan_.offload.extra_sessions if plan_.offload is not None else 0.0
     has_offload = plan_.offload is not None
     a = plan_.agents
     wanted = counts if counts is not None else curve_counts(a.estimate, a.shared_prefix_sessions, offload)
     capped = max(wanted) > MAX_SIMULATED_AGENTS
     todo = sorted({min(n, MAX_SIMULATED_AGENTS) for n in wanted})
-    points: dict[int, CurvePoint] = {}
-    refined: set[int] = set()
+    runs.planned = len(todo)
+    for n in todo:
+        runs.run(n)
+    points = runs.points
+    knee, past = _find_cliff(points, has_offload)
+    if knee is None and counts is None and max(points) < MAX_SIMULATED_AGENTS:
+        # No fall within the grid: one look at twice the largest count before calling the curve knee-less.
+        runs.planned += 1
+        runs.run(min(2 * max(points), MAX_SIMULATED_AGENTS))
+        knee, past = _find_cliff(points, has_offload)
+    if refine:
+        knee, past = _bisect_cliff(runs, knee, past, has_offload)
+    rule = f"{RULE_TEXT} (tolerance {KNEE_DROP:.0%}), bisected to one agent"
+    return plan_.model_copy(
+        update={
+            "curve": ThroughputCurve(
+                points=tuple(points[n] for n in sorted(points)),
+                knee=knee,
+                first_past_knee=past,
+                estimate=plan_.agents.estimate + offload,
+                knee_rule=rule,
+                capped_at=MAX_SIMULATED_AGENTS if capped else None,
+            )
+        }
+    )
 
-    def run(agents: int, planned: int) -> None:
-        duration, warmup = run_durations(profile, agents, context, agent)
+
+class _CurveRuns:
+    """The simulated points of one plan's curve, one virtual run per agent count, on the plan's own profile.
+
+    ``planned`` is how many runs the progress display is told to expect; it grows as the knee search adds runs.
+    """
+
+    def __init__(self, plan_: Plan, progress: CurveProgress | None) -> None:
+        self.profile = planned_profile(plan_)
+        self.context = plan_.agents.context
+        self.agent = plan_.spec.agent
+        self.shape = SessionShape.from_agentic(held_agent(self.context, self.agent))
+        self.progress = progress
+        self.planned = 0
+        self.points: dict[int, CurvePoint] = {}
+
+    def run(self, agents: int, *, refinement: bool = False) -> None:
+        """Simulate ``agents`` sessions and keep their point (a count run again replaces its point)."""
+        progress = self.progress
+        duration, warmup = run_durations(self.profile, agents, self.context, self.agent)
         if progress is not None:
-            progress.run_started(agents, duration, planned)
+            progress.run_started(agents, duration, self.planned)
         tick: Callable[[StepResult], None] | None = None
         if progress is not None:
             tick = _throttled(progress, duration)
-        res = run_sessions(profile, agents, shape, duration_s=duration, warmup_s=warmup, on_step=tick)
+        res = run_sessions(self.profile, agents, self.shape, duration_s=duration, warmup_s=warmup, on_step=tick)
         point = CurvePoint(
             agents=agents,
             output_tps=res.output_tps,
@@ -176,35 +214,31 @@ def add_throughput_curve(
             turns=res.turns_completed,
             duration_s=duration,
             warmup_s=warmup,
-            refinement=agents in refined,
+            refinement=refinement,
         )
-        points[agents] = point
+        self.points[agents] = point
         if progress is not None:
             progress.run_finished(point)
 
-    planned = len(todo)
-    for n in todo:
-        run(n, planned)
-    knee, past = _find_cliff(points, has_offload)
-    if knee is None and counts is None and max(points) < MAX_SIMULATED_AGENTS:
-        # No fall within the grid: one look at twice the largest count before calling the curve knee-less.
-        further = min(2 * max(points), MAX_SIMULATED_AGENTS)
-        planned += 1
-        run(further, planned)
-        knee, past = _find_cliff(points, has_offload)
-    # Bisect between the last good and the first fallen count, to one agent (2% for large counts). The rule
-    # compares a count with the largest good one below it, so a count added by bisection can change the verdict
-    # on a larger one (a TTFT jump measured from 10 agents may not be one from 11): the cliff is judged again
-    # over every point and bisected again where it moved, a few rounds at most.
-    for _ in range(3 if refine else 0):
+
+def _bisect_cliff(
+    runs: _CurveRuns, knee: int | None, past: int | None, has_offload: bool
+) -> tuple[int | None, int | None]:
+    """The cliff between ``knee`` and ``past`` bisected to one agent (2% for large counts), with the runs it took.
+
+    The rule compares a count with the largest good one below it, so a count added by bisection can change the
+    verdict on a larger one (a TTFT jump measured from 10 agents may not be one from 11): the cliff is judged
+    again over every point and bisected again where it moved, a few rounds at most.
+    """
+    points = runs.points
+    for _ in range(3):
         if knee is None or past is None:
             break
         lo, hi = knee, past
         while hi - lo > max(1, round(0.02 * lo)):
             mid = (lo + hi) // 2
-            refined.add(mid)
-            planned += 1
-            run(mid, planned)
+            runs.planned += 1
+            runs.run(mid, refinement=True)
             if _past_knee(points, mid, has_offload):
                 hi = mid
             else:
@@ -212,19 +246,7 @@ def add_throughput_curve(
         knee, past = _find_cliff(points, has_offload)
         if (knee, past) == (lo, hi):
             break
-    rule = f"{RULE_TEXT} (tolerance {KNEE_DROP:.0%}), bisected to one agent"
-    return plan_.model_copy(
-        update={
-            "curve": ThroughputCurve(
-                points=tuple(points[n] for n in sorted(points)),
-                knee=knee,
-                first_past_knee=past,
-                estimate=plan_.agents.estimate + offload,
-                knee_rule=rule,
-                capped_at=MAX_SIMULATED_AGENTS if capped else None,
-            )
-        }
-    )
+    return knee, past
 
 
 def _throttled(progress: CurveProgress, duration: float) -> Callable[[StepResult], None]:

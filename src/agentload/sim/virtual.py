@@ -323,70 +323,108 @@ def run_sessions(
     if not 0 <= warmup_s < duration_s:
         raise ConfigError("warm-up must be shorter than the run")
     shape.check(profile.max_model_len)
-    engine = Engine(profile, fast=fast)
-    clock = VirtualClock()
-    bs = profile.block_size
-    system = np.random.default_rng(42).integers(0, VOCAB_SIZE, shape.system_tokens)
-    system_hashes = extend_block_hashes([], system.tolist(), bs)
-    agents = [_Session(i, shape, system, system_hashes, bs) for i in range(sessions)]
-    overhead = profile.coefficients.api_overhead_s
-    state = {"stepping": False, "events": 0}
-    ttfts: list[float] = []
-    turns = [0]
-    last_turn = [0.0]
-    snap: dict[str, EngineStats] = {}
-    usage_sum = [0.0, 0.0, 0.0, 0.0]  # time-weighted kv usage, running, waiting, peak
-    counter = [0]
+    run = _Run(profile, shape, duration_s, warmup_s, on_step, turns_per_session, fast)
+    agents = run.start(sessions, stagger_s)
+    with _collector_paused():
+        run.clock.run(until=duration_s)
+    return run.result(agents)
 
-    def submit(agent: _Session, last_output: Tokens | None) -> None:
+
+class _Run:
+    """One run of :func:`run_sessions`: its engine, clock and sums, and the three events that drive it.
+
+    A turn is submitted (it reaches the engine after the API overhead), the engine steps (chaining steps while
+    nothing else is due), and a step's finished replies are delivered (each agent thinks, then submits its next
+    turn). The engine's pool and queues are held as attributes so the per-step accounting reads them directly.
+    """
+
+    def __init__(
+        self,
+        profile: ServingProfile,
+        shape: SessionShape,
+        duration_s: float,
+        warmup_s: float,
+        on_step: Callable[[StepResult], None] | None,
+        turns_per_session: int | None,
+        fast: bool,
+    ) -> None:
+        self.profile, self.shape = profile, shape
+        self.duration_s, self.warmup_s = duration_s, warmup_s
+        self.on_step, self.turns_per_session, self.fast = on_step, turns_per_session, fast
+        self.engine = engine = Engine(profile, fast=fast)
+        self.clock = VirtualClock()
+        self.overhead = profile.coefficients.api_overhead_s
+        self.kv, self.running, self.waiting = engine.kv, engine.running, engine.waiting
+        self.stepping = False
+        self.events = 0
+        self.submitted = 0
+        self.ttfts: list[float] = []
+        self.turns = 0
+        self.last_turn = 0.0
+        self.snap: dict[str, EngineStats] = {}
+        # Time-weighted kv usage, running and waiting, and the peak usage, over the measurement window.
+        self.usage_time = self.running_time = self.waiting_time = self.peak_usage = 0.0
+
+    def start(self, sessions: int, stagger_s: float) -> list[_Session]:
+        """The agents, their first turns staggered over ``stagger_s``, and the warm-up's snapshot, scheduled."""
+        bs = self.profile.block_size
+        system = np.random.default_rng(42).integers(0, VOCAB_SIZE, self.shape.system_tokens)
+        system_hashes = extend_block_hashes([], system.tolist(), bs)
+        agents = [_Session(i, self.shape, system, system_hashes, bs) for i in range(sessions)]
+        for i, agent in enumerate(agents):
+            self.clock.call_at(stagger_s * i / max(1, sessions), lambda a=agent: self.submit(a, None))  # type: ignore[misc]
+        self.clock.call_at(self.warmup_s, lambda: self.take_snapshot("start"), PRIORITY_ENGINE)
+        return agents
+
+    def submit(self, agent: _Session, last_output: Tokens | None) -> None:
         prompt, known = agent.next_prompt(last_output)
-        out = agent.fresh(shape.output_tokens)
-        counter[0] += 1
-        req = SimRequest(f"s{agent.index}-{counter[0]}", prompt, out, clock.now(), hashes=known, handle=agent)
+        out = agent.fresh(self.shape.output_tokens)
+        self.submitted += 1
+        clock = self.clock
+        req = SimRequest(f"s{agent.index}-{self.submitted}", prompt, out, clock.now(), hashes=known, handle=agent)
         req.planned_hashes, req.planned_from = agent.reply_hashes(known), len(known)
         req.finish_reason = "stop"
 
         def arrive() -> None:
-            engine.add(req)
-            kick()
+            self.engine.add(req)
+            self.kick()
 
-        clock.call_later(overhead, arrive)
+        clock.call_later(self.overhead, arrive)
 
-    def kick() -> None:
-        if not state["stepping"] and engine.has_work():
-            state["stepping"] = True
-            clock.call_at(clock.now(), do_step, PRIORITY_ENGINE)
+    def kick(self) -> None:
+        if not self.stepping and self.engine.has_work():
+            self.stepping = True
+            self.clock.call_at(self.clock.now(), self.do_step, PRIORITY_ENGINE)
 
-    kv, running, waiting = engine.kv, engine.running, engine.waiting
-
-    def account(start: float, duration: float) -> None:
+    def account(self, start: float, duration: float) -> None:
         """Time-weighted occupancy, after a step that started at ``start`` (it runs after every step: the
         engine's lists and pool are read directly rather than through its properties)."""
-        if start >= warmup_s:
-            usage = kv.usage
-            usage_sum[0] += usage * duration
-            usage_sum[1] += len(running) * duration
-            usage_sum[2] += len(waiting) * duration
-            if usage > usage_sum[3]:
-                usage_sum[3] = usage
+        if start >= self.warmup_s:
+            usage = self.kv.usage
+            self.usage_time += usage * duration
+            self.running_time += len(self.running) * duration
+            self.waiting_time += len(self.waiting) * duration
+            if usage > self.peak_usage:
+                self.peak_usage = usage
 
-    def do_step() -> None:
+    def do_step(self) -> None:
+        engine, clock, on_step, duration_s = self.engine, self.clock, self.on_step, self.duration_s
         now = clock.now()
         while True:
             res = engine.step(now)
-            state["events"] += 1
+            self.events += 1
             if res.batch.num_requests == 0:
                 if not engine.running:
                     raise SimulationError("the head of the waiting queue can never be admitted (pool too small)")
                 raise SimulationError("an engine step scheduled nothing while requests were running")
-            account(now, res.duration)
+            self.account(now, res.duration)
             if on_step is not None:
                 on_step(res)
             # Fast path: when nothing else is due by the end of this step and no agent has a reply to act on,
             # the next step follows at once — what the deliver and do_step events would have done, without
             # them. Only a later event may be pending; one due at the very instant falls back to the queue.
             end = res.end
-            if not fast or res.finished or not engine.has_work() or end > duration_s:
+            if not self.fast or res.finished or not engine.has_work() or end > duration_s:
                 break
             due = clock.next_time()
             if due is not None and due <= end:
@@ -395,65 +433,62 @@ def run_sessions(
             if engine.steady():
                 # Steady decoding: the engine runs the steps itself until something is due.
                 horizon = math.inf if due is None else due
-                steps, now = engine.decode_steps(now, duration_s, horizon, account, on_step)
-                state["events"] += steps
+                steps, now = engine.decode_steps(now, duration_s, horizon, self.account, on_step)
+                self.events += steps
                 if now > duration_s or (due is not None and due <= now):
-                    clock.call_at(now, lambda: deliver([]), PRIORITY_ENGINE)
+                    clock.call_at(now, lambda: self.deliver([]), PRIORITY_ENGINE)
                     return
-        clock.call_at(res.end, lambda: deliver(res.finished), PRIORITY_ENGINE)
+        clock.call_at(res.end, lambda: self.deliver(res.finished), PRIORITY_ENGINE)
 
-    def deliver(finished: list[SimRequest]) -> None:
-        now = clock.now()
+    def deliver(self, finished: list[SimRequest]) -> None:
+        now = self.clock.now()
         if finished:
-            last_turn[0] = now
+            self.last_turn = now
         for req in finished:
             agent = req.handle
             assert isinstance(agent, _Session)
-            if now >= warmup_s:
-                turns[0] += 1
+            if now >= self.warmup_s:
+                self.turns += 1
                 assert req.first_token is not None
-                ttfts.append(req.first_token - req.arrival)
+                self.ttfts.append(req.first_token - req.arrival)
             agent.turn += 1
-            if turns_per_session is not None and agent.turn >= turns_per_session:
+            if self.turns_per_session is not None and agent.turn >= self.turns_per_session:
                 continue
             # The reply as drawn (an array: copied into the conversation without a conversion); a virtual request
             # always says all of it.
             out = agent.reply
             assert req.num_output == len(out)
-            clock.call_later(shape.think_s, lambda a=agent, o=out: submit(a, o))  # type: ignore[misc]
-        state["stepping"] = False
-        kick()
+            self.clock.call_later(self.shape.think_s, lambda a=agent, o=out: self.submit(a, o))  # type: ignore[misc]
+        self.stepping = False
+        self.kick()
 
-    def take_snapshot(key: str) -> None:
-        snap[key] = replace(engine.stats, finished=dict(engine.stats.finished))
+    def take_snapshot(self, key: str) -> None:
+        self.snap[key] = replace(self.engine.stats, finished=dict(self.engine.stats.finished))
 
-    for i, agent in enumerate(agents):
-        clock.call_at(stagger_s * i / max(1, sessions), lambda a=agent: submit(a, None))  # type: ignore[misc]
-    clock.call_at(warmup_s, lambda: take_snapshot("start"), PRIORITY_ENGINE)
-    with _collector_paused():
-        clock.run(until=duration_s)
-    end = min(clock.now(), duration_s)
-    if turns_per_session is not None and all(s.turn >= turns_per_session for s in agents):
-        end = last_turn[0]
-    take_snapshot("end")
-    a, b = snap.get("start", snap["end"]), snap["end"]
-    window = max(0.0, end - warmup_s)
-    span = window or 1.0  # a run that ended before its warm-up measured nothing: its sums are zero too
-    return VirtualRunResult(
-        sessions=sessions,
-        window_s=window,
-        output_tokens=b.generation_tokens - a.generation_tokens,
-        prefill_tokens=b.prefill_tokens_computed - a.prefill_tokens_computed,
-        recomputed_tokens=b.recomputed_tokens - a.recomputed_tokens,
-        prefix_queries=b.prefix_queries - a.prefix_queries,
-        prefix_hits=b.prefix_hits - a.prefix_hits,
-        preemptions=b.preemptions - a.preemptions,
-        turns_completed=turns[0],
-        ttft_s=ttfts,
-        mean_kv_usage=usage_sum[0] / span,
-        peak_kv_usage=usage_sum[3],
-        mean_running=usage_sum[1] / span,
-        mean_waiting=usage_sum[2] / span,
-        wall_events=state["events"],
-        end_s=end,
-    )
+    def result(self, agents: list[_Session]) -> VirtualRunResult:
+        """The engine's counters diffed across the measurement window, and the sums over it."""
+        end = min(self.clock.now(), self.duration_s)
+        if self.turns_per_session is not None and all(s.turn >= self.turns_per_session for s in agents):
+            end = self.last_turn
+        self.take_snapshot("end")
+        a, b = self.snap.get("start", self.snap["end"]), self.snap["end"]
+        window = max(0.0, end - self.warmup_s)
+        span = window or 1.0  # a run that ended before its warm-up measured nothing: its sums are zero too
+        return VirtualRunResult(
+            sessions=len(agents),
+            window_s=window,
+            output_tokens=b.generation_tokens - a.generation_tokens,
+            prefill_tokens=b.prefill_tokens_computed - a.prefill_tokens_computed,
+            recomputed_tokens=b.recomputed_tokens - a.recomputed_tokens,
+            prefix_queries=b.prefix_queries - a.prefix_queries,
+            prefix_hits=b.prefix_hits - a.prefix_hits,
+            preemptions=b.preemptions - a.preemptions,
+            turns_completed=self.turns,
+            ttft_s=self.ttfts,
+            mean_kv_usage=self.usage_time / span,
+            peak_kv_usage=self.peak_usage,
+            mean_running=self.running_time / span,
+            mean_waiting=self.waiting_time / span,
+            wall_events=self.events,
+            end_s=end,
+        )
