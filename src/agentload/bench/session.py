@@ -93,7 +93,8 @@ class BenchSession:
                 "simulator in process on simulated time, which one process runs whole (serve it with "
                 "`agentload sim` and give --url)"
             )
-        workload = get_workload(settings.workload)  # a bad name or trace file fails before the target is opened
+        # A bad name, trace file or trace option fails before the target is opened.
+        workload = get_workload(settings.workload, **settings.workload_options)
         # A trace that ends inside a level's warm-up would leave every window empty: it is looped (or refused).
         fitted = fit_to_level(workload, settings.warmup_s, settings.window_s)
         if fitted:

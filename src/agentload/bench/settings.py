@@ -20,6 +20,7 @@ from agentload.bench.orchestrate import Mode
 from agentload.bench.search import Slo, parse_slo
 from agentload.endpoint.redact import redact_url
 from agentload.errors import CheckpointError, ConfigError
+from agentload.workload.registry import TRACE_PREFIX
 
 # What a bare ``agentload bench`` runs: the source article's deployment, simulated.
 DEFAULT_SIM = "qwen3-235b-gb300"
@@ -32,6 +33,21 @@ MAX_AGENTS = 100_000
 MAX_CONTEXT = 2**24
 # Flags a resume may give again: how to reach the server, which a run directory does not keep whole.
 RESUME_MAY_REPEAT = ("url", "api_key_env", "wait_ready")
+# The trace-pace fields: their flag, and the ``trace:FILE`` option each gives (``workload.registry``).
+TRACE_FLAGS = {
+    "time_scale": "--time-scale",
+    "trace_speed": "--trace-speed",
+    "trace_timing": "--trace-timing",
+    "trace_repeat": "--trace-repeat",
+    "start": "--start",
+}
+TRACE_OPTIONS = {
+    "time_scale": "time_scale",
+    "trace_speed": "speed",
+    "trace_timing": "timing",
+    "trace_repeat": "repeat",
+    "start": "start",
+}
 
 
 def parse_counts(text: str, flag: str, maximum: int) -> list[int]:
@@ -126,6 +142,35 @@ class BenchSettings(BaseModel):
         default="120s",
         description="With --url: how long to wait for a server still starting (refusing, or /health 503).",
     )
+    # A trace replay's pace: each is the trace option of the same meaning (``TRACE_FLAGS`` names it), unset unless
+    # given, so a run stored before they existed resumes unchanged.
+    time_scale: float | None = Field(
+        default=None,
+        strict=False,
+        description="With --workload trace:FILE of conversations: their recorded waits times this (0.1: ten times "
+        "faster; 0: none).",
+    )
+    trace_speed: float | None = Field(
+        default=None,
+        strict=False,
+        description="With --workload trace:FILE of rows or sessions (JSONL, CSV): its time divided by this (2: "
+        "twice the rate).",
+    )
+    trace_timing: str | None = Field(
+        default=None,
+        description="With --workload trace:FILE of sessions: 'recorded' (each starts at its recorded time, the "
+        "default) or 'closed' (back to back).",
+    )
+    trace_repeat: bool | None = Field(
+        default=None,
+        description="With --workload trace:FILE of rows or sessions: loop it until the level ends (default: only "
+        "when it is shorter than a level); --no-trace-repeat refuses a trace shorter than a level.",
+    )
+    start: str | None = Field(
+        default=None,
+        description="With --workload trace:FILE of conversations or sessions: 'begin' (the default) or 'mid': each "
+        "session starts at a seeded turn k, sent whole as one warm-up turn, then goes on at the recorded pace.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> BenchSettings:
@@ -145,7 +190,16 @@ class BenchSettings(BaseModel):
             if n is not None and n > MAX_AGENTS:
                 raise ConfigError(f"{flag} {n:,}: at most {MAX_AGENTS:,}")
         _ = self.warmup_s, self.window_s, self.wait_ready_s, self.counts, self.slo_spec
+        given = [flag for name, flag in TRACE_FLAGS.items() if getattr(self, name) is not None]
+        if given and not self.workload.strip().startswith(TRACE_PREFIX):
+            raise ConfigError(f"{', '.join(given)} set a trace replay's pace: use with --workload trace:FILE")
         return self
+
+    @property
+    def workload_options(self) -> dict[str, Any]:
+        """The trace options the pace flags give (none unless given): the workload checks that each applies to
+        the trace's format."""
+        return {TRACE_OPTIONS[name]: v for name in TRACE_FLAGS if (v := getattr(self, name)) is not None}
 
     @property
     def simulator(self) -> str | None:

@@ -71,6 +71,11 @@ def bench(
     min_turns: Annotated[int | None, _flag("min_turns", min=1)] = _D.min_turns,
     no_pin_slots: Annotated[bool, _flag("no_pin_slots", "--no-pin-slots")] = _D.no_pin_slots,
     wait_ready: Annotated[str, _flag("wait_ready")] = _D.wait_ready,
+    time_scale: Annotated[float | None, _flag("time_scale", min=0.0)] = _D.time_scale,
+    trace_speed: Annotated[float | None, _flag("trace_speed")] = _D.trace_speed,
+    trace_timing: Annotated[str | None, _flag("trace_timing")] = _D.trace_timing,
+    trace_repeat: Annotated[bool | None, _flag("trace_repeat", "--trace-repeat/--no-trace-repeat")] = _D.trace_repeat,
+    start: Annotated[str | None, _flag("start")] = _D.start,
     resume: Annotated[
         str | None,
         typer.Option(

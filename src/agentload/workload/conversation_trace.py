@@ -21,6 +21,10 @@ the draw decide (``TokenSizing`` turns tokens into words of our text), then word
 ``in`` tokens; the reply is asked for ``out`` tokens. So equal ids within a tree are equal text and a server's
 prefix cache can reuse exactly what the trace's blocks share — and no more: each draw is salted afresh (with
 the run's text salt and the level, so a rerun finds nothing warm), and each subagent has a salt of its own.
+With ``start="mid"`` a drawn tree starts at a request k of its conversation (``mid_turn``: seeded, per draw),
+sent whole as a warm-up, then goes on from k + 1; subagents started before request k are not replayed
+(``ConversationTreeDriver.plan``). Each turn is due its wait after the previous reply, and is built inside that
+wait, so the send is not late by the time its prompt takes to build.
 
 **The ceiling**: what an unlimited prefix cache would have served of the requests replayed, in the trace's own
 blocks (each request's leading ids already sent in its context, times ``block_size``, over its ``in``). The
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -55,7 +60,6 @@ from agentload.errors import ConfigError
 from agentload.inputs import parse_json, read_text
 from agentload.workload.agentic import DONE, FAILED, FAILURE_PAUSE_S, SINGLE_MESSAGE_OVERHEAD_TOKENS, agent_ids
 from agentload.workload.base import AgentDriver, LoadContext
-from agentload.workload.sizing import words
 from agentload.workload.words import VOCAB, stable_int
 
 # One JSON document is parsed whole; its hash-id lists take ~7x their text in memory, so 64 MiB is ~0.5 GB.
@@ -140,6 +144,7 @@ class ReplayRequest:
     blocks: tuple[int, ...]  # hash ids, in order
     wait_s: float  # recorded wait after the previous reply of its context (0 for the first)
     hit_tokens: int  # what an unlimited cache held of it: leading blocks sent earlier in its context
+    at_s: float = 0.0  # recorded ``t`` after its context's first request (where a mid start puts the tree's clock)
 
 
 @dataclass(frozen=True)
@@ -186,21 +191,104 @@ def trace_ceiling(trace: ConversationTrace) -> float:
 
 
 _KEY = re.compile(r"^c\d+(\.s\d+)*$")
+_STARTED = re.compile(r"^k(\d+)$")  # a context a mid start began at request k: ``agent-0/d3/k5/c3``
+
+# Where a replayed session starts: its first turn, or a turn k drawn inside it (``mid_turn``).
+Start = Literal["begin", "mid"]
+STARTS: tuple[Start, ...] = ("begin", "mid")
+
+
+def check_start(start: object) -> Start:
+    if start not in STARTS:
+        raise ConfigError(f"start must be 'begin' or 'mid', got {start!r}")
+    return "mid" if start == "mid" else "begin"
+
+
+def mid_turn(turns: int, *key: int) -> int:
+    """The turn a ``start="mid"`` replay of a ``turns``-turn session begins at: uniform over every turn that has a
+    next one (so at least one turn follows the warm-up), drawn from ``key`` alone (the seed and the draw), so the
+    same draw starts at the same turn in every run."""
+    if turns < 2:
+        return 0
+    return int(np.random.default_rng([stable_int("start-mid"), *key]).integers(0, turns - 1))
 
 
 def prefix_ceiling(trace: ConversationTrace, records: Sequence[RequestRecord]) -> float | None:
-    """The ceiling for what ``records`` replayed (records of other workloads, or of no request, are skipped)."""
+    """The ceiling for what ``records`` replayed (records of other workloads, or of no request, are skipped).
+
+    A context a mid start began at request k (its name's ``k<k>`` segment) has its history from k on: k itself,
+    the warm-up, is a miss, and a later request's hits count against what was sent from k, not against the
+    requests the replay skipped. The name says so, so a level's window alone (its warm-up's records left out) is
+    enough."""
     hit = prompt = 0
     contexts = trace.by_key
+    from_first: dict[tuple[str, int], tuple[int, ...]] = {}  # by context key and first request, computed once each
     for record in records:
-        key = record.ids.agent.rsplit("/", 1)[-1]
+        parts = record.ids.agent.rsplit("/", 2)
+        key = parts[-1]
         context = contexts.get(key) if _KEY.match(key) else None
         if context is None or not 0 <= record.ids.turn < len(context.requests):
             continue
         request = context.requests[record.ids.turn]
-        hit += request.hit_tokens
+        started = _STARTED.match(parts[-2]) if len(parts) == 3 else None
+        k = int(started.group(1)) if started else 0
+        if k == 0:
+            hit += request.hit_tokens
+        elif record.ids.turn >= k:
+            hits = from_first.get((key, k))
+            if hits is None:
+                hits = from_first[key, k] = _hits_from(context, k, trace.block_size[int(key[1:].split(".", 1)[0])])
+            hit += hits[record.ids.turn - k]
         prompt += request.tokens
     return hit / prompt if prompt else None
+
+
+def _hits_from(context: ReplayContext, first: int, block_size: int) -> tuple[int, ...]:
+    """Each request's ceiling when its context's history starts at request ``first`` (the first sent, a miss)."""
+    out: list[int] = []
+    sent: set[int] = set()
+    for request in context.requests[first:]:
+        hits = 0
+        for block in request.blocks:
+            if block not in sent:
+                break
+            hits += 1
+        out.append(hits * block_size)
+        sent.update(request.blocks)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PaceTruth:
+    """How a replay kept a trace's pace over some records: every turn that followed a reply in its context."""
+
+    turns: int
+    recorded_wait_s: float  # mean recorded wait before those turns, times the replay's time_scale
+    realised_wait_s: float  # mean of each turn's send minus the previous reply's end
+    lateness_s: tuple[float, ...]  # each turn's realised minus scheduled wait, in record order
+
+
+def pace_truth(trace: ConversationTrace, records: Sequence[RequestRecord], time_scale: float) -> PaceTruth | None:
+    """The realised waits against the recorded ones for the turns ``records`` hold after a reply in their own
+    context (a context's first turn has no recorded time of its own, and one after a failed reply none either);
+    None when there is no such turn."""
+    contexts = trace.by_key
+    done = {(r.ids.agent, r.ids.turn): r.t_done for r in records if r.ok}
+    late: list[float] = []
+    recorded = realised = 0.0
+    for record in records:
+        key = record.ids.agent.rsplit("/", 1)[-1]
+        context = contexts.get(key) if _KEY.match(key) else None
+        before = done.get((record.ids.agent, record.ids.turn - 1))
+        if context is None or before is None or not 0 < record.ids.turn < len(context.requests):
+            continue
+        wait = context.requests[record.ids.turn].wait_s * time_scale
+        recorded += wait
+        realised += record.t_sent - before
+        late.append(record.t_sent - before - wait)
+    if not late:
+        return None
+    return PaceTruth(len(late), recorded / len(late), realised / len(late), tuple(late))
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
@@ -322,7 +410,9 @@ def _flatten(
                 break
             hits += 1
         cache.update(entry.hash_ids)
-        requests.append(ReplayRequest(entry.in_, entry.out, tuple(entry.hash_ids), wait, hits * block_size))
+        requests.append(
+            ReplayRequest(entry.in_, entry.out, tuple(entry.hash_ids), wait, hits * block_size, entry.t - origin)
+        )
         previous = entry
     out.append(ReplayContext(key, start_s, tuple(requests)))
     for n, (i, sub) in enumerate(subagents):
@@ -332,14 +422,30 @@ def _flatten(
     return total_ids
 
 
+def reply_end(now: float, record: RequestRecord) -> float:
+    """When the reply a wait is measured from ended: its record's ``t_done`` (the client's clock, the loop's as the
+    level's is), so the time the record took to reach the workload is inside the wait; ``now`` when that stamp is
+    not a moment of the last second on this clock (a client given a clock of its own)."""
+    return record.t_done if now - 1.0 <= record.t_done <= now else now
+
+
 # -- replay ------------------------------------------------------------------------------------------------------
+
+
+def _hashed_words(key: tuple[int, ...], n: int) -> str:
+    """``n`` words of ``VOCAB`` that ``key`` alone decides. An extendable-output hash of the key, not a seeded numpy
+    generator: seeding one costs ~0.1 ms, and a replay builds a prompt for every turn on the loop that paces the
+    others' (SHAKE-128, FIPS 202, gives as many uniform bytes as asked)."""
+    if n <= 0:
+        return ""
+    picks = np.frombuffer(hashlib.shake_128(repr(key).encode()).digest(4 * n), dtype=np.uint32) % len(VOCAB)
+    return " ".join(VOCAB[picks])
 
 
 @functools.lru_cache(maxsize=65_536)
 def _block_text(salt: tuple[int, ...], block: int, n_words: int) -> str:
     """The text a hash id stands for in one tree context: the same for every request that names it there."""
-    rng = np.random.default_rng([*salt, 0, block])
-    return " ".join(VOCAB[rng.integers(0, len(VOCAB), n_words)])
+    return _hashed_words((*salt, 0, block), n_words)
 
 
 def prompt_text(
@@ -351,7 +457,7 @@ def prompt_text(
     rest = request.tokens - SINGLE_MESSAGE_OVERHEAD_TOKENS - len(request.blocks) * block_words * tokens_per_word
     own = max(0 if parts else 1, math.floor(rest / tokens_per_word))
     if own:
-        parts.append(words(np.random.default_rng([*salt, 1, turn]), own))
+        parts.append(_hashed_words((*salt, 1, turn), own))
     return " ".join(parts)
 
 
@@ -397,6 +503,7 @@ class ConversationTreeDriver:
     time_scale: float
     seed: int
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    start: Start = "begin"
 
     def conversations(self, ctx: LoadContext) -> Steps:
         slots = asyncio.Semaphore(MAX_LIVE_CONVERSATIONS)
@@ -406,18 +513,44 @@ class ConversationTreeDriver:
             state = _TreeState(functools.partial(self._tree_done, ctx))
             start = ctx.clock.now()
             contexts = [c for c in tree.contexts if c.requests]  # a conversation of subagents only sends none itself
-            for n, context in enumerate(contexts):
-                if context.start_s > 0:
-                    yield Wait(until=start + context.start_s * self.time_scale, slice_s=WAIT_SLICE_S)
+            plan = self.plan(contexts, draw)
+            if len(plan) == 1:  # no subagent: the conversation runs here, no tree to watch (``TREE_POLL_S``)
+                context, first, at_s = plan[0]
+                if at_s > 0:  # a conversation of one subagent: it starts when the trace started it
+                    yield Wait(until=start + at_s * self.time_scale, slice_s=WAIT_SLICE_S)
+                end = yield _ContextTurns(self, ctx, tree.index, context, draw, first)
+                if end is None or end.reason == STOPPED:  # the level ended mid-session: not a finished one
+                    return
+                ctx.session_done(self.agent_id, ok=end.reason == DONE)
+                if end.reason != DONE:
+                    yield Wait(FAILURE_PAUSE_S)
+                continue
+            for n, (context, first, at_s) in enumerate(plan):
+                if at_s > 0:
+                    yield Wait(until=start + at_s * self.time_scale, slice_s=WAIT_SLICE_S)
                 state.pending += 1
-                state.all_started = n == len(contexts) - 1
-                yield Spawn(_ContextTurns(self, ctx, tree.index, context, draw), slots, state.ended)
+                state.all_started = n == len(plan) - 1
+                yield Spawn(_ContextTurns(self, ctx, tree.index, context, draw, first), slots, state.ended)
             while state.pending > 0:  # the tree is the unit of concurrency: the next starts when it has ended
                 yield Wait(TREE_POLL_S)
             if state.stopped:
                 return
             if state.failed:
                 yield Wait(FAILURE_PAUSE_S)
+
+    def plan(self, contexts: Sequence[ReplayContext], draw: int) -> list[tuple[ReplayContext, int, float]]:
+        """Each context to start, the request it starts at and when (recorded seconds after the tree's start).
+
+        From the beginning: every context at its first request and its recorded start. From the middle: the
+        tree's first context (the conversation) at request ``mid_turn`` of the draw, sent at once; the tree's
+        clock starts at that request's recorded time, so a subagent started after it starts that much later, and
+        one started before it is not replayed (it was the past of the sampled point)."""
+        if self.start == "begin" or not contexts:
+            return [(c, 0, c.start_s) for c in contexts]
+        root = contexts[0]
+        k = mid_turn(len(root.requests), self.seed, draw)
+        now = root.start_s + root.requests[k].at_s
+        return [(root, k, 0.0)] + [(c, 0, c.start_s - now) for c in contexts[1:] if c.start_s >= now]
 
     def _tree_done(self, ctx: LoadContext, ok: bool) -> None:
         ctx.session_done(self.agent_id, ok=ok)
@@ -427,10 +560,20 @@ class _ContextTurns:
     """One conversation or subagent of a drawn tree as a conversation of single-message requests."""
 
     def __init__(
-        self, driver: ConversationTreeDriver, ctx: LoadContext, index: int, context: ReplayContext, draw: int
+        self,
+        driver: ConversationTreeDriver,
+        ctx: LoadContext,
+        index: int,
+        context: ReplayContext,
+        draw: int,
+        first: int = 0,
     ) -> None:
         self.driver, self.ctx, self.context = driver, ctx, context
-        self.name = f"{driver.agent_id}/d{draw}/{context.key}"
+        # The loop numbers turns from 0; the records carry the trace's request index (``first`` + turn), which the
+        # ceiling reads. A mid start's turn 0 is request ``first`` whole: its text is the full replay's (the same
+        # salt and ids), its context cold, as a resumed session's would be.
+        self.first = first
+        self.name = f"{driver.agent_id}/d{draw}/{f'k{first}/' if first else ''}{context.key}"
         # Fresh per draw and per context (a subagent's cache is its own), and the run's and the level's, so a rerun
         # against the same server finds nothing of this level warm. The agent too: a distributed level's actors
         # each count their own draws.
@@ -439,8 +582,15 @@ class _ContextTurns:
             stable_int(context.key),
         )  # fmt: skip
         self.block_size = driver.trace.block_size[index]
+        self.built: Request | None = None
 
     def request(self, turn: int) -> Request | None:
+        turn += self.first
+        if self.built is not None and self.built.ids.turn == turn:  # built while its wait ran (``reply``)
+            return self.built
+        return self.build(turn)
+
+    def build(self, turn: int) -> Request | None:
         if turn >= len(self.context.requests):
             return None
         ctx, request = self.ctx, self.context.requests[turn]
@@ -455,11 +605,19 @@ class _ContextTurns:
         return Request(body, RequestIds(run=ctx.run_id, level=ctx.level, agent=self.name, turn=turn))
 
     async def reply(self, turn: int, records: list[RequestRecord]) -> Next | End:
+        turn += self.first
         if not records[-1].ok:
             return End(FAILED)
         if turn + 1 >= len(self.context.requests):
             return End(DONE)
-        return Next(self.context.requests[turn + 1].wait_s * self.driver.time_scale)
+        # The next turn is due its recorded wait after this reply, however long building it takes: it is built now,
+        # inside the wait, and the wait runs to a time, so the send is not late by the build.
+        due = (
+            reply_end(self.ctx.clock.now(), records[-1])
+            + self.context.requests[turn + 1].wait_s * self.driver.time_scale
+        )
+        self.built = self.build(turn + 1)
+        return Next(until=due)
 
 
 @dataclass(eq=False)
@@ -469,6 +627,7 @@ class ConversationTraceWorkload:
     trace: ConversationTrace
     time_scale: float = 1.0  # recorded waits times this: 0.5 halves think times and subagent start offsets
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    start: Start = "begin"  # "mid": each tree starts at a drawn request of its conversation (``plan``)
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -476,13 +635,16 @@ class ConversationTraceWorkload:
         scale = self.time_scale
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 <= scale <= 1e6:
             raise ConfigError(f"time_scale must be a number from 0 to 1e6 (1 = as recorded), got {scale!r}")
+        self.start = check_start(self.start)
 
     def agents(self, count: int, *, context: int, seed: int) -> list[AgentDriver]:
         # ``context`` does not apply: the trace fixes every size.
         draws = _Draws()
         return [
             ConversationDriver(
-                ConversationTreeDriver(agent_id, self.trace, draws, float(self.time_scale), seed, dict(self.extra_body))
+                ConversationTreeDriver(
+                    agent_id, self.trace, draws, float(self.time_scale), seed, dict(self.extra_body), self.start
+                )
             )
             for agent_id in agent_ids(count)
         ]
@@ -491,14 +653,20 @@ class ConversationTraceWorkload:
         """The trace's own prefix-hit ceiling over what ``records`` replayed (``workload.base.ReplayCeiling``)."""
         return prefix_ceiling(self.trace, records)
 
+    def pace(self, records: Sequence[RequestRecord]) -> PaceTruth | None:
+        """The realised think times against the recorded ones (times ``time_scale``) over ``records``."""
+        return pace_truth(self.trace, records, float(self.time_scale))
 
-CONVERSATION_OPTIONS = ("time_scale", "extra_body")
+
+CONVERSATION_OPTIONS = ("time_scale", "start", "extra_body")
 
 
 def conversation_workload(path: str | Path, **options: Any) -> ConversationTraceWorkload:
     unknown = sorted(set(options) - set(CONVERSATION_OPTIONS))
     if unknown:
+        # speed, timing and repeat are the JSONL replays' (their time divided by speed); here time_scale paces it.
         raise ConfigError(
-            f"unknown option {', '.join(unknown)} for a conversation trace; known: {', '.join(CONVERSATION_OPTIONS)}"
+            f"unknown trace option {', '.join(unknown)} for a conversation trace ({path}); its options: "
+            f"{', '.join(CONVERSATION_OPTIONS)} (its pace: time_scale, bench --time-scale)"
         )
     return ConversationTraceWorkload(load_conversation_trace(path), **options)

@@ -106,7 +106,7 @@ def get_workload(spec: str, **options: Any) -> Workload:
         path = spec.removeprefix(TRACE_PREFIX).strip()
         if not path:
             raise ConfigError("trace: needs a file, e.g. trace:sessions.jsonl")
-        _check("trace", opts, ("speed", "timing", "repeat", "time_scale", *_BODY_OPTIONS))
+        _check("trace", opts, ("speed", "timing", "repeat", "time_scale", "start", *_BODY_OPTIONS))
         extra = _body(opts)
         return trace_workload(path, extra_body=extra, **opts)
     if spec.startswith(SYNTHETIC_PREFIX):

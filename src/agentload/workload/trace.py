@@ -37,6 +37,9 @@ its new input to the conversation; in any other, a turn keeps the session's open
 its new input (a held context, as ``agentic-hold`` makes), or starts a fresh conversation when even that is too
 long. The format keeps sizes, not what was reused, so a session that compacts and then grows again replays as
 held turns (same sizes, less reuse).
+With ``start="mid"`` each session starts at a turn k drawn from the seed, the session and the pass: one opening
+message of turn k's recorded size (a warm-up, a cache miss; the format keeps no replies to rebuild its text),
+then turns k + 1 on as above. Request traces refuse it: they are replayed at their own timestamps.
 
 Sizes are simulator tokens (one per word; ~1–1.3 tokens per word on real servers, corrected by the tokens per
 word measured on a session's first turn). Texts are salted with the run and the level, so a level never finds a
@@ -85,8 +88,12 @@ from agentload.workload.agentic import (
 from agentload.workload.base import AgentDriver, LoadContext, Workload
 from agentload.workload.conversation_trace import (
     ConversationTraceWorkload,
+    Start,
+    check_start,
     conversation_workload,
     is_conversation_trace,
+    mid_turn,
+    reply_end,
 )
 from agentload.workload.trace_csv import looks_like_csv_header, read_csv_trace
 
@@ -586,6 +593,7 @@ class SessionReplayDriver:
     timing: Timing = "recorded"
     repeat: bool = False
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    start: Start = "begin"
     replayed: int = 0
 
     def conversations(self, ctx: LoadContext) -> Steps:
@@ -623,7 +631,10 @@ class SessionReplayDriver:
         )
         shared = session.shared_prefix_tokens
         system = [{"role": "system", "content": self._shared(ctx, shared)}] if shared > 0 else []
-        return _SessionTurns(self, ctx, session, name, rng, system)
+        first = 0
+        if self.start == "mid":  # the same session of the same pass starts at the same turn in every run
+            first = mid_turn(len(session.turns), self.seed, stable_int(session.session_id), rounds)
+        return _SessionTurns(self, ctx, session, name, rng, system, first)
 
 
 class _SessionTurns:
@@ -642,23 +653,35 @@ class _SessionTurns:
         name: str,
         rng: np.random.Generator,
         system: list[dict[str, Any]],
+        first: int = 0,
     ) -> None:
         self.driver, self.ctx, self.session, self.name, self.rng, self.system = driver, ctx, session, name, rng, system
+        # The loop numbers turns from 0; the records carry the session's turn (``first`` + turn). A mid start's
+        # turn 0 is turn ``first`` as one opening of its recorded size: the format keeps no replies, so the context
+        # the session had there is rebuilt at its size, not its text, and is a miss as a resumed session's would be.
+        self.first = first
         self.shared = session.shared_prefix_tokens
         self.first_overhead = OPENING_OVERHEAD_TOKENS if self.shared > 0 else SINGLE_MESSAGE_OVERHEAD_TOKENS
         self.grows = all(b.prompt_tokens >= a.prompt_tokens + a.completion_tokens for a, b in pairwise(session.turns))
-        self.messages = self.opening(session.turns[0].prompt_tokens)
+        self.messages = self.opening(session.turns[first].prompt_tokens)
         self.head = len(self.messages)  # the opening's messages, kept when a held context drops the middle
         self.last: RequestRecord | None = None
         self.opening_tokens = 0
         self.per_word = 1.0
         self.restarted = False
+        self.built: Request | None = None
 
     def opening(self, prompt_tokens: int) -> list[dict[str, Any]]:
         n = max(1, prompt_tokens - self.shared - self.first_overhead)
         return [*self.system, {"role": "user", "content": words(self.rng, n)}]
 
     def request(self, turn_no: int) -> Request:
+        turn_no += self.first
+        if self.built is not None and self.built.ids.turn == turn_no:  # built while its wait ran (``reply``)
+            return self.built
+        return self.build(turn_no)
+
+    def build(self, turn_no: int) -> Request:
         turn, last = self.session.turns[turn_no], self.last
         if last is not None:
             reply = {"role": "assistant", "content": last.content}
@@ -681,13 +704,14 @@ class _SessionTurns:
         return Request({**body, **self.driver.extra_body}, ids)
 
     async def reply(self, turn_no: int, records: list[RequestRecord]) -> Next | End:
+        turn_no += self.first
         last = records[-1]
         if not last.ok:
             return End(FAILED)
         if self.last is None:
             self.opening_tokens = last.prompt_tokens
             # Our words cost this many of the server's tokens per recorded token (1.0 when both are the simulator).
-            self.per_word = tokens_per_word(last, self.session.turns[0].prompt_tokens)
+            self.per_word = tokens_per_word(last, self.session.turns[self.first].prompt_tokens)
         elif self.restarted:
             self.opening_tokens = last.prompt_tokens
         self.last = last
@@ -695,7 +719,10 @@ class _SessionTurns:
         if turn_no + 1 >= len(turns):
             return End(DONE)
         upcoming = turns[turn_no + 1]
-        return Next((upcoming.tool_s + upcoming.think_s) / self.driver.speed)
+        # Due its recorded wait after this reply, however long building it takes: built now, inside the wait.
+        due = reply_end(self.ctx.clock.now(), last) + (upcoming.tool_s + upcoming.think_s) / self.driver.speed
+        self.built = self.build(turn_no + 1)
+        return Next(until=due)
 
 
 @dataclass
@@ -709,12 +736,14 @@ class SessionReplayWorkload:
     # unless ``fit_level`` finds the trace shorter than the level.
     repeat: bool | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    start: Start = "begin"  # "mid": each session starts at a drawn turn (``mid_turn``), sent whole as a warm-up
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = f"trace:{self.trace.path}"
         if not self.speed > 0:
             raise ConfigError(f"the replay speed must be positive, got {self.speed}")
+        self.start = check_start(self.start)
         if self.timing not in ("recorded", "closed"):
             raise ConfigError(f"session timing must be 'recorded' or 'closed', got {self.timing!r}")
         if self.repeat not in (None, True, False):
@@ -748,7 +777,15 @@ class SessionReplayWorkload:
         return [
             ConversationDriver(
                 SessionReplayDriver(
-                    agent_id, share, origin, self.speed, seed, self.timing, self._loop, dict(self.extra_body)
+                    agent_id,
+                    share,
+                    origin,
+                    self.speed,
+                    seed,
+                    self.timing,
+                    self._loop,
+                    dict(self.extra_body),
+                    self.start,
                 )
             )
             for agent_id, share in zip(agent_ids(count), shares, strict=True)
@@ -762,10 +799,22 @@ def trace_workload(
     if is_conversation_trace(path):  # one JSON document of Claude Code conversations (workload/conversation_trace)
         return conversation_workload(path, **options)
     trace = load_trace(path)
-    known = {"speed", "repeat", "extra_body"} | ({"timing"} if isinstance(trace, SessionTraceFile) else set())
+    sessions = isinstance(trace, SessionTraceFile)
+    known = {"speed", "repeat", "extra_body"} | ({"timing", "start"} if sessions else set())
+    # A request trace starts where its timestamps say: "begin" is what it does, "mid" has no meaning there.
+    if not sessions and "start" in options and check_start(options.pop("start")) == "mid":
+        raise ConfigError(
+            f"start=mid applies to closed-loop replays (conversation and session traces); {path} is a request "
+            "trace, replayed open loop at its own timestamps, so a level sees whatever part of it the level's time "
+            "covers (cut the file to start later; --trace-speed compresses it)"
+        )
     unknown = sorted(set(options) - known)
     if unknown:
-        raise ConfigError(f"unknown trace option {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        # time_scale is the conversation traces' pace; these divide their time by speed instead.
+        raise ConfigError(
+            f"unknown trace option {', '.join(unknown)} for {path} (a {'session' if sessions else 'request'} "
+            f"trace); its options: {', '.join(sorted(known))} (its pace: speed, bench --trace-speed)"
+        )
     if isinstance(trace, MooncakeTrace):
         return MooncakeWorkload(trace, **options)
     return SessionReplayWorkload(trace, **options)
