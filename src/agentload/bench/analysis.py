@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -106,76 +107,87 @@ def _computed_share(ok: Sequence[RequestRecord]) -> float | None:
     return computed / total if total > 0 else None
 
 
-def summarise(data: LevelData) -> LevelSummary:
-    w0, w1 = data.window_start, data.end
-    window = max(w1 - w0, 1e-9)
-    # The window's edges are quiet (endpoint.backend.QuiesceGate): a request belongs to it when it was sent and done
-    # inside it.
-    in_window = [r for r in data.records if r.t_sent - data.t0 >= w0 - 1e-9 and r.t_done - data.t0 <= w1 + 1e-9]
-    ok = [r for r in in_window if r.ok]
-    # A request the level cut at its window's end did not fail on the server's side: counted apart.
-    cut = sum(1 for r in in_window if r.error is ErrorKind.CUT)
-    samples = [s for s in data.samples if w0 - 1e-9 <= s.sample.t <= w1 + 1e-9]
-    first = samples[0] if samples else None
-    last = samples[-1] if samples else None
+@dataclass(frozen=True)
+class _Counters:
+    """What the server's own counters say over a level's window (their deltas from its first sample to its last)."""
 
+    output_tps: float = 0.0
+    prefill_tps: float = 0.0
+    source: Literal["server", "usage"] = (
+        "usage"  # "server": the throughputs are the counters'; "usage": none, the requests' usage decides
+    )
+    prefix_server: float | None = None
+    preemptions: float | None = None
+    recomputed: float | None = None
+    offload_rate: float | None = None
+    offload_tps: float | None = None
+    computed_share: float | None = None
+    time_share: float | None = None
+    queue: Percentiles = field(default_factory=Percentiles)
+
+
+def _counters(first: RawSample, last: RawSample) -> _Counters:
+    """The window's counter deltas; ``last`` is later than ``first``."""
+    a, b = first.sample, last.sample
+    span = b.t - a.t
+    gen = _delta(a, b, "generation_tokens")
+    prompt = _delta(a, b, "prompt_tokens")
     output_tps = prefill_tps = 0.0
-    source = "usage"
-    prefix_server = preemptions = recomputed = None
+    source: Literal["server", "usage"] = "usage"
+    if gen is not None and prompt is not None:
+        output_tps, prefill_tps, source = gen / span, prompt / span, "server"
+    queries = _delta(a, b, "prefix_queries")
+    hits = _delta(a, b, "prefix_hits")
+    prefix_server = hits / queries if queries and hits is not None else None
+    ext_queries = _delta(a, b, "external_queries")
+    ext_hits = _delta(a, b, "external_hits")
+    # vLLM's connector counts every scheduled prompt token as a query, as its GPU cache does; where only the
+    # hits are exported (LMCache's own counter), the GPU cache's queries are the same tokens.
+    looked_up = ext_queries or queries
     offload_rate = offload_tps = computed_share = time_share = None
-    queue = Percentiles()
-    if first is not None and last is not None and last.sample.t > first.sample.t:
-        span = last.sample.t - first.sample.t
-        gen = _delta(first.sample, last.sample, "generation_tokens")
-        prompt = _delta(first.sample, last.sample, "prompt_tokens")
-        if gen is not None and prompt is not None:
-            output_tps, prefill_tps, source = gen / span, prompt / span, "server"
-        queries = _delta(first.sample, last.sample, "prefix_queries")
-        hits = _delta(first.sample, last.sample, "prefix_hits")
-        if queries and hits is not None:
-            prefix_server = hits / queries
-        preemptions = _delta(first.sample, last.sample, "preemptions")
-        recomputed = _delta(first.sample, last.sample, "recomputed_tokens")
-        queue = _hist_percentiles(first.queue_buckets, last.queue_buckets)
-        ext_queries = _delta(first.sample, last.sample, "external_queries")
-        ext_hits = _delta(first.sample, last.sample, "external_hits")
-        # vLLM's connector counts every scheduled prompt token as a query, as its GPU cache does; where only the
-        # hits are exported (LMCache's own counter), the GPU cache's queries are the same tokens.
-        looked_up = ext_queries or queries
-        if looked_up and ext_hits is not None:
-            offload_rate, offload_tps = ext_hits / looked_up, ext_hits / span
-        if queries and hits is not None and gen is not None:
-            # Looked-up tokens less those any cache served are the ones prefill computed (llama.cpp's queries
-            # are processed + cached, so the same difference holds there).
-            computed = max(0.0, queries - hits - (ext_hits or 0.0))
-            computed_share = computed / (computed + gen) if computed + gen > 0 else None
-        prefill_s = _delta(first.sample, last.sample, "prefill_time_s")
-        decode_s = _delta(first.sample, last.sample, "decode_time_s")
-        if prefill_s is not None and decode_s is not None and prefill_s + decode_s > 0:
-            time_share = prefill_s / (prefill_s + decode_s)
-    if source == "usage":
-        output_tps = sum(r.completion_tokens for r in ok) / window
-        prefill_tps = sum(r.prompt_tokens for r in ok) / window
-    prompt_total = sum(r.prompt_tokens for r in ok)
-    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    prefix_usage = (sum(cached) / prompt_total) if cached and prompt_total else None
-    kv = [s.sample.kv_usage for s in samples if s.sample.kv_usage is not None]
-    running = [s.sample.running for s in samples if s.sample.running is not None]
-    waiting = [s.sample.waiting for s in samples if s.sample.waiting is not None]
-    ttft = [r.ttft for r in ok if r.ttft is not None]
-    itl = [g for r in ok for g in r.itl()]
-    ttft_pct = _pct(ttft)
-    # A request's wait in the queue is part of its time to first token, so each percentile of the one is at most
-    # the same percentile of the other. The server's histogram places a percentile only within its bucket (vLLM's
-    # first is 0–0.3 s), where interpolation can read a wait longer than the whole TTFT: bounded by it here.
-    queue = Percentiles(**{q: _at_most(getattr(queue, q), getattr(ttft_pct, q)) for q in ("p50", "p95", "p99")})
-    share = prefill_tps / (prefill_tps + output_tps) if (prefill_tps + output_tps) > 0 else None
+    if looked_up and ext_hits is not None:
+        offload_rate, offload_tps = ext_hits / looked_up, ext_hits / span
+    if queries and hits is not None and gen is not None:
+        # Looked-up tokens less those any cache served are the ones prefill computed (llama.cpp's queries
+        # are processed + cached, so the same difference holds there).
+        computed = max(0.0, queries - hits - (ext_hits or 0.0))
+        computed_share = computed / (computed + gen) if computed + gen > 0 else None
+    prefill_s = _delta(a, b, "prefill_time_s")
+    decode_s = _delta(a, b, "decode_time_s")
+    if prefill_s is not None and decode_s is not None and prefill_s + decode_s > 0:
+        time_share = prefill_s / (prefill_s + decode_s)
+    return _Counters(
+        output_tps=output_tps,
+        prefill_tps=prefill_tps,
+        source=source,
+        prefix_server=prefix_server,
+        preemptions=_delta(a, b, "preemptions"),
+        recomputed=_delta(a, b, "recomputed_tokens"),
+        offload_rate=offload_rate,
+        offload_tps=offload_tps,
+        computed_share=computed_share,
+        time_share=time_share,
+        queue=_hist_percentiles(first.queue_buckets, last.queue_buckets),
+    )
+
+
+@dataclass(frozen=True)
+class _Lengths:
+    """The window's prompt + reply sizes and its replies' lengths against what was asked for and drawn."""
+
+    contexts: list[int]
+    requested: float | None
+    realised: float | None
+    short: bool
+    drawn: float | None
+    clamped: bool
+
+
+def _lengths(ok: Sequence[RequestRecord], data: LevelData) -> _Lengths:
     counted = [r for r in ok if r.usage_source is UsageSource.SERVER]
-    contexts = [r.prompt_tokens + r.completion_tokens for r in counted]
     asked = [r for r in counted if r.requested_tokens is not None]
     requested = float(np.mean([r.requested_tokens or 0 for r in asked])) if asked else None
     realised = float(np.mean([r.completion_tokens for r in asked])) if asked else None
-    short = requested is not None and realised is not None and realised < OUTPUT_SHORT_RATIO * requested
     # What the workload drew for the same turns, before a held session shortened a long draw to stay at its
     # context (a server that counts a sent-back reply as longer than it was generated makes that common).
     drawn = (
@@ -183,10 +195,21 @@ def summarise(data: LevelData) -> LevelSummary:
         if asked
         else None
     )
-    clamped = requested is not None and drawn is not None and requested < OUTPUT_CLAMPED_RATIO * drawn
-    too_few = data.min_turns is not None and len(ok) < data.min_turns
+    return _Lengths(
+        contexts=[r.prompt_tokens + r.completion_tokens for r in counted],
+        requested=requested,
+        realised=realised,
+        short=requested is not None and realised is not None and realised < OUTPUT_SHORT_RATIO * requested,
+        drawn=drawn,
+        clamped=requested is not None and drawn is not None and requested < OUTPUT_CLAMPED_RATIO * drawn,
+    )
+
+
+def _warnings(data: LevelData, completed: int, lengths: _Lengths, too_few: bool) -> list[str]:
+    """The runner's notes, then what the window's figures cannot be trusted for."""
     warnings = list(data.notes)
-    if short and requested and realised is not None:
+    requested, realised, drawn = lengths.requested, lengths.realised, lengths.drawn
+    if lengths.short and requested and realised is not None:
         share_out = realised / requested
         if data.output_controlled:
             warnings.append(
@@ -198,7 +221,7 @@ def summarise(data: LevelData) -> LevelSummary:
                 f"replies averaged {share_out:.0%} of the requested length (the model stopped early and the engine "
                 "was not asked for exact lengths): output tok/s does not measure the workload's shape"
             )
-    if clamped and requested is not None and drawn:
+    if lengths.clamped and requested is not None and drawn:
         warnings.append(
             f"turns asked for {requested / drawn:.0%} of the reply lengths the workload drew ({requested:.1f} of "
             f"{drawn:.1f} tokens a turn): held sessions shortened replies to stay at the context, so output tok/s "
@@ -206,9 +229,43 @@ def summarise(data: LevelData) -> LevelSummary:
         )
     if too_few:
         warnings.append(
-            f"only {len(ok)} completed turns in the window (wanted {data.min_turns}): its figures are noisy; "
+            f"only {completed} completed turns in the window (wanted {data.min_turns}): its figures are noisy; "
             "give it a longer --window"
         )
+    return warnings
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def summarise(data: LevelData) -> LevelSummary:
+    w0, w1 = data.window_start, data.end
+    window = max(w1 - w0, 1e-9)
+    # The window's edges are quiet (endpoint.backend.QuiesceGate): a request belongs to it when it was sent and done
+    # inside it.
+    in_window = [r for r in data.records if r.t_sent - data.t0 >= w0 - 1e-9 and r.t_done - data.t0 <= w1 + 1e-9]
+    ok = [r for r in in_window if r.ok]
+    # A request the level cut at its window's end did not fail on the server's side: counted apart.
+    cut = sum(1 for r in in_window if r.error is ErrorKind.CUT)
+    samples = [s for s in data.samples if w0 - 1e-9 <= s.sample.t <= w1 + 1e-9]
+    server = _Counters()
+    if samples and samples[-1].sample.t > samples[0].sample.t:
+        server = _counters(samples[0], samples[-1])
+    output_tps, prefill_tps = server.output_tps, server.prefill_tps
+    if server.source == "usage":
+        output_tps = sum(r.completion_tokens for r in ok) / window
+        prefill_tps = sum(r.prompt_tokens for r in ok) / window
+    prompt_total = sum(r.prompt_tokens for r in ok)
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    kv = [s.sample.kv_usage for s in samples if s.sample.kv_usage is not None]
+    ttft_pct = _pct([r.ttft for r in ok if r.ttft is not None])
+    # A request's wait in the queue is part of its time to first token, so each percentile of the one is at most
+    # the same percentile of the other. The server's histogram places a percentile only within its bucket (vLLM's
+    # first is 0–0.3 s), where interpolation can read a wait longer than the whole TTFT: bounded by it here.
+    queue = Percentiles(**{q: _at_most(getattr(server.queue, q), getattr(ttft_pct, q)) for q in ("p50", "p95", "p99")})
+    lengths = _lengths(ok, data)
+    too_few = data.min_turns is not None and len(ok) < data.min_turns
     return LevelSummary(
         level=data.level,
         agents=data.agents,
@@ -225,36 +282,36 @@ def summarise(data: LevelData) -> LevelSummary:
         pass_rate=(data.passed / data.scored) if data.scored else None,
         output_tps=output_tps,
         prefill_tps=prefill_tps,
-        throughput_source=source,
-        prefill_share=share,
-        computed_prefill_share=computed_share if computed_share is not None else _computed_share(ok),
-        prefill_time_share=time_share,
-        prefix_hit_rate_server=prefix_server,
-        prefix_hit_rate_usage=prefix_usage,
+        throughput_source=server.source,
+        prefill_share=prefill_tps / (prefill_tps + output_tps) if (prefill_tps + output_tps) > 0 else None,
+        computed_prefill_share=server.computed_share if server.computed_share is not None else _computed_share(ok),
+        prefill_time_share=server.time_share,
+        prefix_hit_rate_server=server.prefix_server,
+        prefix_hit_rate_usage=(sum(cached) / prompt_total) if cached and prompt_total else None,
         prefix_hit_ceiling=data.ceiling(ok) if data.ceiling is not None else None,
-        prefix_hit_rate_offload=offload_rate,
-        offload_loaded_tps=offload_tps,
+        prefix_hit_rate_offload=server.offload_rate,
+        offload_loaded_tps=server.offload_tps,
         ttft_s=ttft_pct,
-        itl_s=_pct(itl),
+        itl_s=_pct([g for r in ok for g in r.itl()]),
         queue_wait_s=queue,
         peak_kv_usage=max(kv) if kv else None,
-        mean_kv_usage=float(np.mean(kv)) if kv else None,
-        mean_running=float(np.mean(running)) if running else None,
-        mean_waiting=float(np.mean(waiting)) if waiting else None,
-        preemptions=preemptions,
-        recomputed_tokens=recomputed,
+        mean_kv_usage=_mean(kv),
+        mean_running=_mean([s.sample.running for s in samples if s.sample.running is not None]),
+        mean_waiting=_mean([s.sample.waiting for s in samples if s.sample.waiting is not None]),
+        preemptions=server.preemptions,
+        recomputed_tokens=server.recomputed,
         turns_per_s=len(ok) / window,
         min_turns=data.min_turns,
         too_few_turns=too_few,
-        context_mean=float(np.mean(contexts)) if contexts else None,
-        context_p95=float(np.percentile(contexts, 95)) if contexts else None,
-        output_requested_mean=requested,
-        output_realised_mean=realised,
+        context_mean=_mean(lengths.contexts),
+        context_p95=float(np.percentile(lengths.contexts, 95)) if lengths.contexts else None,
+        output_requested_mean=lengths.requested,
+        output_realised_mean=lengths.realised,
         output_controlled=data.output_controlled,
-        output_short=short,
-        output_drawn_mean=drawn,
-        output_clamped=clamped,
-        warnings=warnings,
+        output_short=lengths.short,
+        output_drawn_mean=lengths.drawn,
+        output_clamped=lengths.clamped,
+        warnings=_warnings(data, len(ok), lengths, too_few),
     )
 
 
@@ -262,34 +319,22 @@ def summarise(data: LevelData) -> LevelSummary:
 STEP_GROWTH = 0.05
 
 
-def explain_knee(
-    good: LevelSummary, bad: LevelSummary | None, *, slots: int | None = None, pinned: bool = False
-) -> KneeExplanation:
-    """Attribute the drop from ``good`` (at the knee) to ``bad`` (just past it), with the numbers.
+def _preemptions_per_min(s: LevelSummary) -> float:
+    return (s.preemptions or 0.0) / s.window_s * 60.0
 
-    ``slots``: the server is slot-based (llama.cpp ``-np``), so a knee where every slot is busy and requests wait
-    for one, with the pool not full, is the slots filling up (``slots_full``), not the pool overflowing.
-    ``pinned``: each agent's turns named its slot (``id_slot`` = agent mod slots, ``endpoint.pinning``).
-    """
-    if bad is None:
-        return KneeExplanation(cause="none", summary=f"no drop up to {good.agents} agents")
+
+def _knee_evidence(good: LevelSummary, bad: LevelSummary, slots: int | None) -> dict[str, float]:
+    """The numbers behind a knee, at it and just past it (the order is the one the saved evidence has)."""
     ev: dict[str, float] = {
         "agents_at_knee": good.agents,
         "agents_past_knee": bad.agents,
         "output_tps_at_knee": round(good.output_tps, 1),
         "output_tps_past_knee": round(bad.output_tps, 1),
+        "preemptions_per_min_at_knee": round(_preemptions_per_min(good), 2),
+        "preemptions_per_min_past_knee": round(_preemptions_per_min(bad), 2),
     }
-
-    def pre_rate(s: LevelSummary) -> float:
-        return (s.preemptions or 0.0) / s.window_s * 60.0  # per minute
-
-    def hit(s: LevelSummary) -> float | None:
-        # Tokens an offload tier loaded are not recomputed either: the reuse that decides is both tiers'.
-        return s.prefix_hit_rate_effective
-
-    ev["preemptions_per_min_at_knee"] = round(pre_rate(good), 2)
-    ev["preemptions_per_min_past_knee"] = round(pre_rate(bad), 2)
-    h_good, h_bad = hit(good), hit(bad)
+    # Tokens an offload tier loaded are not recomputed either: the reuse that decides is both tiers'.
+    h_good, h_bad = good.prefix_hit_rate_effective, bad.prefix_hit_rate_effective
     if h_good is not None and h_bad is not None:
         ev["prefix_hit_rate_at_knee"] = round(h_good, 4)
         ev["prefix_hit_rate_past_knee"] = round(h_bad, 4)
@@ -297,7 +342,7 @@ def explain_knee(
         ev["offload_hit_rate_at_knee"] = round(good.prefix_hit_rate_offload, 4)
         ev["offload_hit_rate_past_knee"] = round(bad.prefix_hit_rate_offload, 4)
     for name, s in (("at_knee", good), ("past_knee", bad)):
-        h = hit(s)
+        h = s.prefix_hit_rate_effective
         if h is not None:  # the prompt tokens prefill computed because no cache held them
             ev[f"uncached_prompt_tokens_per_s_{name}"] = round(s.prefill_tps * (1.0 - h), 1)
     if good.recomputed_tokens is not None and bad.recomputed_tokens is not None:
@@ -311,14 +356,6 @@ def explain_knee(
     if good.itl_s.p50 is not None and bad.itl_s.p50 is not None:
         ev["itl_p50_s_at_knee"] = round(good.itl_s.p50, 4)
         ev["itl_p50_s_past_knee"] = round(bad.itl_s.p50, 4)
-
-    hit_drop = (h_good - h_bad) if (h_good is not None and h_bad is not None) else 0.0
-    # With 40k-token contexts a few points of hit rate are a lot of prefill: 98.7% → 96.8% is 2.5× the tokens
-    # to recompute. So a hit-rate fall counts as eviction when it is large, or when the misses at least grow by
-    # half while the pool is full.
-    miss_ratio = (1.0 - h_bad) / max(1e-9, 1.0 - h_good) if (h_good is not None and h_bad is not None) else 1.0
-    pool_full = (bad.peak_kv_usage or 0.0) >= 0.9
-    pre_up = pre_rate(bad) - pre_rate(good)
     if good.mean_running is not None and bad.mean_running is not None:
         ev["mean_running_at_knee"] = round(good.mean_running, 2)
         ev["mean_running_past_knee"] = round(bad.mean_running, 2)
@@ -326,135 +363,225 @@ def explain_knee(
         ev["mean_waiting_past_knee"] = round(bad.mean_waiting, 2)
     if slots is not None:
         ev["slots"] = slots
-    # Slots full: a slot server (llama.cpp) with more agents than slots. A turn then waits for a slot when all are
-    # busy, and the slot it gets holds another agent's prompt (each slot caches only its last one), so it
-    # re-prefills: the hit rate falls with no pool overflow and no preemption. Only between the levels that
-    # straddle the slot count; a drop below it is something else (compute).
-    waited = (bad.mean_waiting or 0.0) >= 0.05 or (bad.queue_wait_s.p50 or 0.0) > 0
-    if slots is not None and good.agents <= slots < bad.agents and pre_up <= 0.5 and not pool_full:
-        cause = "slots_full"
-        parts = []
-        if pinned:
-            # Pinned, agent i and agent i + slots share slot i: a turn can only wait for its own slot, and what it
-            # loses is what the other agent's turn left there in between.
-            parts.append(f"agents are pinned to slots (id_slot = agent mod {slots}), so some slots serve two agents")
-        if waited:
-            parts.append(
-                f"turns queue for {'their own' if pinned else 'a'} slot ({bad.mean_waiting or 0:.2f} requests "
-                f"waiting on average, the server's deferred-request gauge on llama.cpp, {bad.mean_running or 0:.1f} "
-                "running)"
-            )
-        if pinned and h_good is not None and h_bad is not None and hit_drop >= 0.01:
-            parts.append(
-                f"a turn then finds the other agent's prompt in its slot and re-prefills its context: the per-slot "
-                f"prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%}"
-            )
-        elif h_good is not None and h_bad is not None and hit_drop >= 0.01:
-            parts.append(
-                f"a turn takes whichever slot is idle, whose cache holds another agent's prompt, so the per-slot "
-                f"prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} and the turn re-prefills its context"
-            )
-        if not parts:
-            parts.append("every slot is busy")
-        summary = (
-            f"past {good.agents} agents there are more agents than the server's {slots} slots: "
-            + "; ".join(parts)
-            + (
-                f"; no shared pool overflows (peak KV {bad.peak_kv_usage:.0%}, no preemption)"
-                if bad.peak_kv_usage is not None
-                else "; each slot holds its own context, so no shared pool overflows (the server reports no KV gauge)"
-            )
+    return ev
+
+
+@dataclass(frozen=True)
+class _Drop:
+    """The two levels either side of a knee and what every cause's test reads of them."""
+
+    good: LevelSummary
+    bad: LevelSummary
+    slots: int | None
+    pinned: bool
+    ev: dict[str, float]
+    h_good: float | None  # the reuse of both cache tiers, at the knee and past it
+    h_bad: float | None
+    hit_drop: float
+    miss_ratio: float
+    pool_full: bool
+    pre_up: float  # the rise in preemptions a minute
+
+    @classmethod
+    def of(cls, good: LevelSummary, bad: LevelSummary, slots: int | None, pinned: bool) -> _Drop:
+        h_good, h_bad = good.prefix_hit_rate_effective, bad.prefix_hit_rate_effective
+        return cls(
+            good=good,
+            bad=bad,
+            slots=slots,
+            pinned=pinned,
+            ev=_knee_evidence(good, bad, slots),
+            h_good=h_good,
+            h_bad=h_bad,
+            hit_drop=(h_good - h_bad) if (h_good is not None and h_bad is not None) else 0.0,
+            # With 40k-token contexts a few points of hit rate are a lot of prefill: 98.7% → 96.8% is 2.5× the
+            # tokens to recompute. So a hit-rate fall counts as eviction when it is large, or when the misses at
+            # least grow by half while the pool is full.
+            miss_ratio=(1.0 - h_bad) / max(1e-9, 1.0 - h_good) if (h_good is not None and h_bad is not None) else 1.0,
+            pool_full=(bad.peak_kv_usage or 0.0) >= 0.9,
+            pre_up=_preemptions_per_min(bad) - _preemptions_per_min(good),
         )
-    elif (
-        hit_drop >= 0.10
-        or (hit_drop >= 0.01 and miss_ratio >= 1.5 and pool_full)
+
+    @property
+    def hit_fell(self) -> bool:
+        """The reuse fell by at least a point: small enough to be named, not to be a cause on its own."""
+        return self.h_good is not None and self.h_bad is not None and self.hit_drop >= 0.01
+
+
+def _slots_full(d: _Drop) -> str | None:
+    """A slot server (llama.cpp) with more agents than slots.
+
+    A turn then waits for a slot when all are busy, and the slot it gets holds another agent's prompt (each slot
+    caches only its last one), so it re-prefills: the hit rate falls with no pool overflow and no preemption. Only
+    between the levels that straddle the slot count; a drop below it is something else (compute).
+    """
+    good, bad, slots, pinned = d.good, d.bad, d.slots, d.pinned
+    if slots is None or not good.agents <= slots < bad.agents or d.pre_up > 0.5 or d.pool_full:
+        return None
+    waited = (bad.mean_waiting or 0.0) >= 0.05 or (bad.queue_wait_s.p50 or 0.0) > 0
+    parts = []
+    if pinned:
+        # Pinned, agent i and agent i + slots share slot i: a turn can only wait for its own slot, and what it
+        # loses is what the other agent's turn left there in between.
+        parts.append(f"agents are pinned to slots (id_slot = agent mod {slots}), so some slots serve two agents")
+    if waited:
+        parts.append(
+            f"turns queue for {'their own' if pinned else 'a'} slot ({bad.mean_waiting or 0:.2f} requests "
+            f"waiting on average, the server's deferred-request gauge on llama.cpp, {bad.mean_running or 0:.1f} "
+            "running)"
+        )
+    if pinned and d.hit_fell:
+        parts.append(
+            f"a turn then finds the other agent's prompt in its slot and re-prefills its context: the per-slot "
+            f"prompt-cache hit rate falls from {d.h_good:.1%} to {d.h_bad:.1%}"
+        )
+    elif d.hit_fell:
+        parts.append(
+            f"a turn takes whichever slot is idle, whose cache holds another agent's prompt, so the per-slot "
+            f"prompt-cache hit rate falls from {d.h_good:.1%} to {d.h_bad:.1%} and the turn re-prefills its context"
+        )
+    if not parts:
+        parts.append("every slot is busy")
+    return (
+        f"past {good.agents} agents there are more agents than the server's {slots} slots: "
+        + "; ".join(parts)
+        + (
+            f"; no shared pool overflows (peak KV {bad.peak_kv_usage:.0%}, no preemption)"
+            if bad.peak_kv_usage is not None
+            else "; each slot holds its own context, so no shared pool overflows (the server reports no KV gauge)"
+        )
+    )
+
+
+def _cache_eviction(d: _Drop) -> str | None:
+    """The prefix-cache hit rate fell far enough that prefill recomputes what the cache used to serve."""
+    if not (
+        d.hit_drop >= 0.10
+        or (d.hit_drop >= 0.01 and d.miss_ratio >= 1.5 and d.pool_full)
         # Misses at least doubled over a fall of 5 points is the pool's cliff even where the sampled KV peak reads
         # below full (one sample a second misses the moment it filled: a real vLLM past its pool by one agent read
         # 77 % at its peak while its hit rate fell from 96.6 % to 87.5 %).
-        or (hit_drop >= 0.05 and miss_ratio >= 2.0)
+        or (d.hit_drop >= 0.05 and d.miss_ratio >= 2.0)
     ):
-        cause = "cache_eviction"
-        if slots is not None and bad.agents <= slots and pinned:
-            # Pinned below the slot count every agent has a slot of its own: the loss is not slot sharing.
-            summary = (
-                f"past {good.agents} agents, within the server's {slots} slots and each agent pinned to its own "
-                f"(id_slot), the per-slot prompt-cache hit rate still falls from {h_good:.1%} to {h_bad:.1%} "
-                f"({miss_ratio:.1f}× the share of prompt tokens missed): not slots taken by other agents, but turns "
-                "whose prompt no longer starts with what their slot holds (a new session, or a context cut to fit)"
-            )
-        elif slots is not None and bad.agents <= slots:
-            # Below the slot count a slot server has no shared pool to outgrow: its cache loss is agents taking
-            # each other's slots (llama.cpp gives a turn the idle slot most like its prompt, a shared system prompt
-            # included, before an empty one).
-            summary = (
-                f"past {good.agents} agents, still within the server's {slots} slots, turns take each other's slots: "
-                f"the per-slot prompt-cache hit rate falls from {h_good:.1%} to {h_bad:.1%} ({miss_ratio:.1f}× the "
-                "share of prompt tokens missed), as a turn is given the idle slot most like its prompt (llama.cpp's "
-                "--slot-prompt-similarity; a shared system prompt makes another agent's slot look alike) rather "
-                "than an empty one; pinning each agent to its own slot (llama.cpp's id_slot, which bench does unless "
-                "--no-pin-slots) avoids it"
-            )
-        else:
-            offload = ""
-            if bad.prefix_hit_rate_offload:
-                # With a tier below the GPU pool, evicted blocks are loaded back rather than recomputed, until the
-                # tier too is outgrown or its link is the bottleneck: the rate named is both tiers'.
-                offload = (
-                    f" (GPU cache and offload tier together; the tier loaded {bad.prefix_hit_rate_offload:.1%} of "
-                    f"prompt tokens, {bad.offload_loaded_tps or 0:,.0f} tokens/s over its link)"
-                )
-            summary = (
-                f"past {good.agents} agents the live contexts outgrow the KV pool: the prefix-cache hit rate falls "
-                f"from {h_good:.1%} to {h_bad:.1%}{offload} ({miss_ratio:.1f}× the share of prompt tokens missed), "
-                "so evicted sessions re-prefill their whole context"
-            )
-        if pre_up > 0.5:
-            summary += f", and running requests are preempted ({pre_rate(bad):.1f}/min)"
-    elif pre_up > 0.5:
-        cause = "preemption"
+        return None
+    good, bad, slots = d.good, d.bad, d.slots
+    if slots is not None and bad.agents <= slots and d.pinned:
+        # Pinned below the slot count every agent has a slot of its own: the loss is not slot sharing.
         summary = (
-            f"past {good.agents} agents running requests no longer fit in the KV pool: preemptions rise to "
-            f"{pre_rate(bad):.1f}/min and their progress is recomputed"
+            f"past {good.agents} agents, within the server's {slots} slots and each agent pinned to its own "
+            f"(id_slot), the per-slot prompt-cache hit rate still falls from {d.h_good:.1%} to {d.h_bad:.1%} "
+            f"({d.miss_ratio:.1f}× the share of prompt tokens missed): not slots taken by other agents, but turns "
+            "whose prompt no longer starts with what their slot holds (a new session, or a context cut to fit)"
         )
-    elif pool_full and (bad.mean_waiting or 0.0) >= 0.5 and (bad.mean_waiting or 0.0) > (good.mean_waiting or 0.0):
-        # The pool holds every resident context and new turns wait for blocks, while the reuse holds up: what
-        # an offload tier does (evicted blocks come back over its link instead of being recomputed, but loading
-        # them makes no room in the GPU pool), or a cache big enough for the idle sessions but not the running.
-        cause = "kv_pool_full"
+    elif slots is not None and bad.agents <= slots:
+        # Below the slot count a slot server has no shared pool to outgrow: its cache loss is agents taking
+        # each other's slots (llama.cpp gives a turn the idle slot most like its prompt, a shared system prompt
+        # included, before an empty one).
         summary = (
-            f"past {good.agents} agents the KV pool is full (peak {bad.peak_kv_usage or 0:.0%}) and turns queue for "
-            f"blocks ({bad.mean_waiting or 0:.1f} waiting on average beside {bad.mean_running or 0:.1f} running), so "
-            f"TTFT p50 goes from {ev.get('ttft_p50_s_at_knee', float('nan')):.3g} to "
-            f"{ev.get('ttft_p50_s_past_knee', float('nan')):.3g} s"
+            f"past {good.agents} agents, still within the server's {slots} slots, turns take each other's slots: "
+            f"the per-slot prompt-cache hit rate falls from {d.h_good:.1%} to {d.h_bad:.1%} ({d.miss_ratio:.1f}× "
+            "the share of prompt tokens missed), as a turn is given the idle slot most like its prompt (llama.cpp's "
+            "--slot-prompt-similarity; a shared system prompt makes another agent's slot look alike) rather "
+            "than an empty one; pinning each agent to its own slot (llama.cpp's id_slot, which bench does unless "
+            "--no-pin-slots) avoids it"
         )
-        if bad.prefix_hit_rate_offload and h_bad is not None:
-            summary += (
-                f"; the offload tier loads {bad.prefix_hit_rate_offload:.1%} of prompt tokens back "
-                f"({bad.offload_loaded_tps or 0:,.0f} tokens/s over its link), which keeps the reuse at "
-                f"{h_bad:.1%} but cannot raise how many contexts the GPU pool holds at once"
-            )
     else:
-        cause = "compute_saturation"
-        # Say what the cache did rather than claim it did nothing: a small fall is named with its figures.
-        cache = (
-            f"the prefix-hit rate moved only from {h_good:.1%} to {h_bad:.1%}"
-            if h_good is not None and h_bad is not None and hit_drop >= 0.01
-            else "no cache loss"
+        offload = ""
+        if bad.prefix_hit_rate_offload:
+            # With a tier below the GPU pool, evicted blocks are loaded back rather than recomputed, until the
+            # tier too is outgrown or its link is the bottleneck: the rate named is both tiers'.
+            offload = (
+                f" (GPU cache and offload tier together; the tier loaded {bad.prefix_hit_rate_offload:.1%} of "
+                f"prompt tokens, {bad.offload_loaded_tps or 0:,.0f} tokens/s over its link)"
+            )
+        summary = (
+            f"past {good.agents} agents the live contexts outgrow the KV pool: the prefix-cache hit rate falls "
+            f"from {d.h_good:.1%} to {d.h_bad:.1%}{offload} ({d.miss_ratio:.1f}× the share of prompt tokens "
+            "missed), so evicted sessions re-prefill their whole context"
         )
-        itl_at, itl_past = ev.get("itl_p50_s_at_knee"), ev.get("itl_p50_s_past_knee")
-        itl = "" if itl_at is None or itl_past is None else f" (ITL {itl_at * 1e3:.1f} → {itl_past * 1e3:.1f} ms)"
-        if itl_at is not None and itl_past is not None and itl_past < itl_at * (1 + STEP_GROWTH):
-            # The step did not slow: more agents brought no more work per second, a plateau, not a slowdown.
-            summary = (
-                f"past {good.agents} agents the server does no more work per second: step time holds{itl}, so the "
-                f"extra agents' turns wait their turn, with no preemption; {cache}"
-            )
-        else:
-            summary = (
-                f"past {good.agents} agents the server is compute-bound: step time grows{itl} with no preemption; "
-                f"{cache}"
-            )
-    return KneeExplanation(cause=cause, summary=summary, evidence=ev)
+    if d.pre_up > 0.5:
+        summary += f", and running requests are preempted ({_preemptions_per_min(bad):.1f}/min)"
+    return summary
+
+
+def _preemption(d: _Drop) -> str | None:
+    if d.pre_up <= 0.5:
+        return None
+    return (
+        f"past {d.good.agents} agents running requests no longer fit in the KV pool: preemptions rise to "
+        f"{_preemptions_per_min(d.bad):.1f}/min and their progress is recomputed"
+    )
+
+
+def _kv_pool_full(d: _Drop) -> str | None:
+    """The pool holds every resident context and new turns wait for blocks, while the reuse holds up.
+
+    What an offload tier does (evicted blocks come back over its link instead of being recomputed, but loading
+    them makes no room in the GPU pool), or a cache big enough for the idle sessions but not the running.
+    """
+    good, bad, ev = d.good, d.bad, d.ev
+    waiting = bad.mean_waiting or 0.0
+    if not (d.pool_full and waiting >= 0.5 and waiting > (good.mean_waiting or 0.0)):
+        return None
+    summary = (
+        f"past {good.agents} agents the KV pool is full (peak {bad.peak_kv_usage or 0:.0%}) and turns queue for "
+        f"blocks ({bad.mean_waiting or 0:.1f} waiting on average beside {bad.mean_running or 0:.1f} running), so "
+        f"TTFT p50 goes from {ev.get('ttft_p50_s_at_knee', float('nan')):.3g} to "
+        f"{ev.get('ttft_p50_s_past_knee', float('nan')):.3g} s"
+    )
+    if bad.prefix_hit_rate_offload and d.h_bad is not None:
+        summary += (
+            f"; the offload tier loads {bad.prefix_hit_rate_offload:.1%} of prompt tokens back "
+            f"({bad.offload_loaded_tps or 0:,.0f} tokens/s over its link), which keeps the reuse at "
+            f"{d.h_bad:.1%} but cannot raise how many contexts the GPU pool holds at once"
+        )
+    return summary
+
+
+def _compute_saturation(d: _Drop) -> str:
+    """What is left: the server is busy, not short of memory (the step slowed, or it held and turns queue)."""
+    # Say what the cache did rather than claim it did nothing: a small fall is named with its figures.
+    cache = f"the prefix-hit rate moved only from {d.h_good:.1%} to {d.h_bad:.1%}" if d.hit_fell else "no cache loss"
+    itl_at, itl_past = d.ev.get("itl_p50_s_at_knee"), d.ev.get("itl_p50_s_past_knee")
+    itl = "" if itl_at is None or itl_past is None else f" (ITL {itl_at * 1e3:.1f} → {itl_past * 1e3:.1f} ms)"
+    if itl_at is not None and itl_past is not None and itl_past < itl_at * (1 + STEP_GROWTH):
+        # The step did not slow: more agents brought no more work per second, a plateau, not a slowdown.
+        return (
+            f"past {d.good.agents} agents the server does no more work per second: step time holds{itl}, so the "
+            f"extra agents' turns wait their turn, with no preemption; {cache}"
+        )
+    return f"past {d.good.agents} agents the server is compute-bound: step time grows{itl} with no preemption; {cache}"
+
+
+# The causes a knee can have, in the order they are tried: the first whose test holds names it (a slot server's
+# queue before a fall in reuse, reuse before preemption, a full pool before plain compute).
+_CAUSES: tuple[
+    tuple[Literal["slots_full", "cache_eviction", "preemption", "kv_pool_full"], Callable[[_Drop], str | None]], ...
+] = (
+    ("slots_full", _slots_full),
+    ("cache_eviction", _cache_eviction),
+    ("preemption", _preemption),
+    ("kv_pool_full", _kv_pool_full),
+)
+
+
+def explain_knee(
+    good: LevelSummary, bad: LevelSummary | None, *, slots: int | None = None, pinned: bool = False
+) -> KneeExplanation:
+    """Attribute the drop from ``good`` (at the knee) to ``bad`` (just past it), with the numbers.
+
+    ``slots``: the server is slot-based (llama.cpp ``-np``), so a knee where every slot is busy and requests wait
+    for one, with the pool not full, is the slots filling up (``slots_full``), not the pool overflowing.
+    ``pinned``: each agent's turns named its slot (``id_slot`` = agent mod slots, ``endpoint.pinning``).
+    """
+    if bad is None:
+        return KneeExplanation(cause="none", summary=f"no drop up to {good.agents} agents")
+    drop = _Drop.of(good, bad, slots, pinned)
+    for cause, test in _CAUSES:
+        summary = test(drop)
+        if summary is not None:
+            return KneeExplanation(cause=cause, summary=summary, evidence=drop.ev)
+    return KneeExplanation(cause="compute_saturation", summary=_compute_saturation(drop), evidence=drop.ev)
 
 
 def matched_sizes(real: LevelSummary) -> tuple[int, int] | None:

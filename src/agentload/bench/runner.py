@@ -25,7 +25,7 @@ edges, when a session ends (``session_done``) and when a turn asks for less than
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from agentload.bench.analysis import LevelData
 from agentload.bench.distributed import LevelSpec, RemoteLevel, run_remote
@@ -39,7 +39,7 @@ from agentload.endpoint.connection import Connection, connect
 from agentload.endpoint.output import EngineFields
 from agentload.endpoint.signals import SignalPoller
 from agentload.load.cluster import RayCluster
-from agentload.load.runner import LoadHandle, run_load
+from agentload.load.runner import LoadHandle, LoadOutcome, run_load
 from agentload.load.strategy import AllAtOnce
 from agentload.workload.base import ReplayCeiling, Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
@@ -70,6 +70,78 @@ STAGGER_S = 1.0
 
 def required_turns(agents: int, per_agent: int = MIN_TURNS_PER_AGENT, total: int = MIN_TURNS_TOTAL) -> int:
     return max(per_agent * agents, total)
+
+
+class _LevelWindow:
+    """The level's body on the runner: the warm-up, the quiet start edge, the window, the quiet end edge.
+
+    It polls the records once a second and waits at the edges; nothing of it is on a turn's path.
+    """
+
+    def __init__(
+        self,
+        data: LevelData,
+        gate: QuiesceGate | RemoteLevel,
+        sampler: MetricsSampler,
+        scope: CutScope | None,  # None: the agents run on Ray actors, whose requests the edges cannot cut
+        clock: LoopClock,
+        run_t0: float,
+        *,
+        grace: float,
+        window_s: float,
+        shortest: float,
+        wanted: int,
+    ) -> None:
+        self.data, self.gate, self.sampler, self.scope = data, gate, sampler, scope
+        self.clock, self.run_t0 = clock, run_t0
+        self.grace, self.window_s, self.shortest, self.wanted = grace, window_s, shortest, wanted
+
+    async def settle(self, wait_s: float, edge: str) -> None:
+        """Wait up to ``wait_s`` for the requests in flight to finish; cut the rest (and say so)."""
+        gate, data = self.gate, self.data
+        if await gate.drained(max(0.0, wait_s)):
+            return
+        stuck = gate.in_flight
+        if self.scope is None:
+            data.notes.append(f"{edge} was sampled with {stuck} request(s) still in flight after {wait_s:.0f} s: "
+                              "the usage and server figures may cover slightly different requests")  # fmt: skip
+            return
+        cut = self.scope.cut(f"still in flight {wait_s:.0f} s after {edge} (the level's grace)")
+        await gate.drained(CUT_SETTLE_S)  # a cut request returns at once, with its record
+        data.cut_requests += cut
+        data.notes.append(f"{edge}: {cut} request(s) still in flight after {wait_s:.0f} s (the level's grace) were "
+                          "cut; the usage and server figures may cover slightly different requests")  # fmt: skip
+
+    async def quiet_edge(self, edge: str, wait_s: float) -> float:
+        """Close the gate, let the requests in flight finish (cut after ``wait_s``), sample; the edge's run time."""
+        self.gate.close()
+        await self.settle(wait_s, f"the window's {edge}")
+        raw = await self.sampler.sample_once()
+        # The sample's own time, so the window starts exactly at the counters it is measured from.
+        return raw.sample.t if raw is not None else self.clock.now() - self.run_t0
+
+    def measured(self) -> int:
+        w0 = self.run_t0 + self.data.window_start
+        return sum(1 for r in self.data.records if r.ok and r.t_sent >= w0)
+
+    async def measure(self, load: LoadHandle | RemoteLevel) -> None:
+        data, clock, run_t0, grace = self.data, self.clock, self.run_t0, self.grace
+        await asyncio.sleep(max(0.0, run_t0 + data.window_start - clock.now()))
+        data.window_start = await self.quiet_edge("start", grace)
+        self.gate.open()
+        cap = run_t0 + data.window_start + self.window_s
+        await asyncio.sleep(max(0.0, run_t0 + data.window_start + self.shortest - clock.now()))
+        # Polled once a second rather than woken per record: a count over the records is cheap at this rate.
+        # Agents that are all done (a suite pass each) will not add turns: the window ends with them.
+        while clock.now() < cap and self.measured() < self.wanted and not load.all_done():  # noqa: ASYNC110
+            await asyncio.sleep(min(1.0, cap - clock.now()))
+        load.stop()  # agents finish the turn they are in and start no other
+        # A level that ended early on its turn count may wait longer for its last requests, never past the cap's grace.
+        data.end = await self.quiet_edge("end", min(QUIESCE_TIMEOUT_S, cap + grace - clock.now()))
+        self.gate.open()
+        # The turns held at the closed edge go out now (the agents stop after them): the same grace, then cut.
+        if isinstance(load, LoadHandle) and not await load.wait_done(grace):
+            await self.settle(0.0, "the turns sent after the window")
 
 
 async def run_level(
@@ -106,7 +178,6 @@ async def run_level(
     clock = LoopClock()
     grace = edge_grace_s(window_s) if grace_s is None else grace_s
     start = clock.now() - run_t0
-    shortest = window_s if min_window_s is None else min(min_window_s, window_s)
     wanted = required_turns(agents) if min_turns is None else required_turns(agents, total=min_turns)
     data = LevelData(level, agents, context, workload.name, start, start + warmup_s, start + warmup_s + window_s,
                      t0=run_t0, min_turns=wanted, output_controlled=exact_output_engine is not None)  # fmt: skip
@@ -116,93 +187,21 @@ async def run_level(
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
     # One /metrics poller (the connection's monitor) feeds the watchdog, the liveness rule and the level's timeline.
     conn = await connect(target.base_url, target.transport, clock=clock)  # the target's transport stays open
-    poller = conn.monitor
-    remote: RemoteLevel | None = None
-    gate: QuiesceGate | RemoteLevel
-    if cluster is None:
-        drivers = workload.agents(agents, context=context, seed=seed + 7919 * level)
-        gate = QuiesceGate(clock)
-        fields = EngineFields(exact_output_engine, pin_slots) if exact_output_engine or pin_slots else None
-        backend = RecordingBackend(conn.backend, data.records, sink, gate=gate,
-                                   fields=fields.add if fields is not None else None)  # fmt: skip
-        ctx = LevelContext(backend, target.model, run_id, level, data, sizing, text_salt)
-    else:
-        # The agents run on the actors, each with its own connection; this one only watches the server.
-        gate = remote = RemoteLevel(cluster, data, sink)
-        spec = LevelSpec(target.model, target.engine, workload, agents, context, level, run_id,
-                         seed + 7919 * level, sizing, exact_output_engine, pin_slots, grace, STAGGER_S,
-                         text_salt)  # fmt: skip
-    sampler = MetricsSampler(poller, t0=run_t0)
+    level_spec = LevelSpec(target.model, target.engine, workload, agents, context, level, run_id, seed + 7919 * level,
+                           sizing, exact_output_engine, pin_slots, grace, STAGGER_S, text_salt)  # fmt: skip
+    placed = _place_agents(level_spec, conn, data, sink, clock, cluster)
+    sampler = MetricsSampler(conn.monitor, t0=run_t0)
     sampler.start()
     unwatch = on_connect(conn) if on_connect is not None else None
-    # The requests this level sends (its drivers' tasks inherit the scope), so an edge can cut them. The agents of
-    # a Ray level run elsewhere: their edges wait out the grace and are noted, not cut.
-    scope = CutScope()
-    scope_token = cut_scope.set(scope) if remote is None else None
-
-    async def settle(wait_s: float, edge: str) -> None:
-        """Wait up to ``wait_s`` for the requests in flight to finish; cut the rest (and say so)."""
-        if await gate.drained(max(0.0, wait_s)):
-            return
-        stuck = gate.in_flight
-        if remote is not None:
-            data.notes.append(f"{edge} was sampled with {stuck} request(s) still in flight after {wait_s:.0f} s: "
-                              "the usage and server figures may cover slightly different requests")  # fmt: skip
-            return
-        cut = scope.cut(f"still in flight {wait_s:.0f} s after {edge} (the level's grace)")
-        await gate.drained(CUT_SETTLE_S)  # a cut request returns at once, with its record
-        data.cut_requests += cut
-        data.notes.append(f"{edge}: {cut} request(s) still in flight after {wait_s:.0f} s (the level's grace) were "
-                          "cut; the usage and server figures may cover slightly different requests")  # fmt: skip
-
-    async def quiet_edge(edge: str, wait_s: float) -> float:
-        """Close the gate, let the requests in flight finish (cut after ``wait_s``), sample; the edge's run time."""
-        gate.close()
-        await settle(wait_s, f"the window's {edge}")
-        raw = await sampler.sample_once()
-        # The sample's own time, so the window starts exactly at the counters it is measured from.
-        return raw.sample.t if raw is not None else clock.now() - run_t0
-
-    def measured() -> int:
-        w0 = run_t0 + data.window_start
-        return sum(1 for r in data.records if r.ok and r.t_sent >= w0)
-
-    async def measure_level(load: LoadHandle | RemoteLevel) -> None:
-        await asyncio.sleep(max(0.0, run_t0 + data.window_start - clock.now()))
-        data.window_start = await quiet_edge("start", grace)
-        gate.open()
-        cap = run_t0 + data.window_start + window_s
-        await asyncio.sleep(max(0.0, run_t0 + data.window_start + shortest - clock.now()))
-        # Polled once a second rather than woken per record: a count over the records is cheap at this rate.
-        # Agents that are all done (a suite pass each) will not add turns: the window ends with them.
-        while clock.now() < cap and measured() < wanted and not load.all_done():  # noqa: ASYNC110
-            await asyncio.sleep(min(1.0, cap - clock.now()))
-        load.stop()  # agents finish the turn they are in and start no other
-        # A level that ended early on its turn count may wait longer for its last requests, never past the cap's grace.
-        data.end = await quiet_edge("end", min(QUIESCE_TIMEOUT_S, cap + grace - clock.now()))
-        gate.open()
-        # The turns held at the closed edge go out now (the agents stop after them): the same grace, then cut.
-        if isinstance(load, LoadHandle) and not await load.wait_done(grace):
-            await settle(0.0, "the turns sent after the window")
-
-    # On the one runner (``load.runner``): agents staggered over the first second so they do not move in
-    # lockstep; the level's body decides the end (its edges cut what outlives their grace, so only drivers between
-    # turns are left, given ``CUT_SETTLE_S``). The level races the
-    # watchdog's dead-server rule (``endpoint.liveness``): a killed or frozen server stops it within ~25 s,
-    # wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the window. A driver
-    # bug is a run-level failure, raised by the runner after its cleanup (per-request failures are data).
+    # The requests this level sends (its drivers' tasks inherit the scope), so an edge can cut them.
+    scope_token = cut_scope.set(placed.scope) if placed.scope is not None else None
+    shortest = window_s if min_window_s is None else min(min_window_s, window_s)
+    window = _LevelWindow(data, placed.gate, sampler, placed.scope, clock, run_t0, grace=grace, window_s=window_s,
+                          shortest=shortest, wanted=wanted)  # fmt: skip
     try:
-        if remote is None:
-            outcome = await run_load(drivers, ctx, strategy=AllAtOnce(stagger_s=STAGGER_S, clock=clock),
-                                     stop=ctx.stop, body=measure_level, liveness=conn.liveness,
-                                     grace_s=CUT_SETTLE_S, clock=clock)  # fmt: skip
-        else:
-            outcome = await run_remote(remote, spec, measure_level, conn.liveness)
+        outcome = await placed.run(window.measure, conn, clock)
         if outcome.lost is not None:
-            data.lost = outcome.lost
-            data.end = clock.now() - run_t0
-            data.window_start = min(data.window_start, data.end)  # lost in the warm-up: an empty window, not < 0
-            data.notes.append(f"stopped early: {data.lost}")
+            _note_lost(data, outcome.lost, clock.now() - run_t0)
     finally:
         if scope_token is not None:
             cut_scope.reset(scope_token)
@@ -210,13 +209,72 @@ async def run_level(
             unwatch()
         await sampler.stop()
         await conn.aclose()
-    if data.lost is None and not any(r.ok for r in data.records) and _warming_seen(poller, run_t0 + data.start):
+    if data.lost is None and not any(r.ok for r in data.records) and _warming_seen(conn.monitor, run_t0 + data.start):
         data.notes.append(
             "the server said it was still warming up (/health not ready) during this level and no turn completed: "
             "its 0 tok/s measures the warm-up, not the load"
         )
     data.samples = sampler.samples
     return data
+
+
+class _HereAgents:
+    """The level's agents in this process, on the one runner (``load.runner``), sending through one connection."""
+
+    def __init__(self, spec: LevelSpec, conn: Connection, data: LevelData, sink: RecordSink | None, clock: LoopClock):
+        self.drivers = spec.workload.agents(spec.agents, context=spec.context, seed=spec.seed)
+        self.gate = QuiesceGate(clock)
+        exact, pins = spec.exact_output_engine, spec.pin_slots
+        fields = EngineFields(exact, pins) if exact or pins else None
+        backend = RecordingBackend(conn.backend, data.records, sink, gate=self.gate,
+                                   fields=fields.add if fields is not None else None)  # fmt: skip
+        self.ctx = LevelContext(backend, spec.model, spec.run_id, spec.level, data, spec.sizing, spec.text_salt)
+        self.scope: CutScope | None = CutScope()
+
+    async def run(
+        self, body: Callable[[LoadHandle], Awaitable[None]], conn: Connection, clock: LoopClock
+    ) -> LoadOutcome:
+        # Agents staggered over the first second so they do not move in lockstep; the level's body decides the end
+        # (its edges cut what outlives their grace, so only drivers between turns are left, given ``CUT_SETTLE_S``).
+        # The level races the watchdog's dead-server rule (``endpoint.liveness``): a killed or frozen server stops
+        # it within ~25 s, wherever it is — warm-up, a quiet edge waiting for requests that will never finish, the
+        # window. A driver bug is a run-level failure, raised by the runner after its cleanup (per-request failures
+        # are data).
+        return await run_load(self.drivers, self.ctx, strategy=AllAtOnce(stagger_s=STAGGER_S, clock=clock),
+                              stop=self.ctx.stop, body=body, liveness=conn.liveness, grace_s=CUT_SETTLE_S,
+                              clock=clock)  # fmt: skip
+
+
+class _RayAgents:
+    """The level's agents on Ray actors, each with its own connection; this process's only watches the server.
+
+    Their requests run elsewhere, so the edges cannot cut them: they wait out the grace and say so.
+    """
+
+    def __init__(self, spec: LevelSpec, cluster: RayCluster, data: LevelData, sink: RecordSink | None):
+        self.spec = spec
+        self.gate = self.remote = RemoteLevel(cluster, data, sink)
+        self.scope: CutScope | None = None
+
+    async def run(
+        self, body: Callable[[RemoteLevel], Awaitable[None]], conn: Connection, clock: LoopClock
+    ) -> LoadOutcome:
+        return await run_remote(self.remote, self.spec, body, conn.liveness)
+
+
+def _place_agents(
+    spec: LevelSpec, conn: Connection, data: LevelData, sink: RecordSink | None, clock: LoopClock,
+    cluster: RayCluster | None,
+) -> _HereAgents | _RayAgents:  # fmt: skip
+    return _HereAgents(spec, conn, data, sink, clock) if cluster is None else _RayAgents(spec, cluster, data, sink)
+
+
+def _note_lost(data: LevelData, lost: str, now: float) -> None:
+    """The server was lost at ``now`` (run time): the level ends there, and says why."""
+    data.lost = lost
+    data.end = now
+    data.window_start = min(data.window_start, data.end)  # lost in the warm-up: an empty window, not < 0
+    data.notes.append(f"stopped early: {data.lost}")
 
 
 def _warming_seen(poller: SignalPoller, since: float) -> bool:

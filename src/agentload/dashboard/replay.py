@@ -39,7 +39,7 @@ from agentload.dashboard.state import reply_preview
 from agentload.endpoint.records import RequestRecord
 from agentload.endpoint.scrape import prefix_hit_rate
 from agentload.errors import CheckpointError
-from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, load_log, read_manifest
+from agentload.fleet.checkpoint import LOG, MANIFEST, RESULTS, LogState, load_log, read_manifest
 from agentload.fleet.config import expand
 from agentload.fleet.results import FleetResult
 from agentload.fleet.samples import SegmentSample, read_samples
@@ -100,6 +100,38 @@ class FleetReplay:
             results = FleetResult.model_validate_json((run_dir / RESULTS).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             results = None  # killed before its first segment ended: the log alone
+        self.offsets: dict[int, tuple[float, float]] = {}  # segment → (its start on its clock, its replay start)
+        self.segments: list[dict[str, Any]] = []
+        self._lay_segments(state)
+        self.end = self.segments[-1]["end"] if self.segments else 0.0
+        self.ends: dict[int, float] = {s["segment"]: s["end"] for s in self.segments}
+        self.agents: dict[str, _Agent] = {
+            p.agent_id: _Agent(p.agent_id, p.task_id, p.wave, list(p.depends_on)) for p in plans
+        }
+        self._read_turns(state)
+        self._place_outcomes(state)
+        self.policies: list[tuple[float, str, int | None, int | None]] = []
+        self.widths: list[tuple[float, int, dict[str, Any]]] = []
+        self._read_widths(state, results)
+        # The page's controls: (t, segment, action, agent) on the replay's axis, in order; one before its segment's
+        # first request is placed at that request.
+        self.controls: list[tuple[float, int, str, str | None]] = sorted(
+            (max(self._t(c.segment, c.t), self.offsets[c.segment][1]), c.segment, c.action, c.agent)
+            for c in state.controls
+            if c.segment in self.offsets
+        )
+        self.agent_controls: dict[str, list[tuple[float, int, str]]] = {}  # the controls of one agent, in order
+        for at, segment, action, who in self.controls:
+            if who is not None:
+                self.agent_controls.setdefault(who, []).append((at, segment, action))
+        samples = read_samples(run_dir)
+        self.gauges = self._gauges(samples)
+        self.watchdogs = self._watchdogs(samples)
+        self.points = self._points()
+
+    # -- compiling the log, once ------------------------------------------------------------------------------
+    def _lay_segments(self, state: LogState) -> None:
+        """Lay the segments on the replay's axis, one after the other (``offsets``, ``segments``)."""
         # Each segment's first send and last end (or last action from the page), on its process's clock.
         spans: dict[int, list[float]] = {}
 
@@ -118,20 +150,15 @@ class FleetReplay:
         for c in state.controls:  # a stop from the page ends its segment: the turns it cut short left no record
             if c.segment in spans:
                 spans[c.segment][1] = max(spans[c.segment][1], c.t)
-        self.offsets: dict[int, tuple[float, float]] = {}  # segment → (its start on its clock, its replay start)
-        self.segments: list[dict[str, Any]] = []
         at = 0.0
         for seg in sorted(spans):
             first, last = spans[seg]
             self.offsets[seg] = (first, at)
             self.segments.append({"segment": seg, "start": at, "end": at + last - first})
             at += last - first + SEGMENT_GAP_S
-        self.end = self.segments[-1]["end"] if self.segments else 0.0
-        self.ends: dict[int, float] = {s["segment"]: s["end"] for s in self.segments}
 
-        self.agents: dict[str, _Agent] = {
-            p.agent_id: _Agent(p.agent_id, p.task_id, p.wave, list(p.depends_on)) for p in plans
-        }
+    def _read_turns(self, state: LogState) -> None:
+        """Each agent's request windows on the replay's axis: its committed turns and those the server failed."""
         for aid, lines in state.turns.items():
             agent = self._agent(aid)
             for line in lines:
@@ -164,10 +191,13 @@ class FleetReplay:
                     )
                 )
             agent.turns.sort(key=lambda t: t.sent)
+
+    def _place_outcomes(self, state: LogState) -> None:
+        """Each agent's outcome, at the end of its last turn (a skipped one's: when its last dependency ended)."""
         by_task: dict[str, list[_Agent]] = {}
         for agent in self.agents.values():
             by_task.setdefault(agent.group, []).append(agent)
-        # Outcomes, wave by wave so that a skipped agent's dependencies are placed before it.
+        # Wave by wave so that a skipped agent's dependencies are placed before it.
         for agent in sorted(self.agents.values(), key=lambda a: a.wave):
             ended = state.finished.get(agent.id)
             if ended is None:
@@ -178,13 +208,14 @@ class FleetReplay:
             else:
                 deps = [d.ended_at or 0.0 for task in agent.depends_on for d in by_task.get(task, [])]
                 agent.ended_at = max(deps, default=0.0)
+
+    def _read_widths(self, state: LogState, results: FleetResult | None) -> None:
+        """The width's changes and the width policy in force, in order on the replay's axis."""
         # Width changes: each segment starts at its start width; ``t`` of a change is from its segment's start.
         # The width policy in force (mode, min, max): each segment's, then each switch from the dashboard. A log
         # written before the bounds were recorded falls back to the run's last (results.json's).
         end_min = results.limiter.min_limit if results is not None else None
         end_max = results.limiter.max_limit if results is not None else None
-        self.policies: list[tuple[float, str, int | None, int | None]] = []
-        self.widths: list[tuple[float, int, dict[str, Any]]] = []
         for s in state.segments:
             if s.segment in self.offsets:
                 start = self.offsets[s.segment][1]
@@ -200,21 +231,6 @@ class FleetReplay:
                     self.policies.append((t, limit.mode.value, limit.min_limit, limit.max_limit))
         self.widths.sort(key=lambda w: w[0])
         self.policies.sort(key=lambda p: p[0])
-        # The page's controls: (t, segment, action, agent) on the replay's axis, in order; one before its segment's
-        # first request is placed at that request.
-        self.controls: list[tuple[float, int, str, str | None]] = sorted(
-            (max(self._t(c.segment, c.t), self.offsets[c.segment][1]), c.segment, c.action, c.agent)
-            for c in state.controls
-            if c.segment in self.offsets
-        )
-        self.agent_controls: dict[str, list[tuple[float, int, str]]] = {}  # the controls of one agent, in order
-        for at, segment, action, who in self.controls:
-            if who is not None:
-                self.agent_controls.setdefault(who, []).append((at, segment, action))
-        samples = read_samples(run_dir)
-        self.gauges = self._gauges(samples)
-        self.watchdogs = self._watchdogs(samples)
-        self.points = self._points()
 
     def _agent(self, aid: str) -> _Agent:
         agent = self.agents.get(aid)

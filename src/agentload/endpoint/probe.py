@@ -396,62 +396,21 @@ async def probe(
 
 
 async def _read(root: str, answers: Mapping[str, _Answer], model: str | None, client: ChatClient) -> ProbeResult:
-    notes: list[str] = []
+    notes: list[str] = []  # in the order each step finds them: what the user reads, top to bottom
     evidence: list[str] = []
-    snapshot: MetricsSnapshot | None = None
-    metrics = answers.get("/metrics")
-    if metrics is not None and metrics.status == 200:
-        try:
-            snapshot = parse_metrics(metrics.body.decode("utf-8", errors="replace"), f"{root}/metrics")
-        except ScrapeError:
-            notes.append("/metrics answered but is not Prometheus text")
+    snapshot = _snapshot(root, answers, notes)
     engine, version = _detect(answers, snapshot, evidence)
     if engine == "llamacpp" and version is None:
-        # llama-server has no /version; /props names its build ("b1-0c1e570"; the simulator's slot mode says so).
-        props = _json_at(answers, "/props")
-        build = props.get("build_info") if isinstance(props, Mapping) else None
-        if isinstance(build, str) and build:
-            version = build[:100]
-            if build.startswith("agentload-sim"):
-                evidence.append("/props build_info names agentload-sim: the simulator serving llama.cpp's API")
+        version = _llamacpp_build(answers, evidence)
     health = answers.get("/health")
     if health is not None and health.status == 503:
         notes.append("/health says not ready (503): the server is still starting, so some figures may be missing")
-
-    models_answer = answers.get("/v1/models")
-    cards = _cards(_json_at(answers, "/v1/models"))
-    if models_answer is not None and models_answer.status in (401, 403):
-        notes.append("/v1/models wants an API key (see --api-key-env)")
-    ids = [str(c["id"]) for c in cards]
-    if model is not None and ids and model not in ids:
-        raise ConfigError(f"--model {model!r} is not served at {root}; it serves {', '.join(ids)}")
-    chosen = model or (ids[0] if ids else None)
-    card = next((c for c in cards if c["id"] == chosen), None)
-
+    ids, chosen, card = _choose_model(root, answers, model, notes)
     pool = _pool(engine, answers, snapshot, notes)
-    max_context = _positive(_int(card.get("max_model_len"))) if card is not None else None
-    if max_context is None and pool is not None:
-        max_context = pool.max_model_len
-    if max_context is None and engine == "ollama":
-        max_context = _ollama_context(answers, chosen)
-        if max_context is None:
-            notes.append("Ollama states the context length only once the model is loaded (/api/ps)")
+    max_context = _max_context(engine, answers, chosen, card, pool, notes)
     if pool is not None:
         notes.append(f"KV pool from {pool.source}")
-
-    prefix_caching = pool.prefix_caching if pool is not None else None
-    if engine == "sglang" and prefix_caching is None:
-        prefix_caching = _sglang_prefix_caching(answers)
-    slots = _slots(answers) if engine == "llamacpp" else None
-    max_running = pool.max_num_seqs if pool is not None else None
-    if engine in ("vllm", "agentload-sim") and max_running is None:
-        notes.append("vLLM does not expose max_num_seqs (default 256, or 1024 on large GPUs)")
-    if engine == "llamacpp":
-        max_running = max_running or slots
-        notes.append("llama.cpp reuses each slot's own last prompt (cache_prompt); no shared prefix cache")
-        if _template_drops_tools(answers):
-            notes.append(TEMPLATE_DROPS_TOOLS)
-
+    prefix_caching, slots, max_running = _concurrency(engine, answers, pool, notes)
     reports, hit = await _cached_tokens_test(client, chosen, notes)
     if prefix_caching is None and hit:
         prefix_caching = True
@@ -478,6 +437,82 @@ async def _read(root: str, answers: Mapping[str, _Answer], model: str | None, cl
         output_length_control=length_control(engine),
         notes=notes,
     )
+
+
+def _snapshot(root: str, answers: Mapping[str, _Answer], notes: list[str]) -> MetricsSnapshot | None:
+    """The server's /metrics, parsed; None where it has none or it is not Prometheus text (a note says so)."""
+    metrics = answers.get("/metrics")
+    if metrics is None or metrics.status != 200:
+        return None
+    try:
+        return parse_metrics(metrics.body.decode("utf-8", errors="replace"), f"{root}/metrics")
+    except ScrapeError:
+        notes.append("/metrics answered but is not Prometheus text")
+        return None
+
+
+def _llamacpp_build(answers: Mapping[str, _Answer], evidence: list[str]) -> str | None:
+    """llama-server has no /version; /props names its build ("b1-0c1e570"; the simulator's slot mode says so)."""
+    props = _json_at(answers, "/props")
+    build = props.get("build_info") if isinstance(props, Mapping) else None
+    if not isinstance(build, str) or not build:
+        return None
+    if build.startswith("agentload-sim"):
+        evidence.append("/props build_info names agentload-sim: the simulator serving llama.cpp's API")
+    return build[:100]
+
+
+def _choose_model(
+    root: str, answers: Mapping[str, _Answer], model: str | None, notes: list[str]
+) -> tuple[list[str], str | None, Mapping[str, Any] | None]:
+    """The models served, the one the probe reads (``model``, else the first served) and its card, if listed."""
+    models_answer = answers.get("/v1/models")
+    cards = _cards(_json_at(answers, "/v1/models"))
+    if models_answer is not None and models_answer.status in (401, 403):
+        notes.append("/v1/models wants an API key (see --api-key-env)")
+    ids = [str(c["id"]) for c in cards]
+    if model is not None and ids and model not in ids:
+        raise ConfigError(f"--model {model!r} is not served at {root}; it serves {', '.join(ids)}")
+    chosen = model or (ids[0] if ids else None)
+    return ids, chosen, next((c for c in cards if c["id"] == chosen), None)
+
+
+def _max_context(
+    engine: Engine,
+    answers: Mapping[str, _Answer],
+    chosen: str | None,
+    card: Mapping[str, Any] | None,
+    pool: ServerPool | None,
+    notes: list[str],
+) -> int | None:
+    """The model's context length: its card's, else the pool's, else (Ollama) the loaded model's."""
+    max_context = _positive(_int(card.get("max_model_len"))) if card is not None else None
+    if max_context is None and pool is not None:
+        max_context = pool.max_model_len
+    if max_context is None and engine == "ollama":
+        max_context = _ollama_context(answers, chosen)
+        if max_context is None:
+            notes.append("Ollama states the context length only once the model is loaded (/api/ps)")
+    return max_context
+
+
+def _concurrency(
+    engine: Engine, answers: Mapping[str, _Answer], pool: ServerPool | None, notes: list[str]
+) -> tuple[bool | None, int | None, int | None]:
+    """Prefix caching on?, llama.cpp's slot count, and how many requests the server runs at once, where it says."""
+    prefix_caching = pool.prefix_caching if pool is not None else None
+    if engine == "sglang" and prefix_caching is None:
+        prefix_caching = _sglang_prefix_caching(answers)
+    slots = _slots(answers) if engine == "llamacpp" else None
+    max_running = pool.max_num_seqs if pool is not None else None
+    if engine in ("vllm", "agentload-sim") and max_running is None:
+        notes.append("vLLM does not expose max_num_seqs (default 256, or 1024 on large GPUs)")
+    if engine == "llamacpp":
+        max_running = max_running or slots
+        notes.append("llama.cpp reuses each slot's own last prompt (cache_prompt); no shared prefix cache")
+        if _template_drops_tools(answers):
+            notes.append(TEMPLATE_DROPS_TOOLS)
+    return prefix_caching, slots, max_running
 
 
 # -- preflight --------------------------------------------------------------------------------------------------

@@ -290,6 +290,23 @@ class AutoTuning:
     norm_floor_tokens: int = 256
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """One decision window's signals (None: nothing undisturbed measured it), the evidence of its change."""
+
+    samples: int  # fresh turns in the window
+    ratio: float | None  # the median TTFT against its class baseline
+    medians: dict[bool, float]  # first turn? → the window's median normalised TTFT
+    loss: float | None  # mean share of reusable prefix the server re-prefilled
+    waiting: float | None  # mean requests waiting at the server
+    kv: float | None  # the last KV usage
+    overloaded: int  # turns refused, failed or timed out
+
+    def change(self, now: float, old: int, new: int, reason: str) -> LimitChange:
+        return LimitChange(t=now, old=old, new=new, reason=reason, samples=self.samples, ttft_ratio=self.ratio,
+                           prefix_loss=self.loss, waiting=self.waiting, kv_usage=self.kv)  # fmt: skip
+
+
 class AdaptiveWidth:
     """``auto``: widen while turns stay fast and the server has room, narrow when they degrade.
 
@@ -398,8 +415,22 @@ class AdaptiveWidth:
         return change
 
     def _decide(self, now: float, limit: int, gate: GateView, fresh: Sequence[TurnSample]) -> LimitChange | None:
-        t = self.t
         self._decisions += 1
+        r = self._read(fresh)
+        gradients = self._gradients(r, limit)
+        if gradients:
+            return self._narrow(now, limit, r, min(gradients))
+        if r.ratio is None and r.loss is None:
+            # Nothing undisturbed to judge by (every turn overlapped a cold prefill, or no baseline yet):
+            # learn the baseline, but no evidence is no reason to widen.
+            for first, m in r.medians.items():
+                self._baseline.setdefault(first, m)
+            return None
+        return self._widen(now, limit, gate, r)
+
+    def _read(self, fresh: Sequence[TurnSample]) -> _Reading:
+        """The window's signals from its fresh turns and the server's gauges since the last decision."""
+        t = self.t
         # TTFT: each undisturbed sample against its class baseline; the window's median ratio.
         ratios: list[float] = []
         medians: dict[bool, float] = {}
@@ -417,69 +448,76 @@ class AdaptiveWidth:
             base = self._baseline.get(first)
             if base is not None and base > 0:
                 ratios.extend(v / base for v in values)
-        ratio = stats.median(ratios) if ratios else None
         losses = [x for s in fresh if not s.first and (x := s.prefix_loss) is not None]
-        loss = stats.fmean(losses) if losses else None
         waits = [w for at, w, _ in self._gauges if w is not None and not self._disturbed(at - t.settle_s, at)]
         kvs = [k for _, _, k in self._gauges if k is not None]
-        waiting = stats.fmean(waits) if waits else None
-        kv = kvs[-1] if kvs else None
-        overloaded = sum(1 for s in fresh if s.overloaded or not s.ok)
+        return _Reading(
+            samples=len(fresh),
+            ratio=stats.median(ratios) if ratios else None,
+            medians=medians,
+            loss=stats.fmean(losses) if losses else None,
+            waiting=stats.fmean(waits) if waits else None,
+            kv=kvs[-1] if kvs else None,
+            overloaded=sum(1 for s in fresh if s.overloaded or not s.ok),
+        )
 
+    def _gradients(self, r: _Reading, limit: int) -> list[tuple[float, str]]:
+        """Each signal over its limit, as (the share of the width it asks to keep, why); none: no congestion."""
+        t = self.t
         gradients: list[tuple[float, str]] = []
-        if ratio is not None and ratio > t.tolerance:
-            gradients.append((t.tolerance / ratio, f"TTFT {ratio:.1f}× its recent baseline"))
-        excess = None if loss is None else loss - (self._loss_floor or 0.0)
+        if r.ratio is not None and r.ratio > t.tolerance:
+            gradients.append((t.tolerance / r.ratio, f"TTFT {r.ratio:.1f}× its recent baseline"))
+        excess = None if r.loss is None else r.loss - (self._loss_floor or 0.0)
         if excess is not None and excess > t.loss_limit:
-            gradients.append((1.0 - excess, f"the server re-prefilled {loss:.0%} of reusable prefixes (evicted)"))
-        if waiting is not None and waiting > t.waiting_limit:
-            gradients.append((limit / (limit + waiting), f"{waiting:.1f} requests waiting at the server"))
-        if overloaded:
-            gradients.append((0.75, f"{overloaded} turns refused, failed or timed out"))
+            gradients.append((1.0 - excess, f"the server re-prefilled {r.loss:.0%} of reusable prefixes (evicted)"))
+        if r.waiting is not None and r.waiting > t.waiting_limit:
+            gradients.append((limit / (limit + r.waiting), f"{r.waiting:.1f} requests waiting at the server"))
+        if r.overloaded:
+            gradients.append((0.75, f"{r.overloaded} turns refused, failed or timed out"))
+        return gradients
 
-        evidence = {"samples": len(fresh), "ttft_ratio": ratio, "prefix_loss": loss, "waiting": waiting, "kv_usage": kv}
-        if gradients:
-            gradient, why = min(gradients)
-            gradient = max(gradient, t.backoff_floor)
-            target = limit - t.smoothing * (limit - limit * gradient)
-            new = max(self.min_limit, min(limit - 1, math.floor(target)))
-            if self._ceiling is not None and limit >= self._ceiling:
-                self._patience = min(2 * self._patience, t.max_patience)
-            self._ceiling = limit
-            self._clean_streak = 0
-            if new == limit:
-                return None
-            self._last_decrease = now
-            return LimitChange(t=now, old=limit, new=new, reason=f"narrow: {why}", **evidence)
-        if ratio is None and loss is None:
-            # Nothing undisturbed to judge by (every turn overlapped a cold prefill, or no baseline yet):
-            # learn the baseline, but no evidence is no reason to widen.
-            for first, m in medians.items():
-                self._baseline.setdefault(first, m)
+    def _narrow(self, now: float, limit: int, r: _Reading, worst: tuple[float, str]) -> LimitChange | None:
+        """Narrow by the worst signal's gradient (smoothed, floored); the width it congested at becomes the ceiling."""
+        t = self.t
+        gradient, why = worst
+        gradient = max(gradient, t.backoff_floor)
+        target = limit - t.smoothing * (limit - limit * gradient)
+        new = max(self.min_limit, min(limit - 1, math.floor(target)))
+        if self._ceiling is not None and limit >= self._ceiling:
+            self._patience = min(2 * self._patience, t.max_patience)
+        self._ceiling = limit
+        self._clean_streak = 0
+        if new == limit:
             return None
+        self._last_decrease = now
+        return r.change(now, limit, new, f"narrow: {why}")
+
+    def _widen(self, now: float, limit: int, gate: GateView, r: _Reading) -> LimitChange | None:
+        """A clean window: learn from it, and widen by one where agents queue and nothing holds the width back."""
+        t = self.t
         self._clean_streak += 1
-        for first, m in medians.items():
+        for first, m in r.medians.items():
             old = self._baseline.get(first)
             self._baseline[first] = m if old is None else old + t.baseline_weight * (m - old)
-        if loss is not None:
-            self._loss_floor = loss if self._loss_floor is None else min(self._loss_floor, loss)
-        roomy = kv is None or kv < t.kv_headroom
+        if r.loss is not None:
+            self._loss_floor = r.loss if self._loss_floor is None else min(self._loss_floor, r.loss)
+        roomy = r.kv is None or r.kv < t.kv_headroom
         if self._ceiling is not None and limit >= self._ceiling and self._clean_streak >= self._patience:
             self._ceiling, self._patience = None, t.patience  # the width that once congested holds now
         cautious = self._ceiling is not None and limit + 1 >= self._ceiling and self._clean_streak < self._patience
         if gate.queued == 0 or limit >= self.max_limit or not roomy or cautious:
             return None
-        signals = [f"{len(fresh)} turns clean"]
-        if ratio is not None:
-            signals.append(f"TTFT {ratio:.1f}× baseline")
-        if loss is not None:
-            signals.append(f"prefix loss {loss:.0%}")
-        if waiting is not None:
-            signals.append(f"{waiting:.1f} waiting")
-        if kv is not None:
-            signals.append(f"KV {kv:.0%}")
+        signals = [f"{r.samples} turns clean"]
+        if r.ratio is not None:
+            signals.append(f"TTFT {r.ratio:.1f}× baseline")
+        if r.loss is not None:
+            signals.append(f"prefix loss {r.loss:.0%}")
+        if r.waiting is not None:
+            signals.append(f"{r.waiting:.1f} waiting")
+        if r.kv is not None:
+            signals.append(f"KV {r.kv:.0%}")
         self._clean_streak = 0  # the new width earns its own clean rounds (and clears a ceiling with them)
-        return LimitChange(t=now, old=limit, new=limit + 1, reason="widen: " + ", ".join(signals), **evidence)
+        return r.change(now, limit, limit + 1, "widen: " + ", ".join(signals))
 
 
 # -- the limiter ----------------------------------------------------------------------------------------------

@@ -179,6 +179,99 @@ async def run_load(
         return await _run_load(drivers, ctx, strategy, stop, body, liveness, stop_after_s, grace_s, clock)
 
 
+async def _drive(strategy: Strategy, ctx: C, stopped: list[int], i: int, d: Driver[C]) -> None:
+    """One driver's task: admitted by the strategy, run, taken back; its index noted as it ends (``_Wait``)."""
+    try:
+        # The strategy admits and takes back; the run itself is the runner's (a turn's stack: runner → driver).
+        if not await strategy.admit(i, d):
+            return
+        try:
+            await d.run(ctx)
+        finally:
+            strategy.leave(i, d)
+        await strategy.finished(i, d)
+    finally:
+        stopped.append(i)
+
+
+class _Ending:
+    """The runner's wait until the load ends: what ended it, and the stop's grace once it is stopping.
+
+    It wakes when a driver ends or one of the load's other tasks does (never per turn: a driver runs all its turns
+    in its one task).
+    """
+
+    def __init__(
+        self,
+        tasks: list[asyncio.Task[None]],
+        control: asyncio.Future[Any] | None,
+        body_task: asyncio.Future[None] | None,
+        watch: asyncio.Future[str] | None,
+        timer: asyncio.Future[None] | None,
+        signal: StopSignal,
+        grace_s: float,
+        clock: Clock,
+    ) -> None:
+        self.control, self.body_task, self.watch, self.timer = control, body_task, watch, timer
+        self.signal, self.grace_s, self.clock = signal, grace_s, clock
+        self.grace: asyncio.Future[None] | None = None
+        self.pending: set[asyncio.Future[Any]] = set(tasks)
+        self.ended: End | None = None
+        self.lost: str | None = None
+        self.bug: BaseException | None = None
+        self.stopping = self.grace_over = False
+
+    async def wait(self, waits: _Wait) -> None:
+        """Wait until the load has ended (set ``ended``), or met a bug (set ``bug``); a bug in the body is raised."""
+        while True:
+            if self.stopping and (self.grace_over or not self.pending):
+                break
+            if not self.stopping and self.body_task is None and not self.pending:
+                self.ended = End.DONE
+                break
+            # What else can end this wait: a strategy loop that returned is no longer watched (it would wake every
+            # wait at once), and after the stop neither the body nor the timer is.
+            later = () if self.stopping else (self.body_task, self.timer)
+            aux = [x for x in (self.control, self.watch, self.grace, *later) if x is not None]
+            aux = [x for x in aux if not x.done()]
+            finished, done = await waits.first(self.pending, aux)
+            self.pending -= done
+            self._failures(finished, done)
+            if self.bug is not None:
+                break
+            if self.lost is None and self.watch is not None and self.watch in done:
+                self.lost = self.watch.result()
+            if self.lost is not None:
+                self.ended = End.LOST
+                break
+            self._advance(done)
+
+    def _failures(self, finished: list[asyncio.Future[Any]], done: set[asyncio.Future[Any]]) -> None:
+        """A driver or the strategy's loop that raised: ``ServerLost`` is the server gone, anything else a bug."""
+        for t in (*finished, self.control):
+            if t is not None and t in done and not t.cancelled() and (exc := t.exception()) is not None:
+                if isinstance(exc, ServerLost):
+                    self.lost = self.lost or exc.detail
+                else:
+                    self.bug = self.bug or exc
+
+    def _advance(self, done: set[asyncio.Future[Any]]) -> None:
+        """The body or the timer ending stops the load; a stop starts the grace (none: it is over at once)."""
+        if not self.stopping and self.body_task is not None and self.body_task in done:
+            self.body_task.result()  # a bug in the profile's own code: raised here, after the finally's cleanup
+            self.ended, self.stopping = End.BODY, True
+        elif not self.stopping and self.timer is not None and self.timer in done:
+            self.ended, self.stopping = End.TIMER, True
+        elif self.grace is not None and self.grace in done:
+            self.grace_over = True
+        if self.stopping and self.grace is None and not self.grace_over:
+            self.signal.set()
+            if self.grace_s > 0 and self.pending:
+                self.grace = asyncio.ensure_future(self.clock.sleep(self.grace_s))
+            else:
+                self.grace_over = True
+
+
 async def _run_load(
     drivers: Sequence[Driver[C]],
     ctx: C,
@@ -197,91 +290,35 @@ async def _run_load(
     strategy.prepare(drivers)
 
     stopped: list[int] = []  # drivers whose coroutine has ended, by index (``_Wait``)
-
-    async def drive(i: int, d: Driver[C]) -> None:
-        try:
-            # The strategy admits and takes back; the run itself is the runner's (a turn's stack: runner → driver).
-            if not await strategy.admit(i, d):
-                return
-            try:
-                await d.run(ctx)
-            finally:
-                strategy.leave(i, d)
-            await strategy.finished(i, d)
-        finally:
-            stopped.append(i)
-
     # Created in this order — drivers, strategy loop, body, watch, timer — so that what runs in one instant runs
     # in a fixed order (the virtual-time figures depend on it).
-    tasks = [asyncio.ensure_future(drive(i, d)) for i, d in enumerate(drivers)]
+    tasks = [asyncio.ensure_future(_drive(strategy, ctx, stopped, i, d)) for i, d in enumerate(drivers)]
     loop = strategy.background()
     control = asyncio.ensure_future(loop) if loop is not None else None
     handle = LoadHandle(signal, tasks)
     body_task = asyncio.ensure_future(body(handle)) if body is not None else None
     watch = asyncio.ensure_future(liveness.wait_lost()) if liveness is not None else None
     timer = asyncio.ensure_future(clock.sleep(stop_after_s)) if stop_after_s is not None else None
-    grace: asyncio.Future[None] | None = None
 
-    pending: set[asyncio.Future[Any]] = set(tasks)
-    waits = _Wait(tasks, stopped)
-    ended: End | None = None
-    lost: str | None = None
-    bug: BaseException | None = None
-    stopping = grace_over = False
+    ending = _Ending(tasks, control, body_task, watch, timer, signal, grace_s, clock)
     cancelled = 0
     try:
-        while True:
-            if stopping and (grace_over or not pending):
-                break
-            if not stopping and body_task is None and not pending:
-                ended = End.DONE
-                break
-            # What else can end this wait: a strategy loop that returned is no longer watched (it would wake every
-            # wait at once), and after the stop neither the body nor the timer is.
-            aux = [x for x in (control, watch, grace, *(() if stopping else (body_task, timer))) if x is not None]
-            aux = [x for x in aux if not x.done()]
-            finished, done = await waits.first(pending, aux)
-            pending -= done
-            for t in (*finished, control):
-                if t is not None and t in done and not t.cancelled() and (exc := t.exception()) is not None:
-                    if isinstance(exc, ServerLost):
-                        lost = lost or exc.detail
-                    else:
-                        bug = bug or exc
-            if bug is not None:
-                break
-            if lost is None and watch is not None and watch in done:
-                lost = watch.result()
-            if lost is not None:
-                ended = End.LOST
-                break
-            if not stopping and body_task is not None and body_task in done:
-                body_task.result()  # a bug in the profile's own code: raised here, after the finally's cleanup
-                ended, stopping = End.BODY, True
-            elif not stopping and timer is not None and timer in done:
-                ended, stopping = End.TIMER, True
-            elif grace is not None and grace in done:
-                grace_over = True
-            if stopping and grace is None and not grace_over:
-                signal.set()
-                if grace_s > 0 and pending:
-                    grace = asyncio.ensure_future(clock.sleep(grace_s))
-                else:
-                    grace_over = True
+        await ending.wait(_Wait(tasks, stopped))
     finally:
         cancelled = sum(1 for t in tasks if not t.done())
         # Drivers first, in their order (a suite session cancelled keeps its finished tests, in that order).
         everything: list[asyncio.Future[Any]] = [
-            x for x in (*tasks, control, body_task, watch, timer, grace) if x is not None
+            x for x in (*tasks, control, body_task, watch, timer, ending.grace) if x is not None
         ]
         for f in everything:
             f.cancel()
         await asyncio.gather(*everything, return_exceptions=True)
+    bug = ending.bug
     if bug is None:
         # A driver that failed while being cancelled (its own cleanup broke) is a bug too.
         bug = next((e for t in tasks if not t.cancelled() and (e := t.exception()) is not None
                     and not isinstance(e, ServerLost)), None)  # fmt: skip
     if bug is not None:
         raise bug
-    assert ended is not None
-    return LoadOutcome(ended=ended, lost=lost, cancelled=cancelled, wall_s=clock.now() - t0)
+    assert ending.ended is not None
+    return LoadOutcome(ended=ending.ended, lost=ending.lost, cancelled=cancelled, wall_s=clock.now() - t0)

@@ -137,83 +137,100 @@ def throughput_vs_agents(runs: Sequence[RunData]) -> go.Figure:
     for s in _series(runs):
         dash = _dash(per_run_index[id(s.run)])
         per_run_index[id(s.run)] += 1
-        fig.add_trace(
-            go.Scatter(
-                x=[lv.agents for lv in s.levels],
-                y=[lv.output_tps for lv in s.levels],
-                customdata=[[lv.prefill_tps, lv.throughput_source] for lv in s.levels],
-                mode="lines+markers",
-                name=s.name,
-                line={"color": s.run.colour, "dash": dash, "width": 2.5},
-                marker={"size": 8},
-                hovertemplate=(
-                    "%{x} agents<br>output %{y:,.0f} tok/s<br>prefill %{customdata[0]:,.0f} tok/s"
-                    "<br>from %{customdata[1]}<extra>" + s.name + "</extra>"
-                ),
-            )
-        )
-        by_agents = {lv.agents: lv for lv in s.levels}
-        for knee in s.run.result.knee:
-            if knee.context != s.context or knee.agents not in by_agents:
-                continue
-            fig.add_trace(
-                go.Scatter(
-                    x=[knee.agents],
-                    y=[by_agents[knee.agents].output_tps],
-                    mode="markers+text",
-                    marker={"symbol": "star", "size": 18, "color": s.run.colour, "line": {"width": 1, "color": "#222"}},
-                    text=[f"knee {knee.agents}"],
-                    textposition="top center",
-                    name=f"knee · {s.name}",
-                    showlegend=False,
-                    hovertemplate=f"knee: {knee.agents} agents ({knee.explanation.cause})<extra>{s.name}</extra>",
-                )
-            )
+        _add_throughput_line(fig, s, dash)
+        _add_knees(fig, s)
     for run in runs:
-        # The matched synthetic arm is its own series, never a point of the agents' line (``--compare-synthetic``).
-        arms = run.result.synthetic
-        if arms:
-            fig.add_trace(
-                go.Scatter(
-                    x=[lv.agents for lv in arms],
-                    y=[lv.output_tps for lv in arms],
-                    mode="markers",
-                    marker={"symbol": "diamond-open", "size": 12, "color": run.colour, "line": {"width": 2}},
-                    name=f"matched synthetic · {run.label}",
-                    hovertemplate=(
-                        "%{x} agents<br>output %{y:,.0f} tok/s<br>"
-                        + arms[0].workload
-                        + "<extra>matched synthetic</extra>"
-                    ),
-                )
-            )
+        _add_synthetic_arm(fig, run)
     log = _agents_axis(fig, runs)
     for s in _series(runs):
-        for est in s.run.result.capacity:
-            if est.context == s.context and est.sessions is not None and est.sessions > 0:
-                # A shape on a log axis takes data values but an annotation takes log10 ones (plotly.js).
-                fig.add_shape(
-                    type="line",
-                    x0=est.sessions,
-                    x1=est.sessions,
-                    y0=0,
-                    y1=1,
-                    yref="paper",
-                    line={"color": s.run.colour, "dash": "dot", "width": 1.5},
-                )
-                fig.add_annotation(
-                    x=math.log10(est.sessions) if log else est.sessions,
-                    y=0.02,
-                    yref="paper",
-                    text=f"KV pool ÷ context ≈ {num(est.sessions)}",
-                    textangle=-90,
-                    xanchor="right",
-                    yanchor="bottom",
-                    showarrow=False,
-                    font={"color": s.run.colour, "size": 11},
-                )
+        _add_pool_estimates(fig, s, log)
     fig.update_yaxes(title={"text": "output tokens/s"}, rangemode="tozero")
     return _layout(fig, "Output throughput vs agents")
+
+
+def _add_throughput_line(fig: go.Figure, s: _Series, dash: str) -> None:
+    fig.add_trace(
+        go.Scatter(
+            x=[lv.agents for lv in s.levels],
+            y=[lv.output_tps for lv in s.levels],
+            customdata=[[lv.prefill_tps, lv.throughput_source] for lv in s.levels],
+            mode="lines+markers",
+            name=s.name,
+            line={"color": s.run.colour, "dash": dash, "width": 2.5},
+            marker={"size": 8},
+            hovertemplate=(
+                "%{x} agents<br>output %{y:,.0f} tok/s<br>prefill %{customdata[0]:,.0f} tok/s"
+                "<br>from %{customdata[1]}<extra>" + s.name + "</extra>"
+            ),
+        )
+    )
+
+
+def _add_knees(fig: go.Figure, s: _Series) -> None:
+    """A star on the series at each of its run's knees at its context (one the series has a level for)."""
+    by_agents = {lv.agents: lv for lv in s.levels}
+    for knee in s.run.result.knee:
+        if knee.context != s.context or knee.agents not in by_agents:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[knee.agents],
+                y=[by_agents[knee.agents].output_tps],
+                mode="markers+text",
+                marker={"symbol": "star", "size": 18, "color": s.run.colour, "line": {"width": 1, "color": "#222"}},
+                text=[f"knee {knee.agents}"],
+                textposition="top center",
+                name=f"knee · {s.name}",
+                showlegend=False,
+                hovertemplate=f"knee: {knee.agents} agents ({knee.explanation.cause})<extra>{s.name}</extra>",
+            )
+        )
+
+
+def _add_synthetic_arm(fig: go.Figure, run: RunData) -> None:
+    # The matched synthetic arm is its own series, never a point of the agents' line (``--compare-synthetic``).
+    arms = run.result.synthetic
+    if not arms:
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=[lv.agents for lv in arms],
+            y=[lv.output_tps for lv in arms],
+            mode="markers",
+            marker={"symbol": "diamond-open", "size": 12, "color": run.colour, "line": {"width": 2}},
+            name=f"matched synthetic · {run.label}",
+            hovertemplate=(
+                "%{x} agents<br>output %{y:,.0f} tok/s<br>" + arms[0].workload + "<extra>matched synthetic</extra>"
+            ),
+        )
+    )
+
+
+def _add_pool_estimates(fig: go.Figure, s: _Series, log: bool) -> None:
+    """A dotted line at the sessions the KV pool holds at the series' context, by the run's estimate."""
+    for est in s.run.result.capacity:
+        if est.context == s.context and est.sessions is not None and est.sessions > 0:
+            # A shape on a log axis takes data values but an annotation takes log10 ones (plotly.js).
+            fig.add_shape(
+                type="line",
+                x0=est.sessions,
+                x1=est.sessions,
+                y0=0,
+                y1=1,
+                yref="paper",
+                line={"color": s.run.colour, "dash": "dot", "width": 1.5},
+            )
+            fig.add_annotation(
+                x=math.log10(est.sessions) if log else est.sessions,
+                y=0.02,
+                yref="paper",
+                text=f"KV pool ÷ context ≈ {num(est.sessions)}",
+                textangle=-90,
+                xanchor="right",
+                yanchor="bottom",
+                showarrow=False,
+                font={"color": s.run.colour, "size": 11},
+            )
 
 
 def ttft_vs_agents(runs: Sequence[RunData]) -> go.Figure:
@@ -378,20 +395,42 @@ def timeline(run: RunData) -> go.Figure | None:
     agents = {lv.level: lv.agents for lv in run.result.levels}
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.05)
     agents_of = np.array([agents.get(s.level, -1) for s in samples], dtype=np.int64)
+    _add_gauge_rows(fig, run.colour, raw, t, agents_of)
+    _add_hit_rate_row(fig, raw)
+    # Built as plain dicts and set once: plotly's add_vrect / add_annotation copy the whole layout each call,
+    # which made a 30-level run's timeline take seconds.
+    shapes, labels = _level_bands(samples, agents)
+    fig.update_layout(shapes=shapes, annotations=labels)
+    # Axis titles rather than subplot titles: the row above the first plot carries the level labels.
+    fig.update_yaxes(title={"text": "KV cache used (%)"}, range=[0, 105], row=1, col=1)
+    fig.update_yaxes(title={"text": "requests"}, rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(title={"text": "prefix hits (%)"}, range=[0, 105], row=3, col=1)
+    fig.update_xaxes(title={"text": "seconds since the run started (shaded bands: levels, labelled by agents)"}, row=3)
+    return _layout(fig, f"Server over time · {run.label}", height=640)
+
+
+def _add_gauge_rows(
+    fig: go.Figure,
+    colour: str,
+    raw: Sequence[ServerSample],
+    t: npt.NDArray[np.float64],
+    agents_of: npt.NDArray[np.int64],
+) -> None:
+    """The timeline's first two rows: KV usage, then running and waiting requests (a gauge never exported: none)."""
     if any(s.kv_usage is not None for s in raw):
         fig.add_trace(
             go.Scatter(
                 x=t,
                 y=_array([None if s.kv_usage is None else s.kv_usage * 100 for s in raw]),
                 name="KV usage",
-                line={"color": run.colour, "width": 2},
+                line={"color": colour, "width": 2},
                 customdata=agents_of,
                 hovertemplate="t %{x:.0f}s · %{customdata} agents<br>KV %{y:.1f}%<extra></extra>",
             ),
             row=1,
             col=1,
         )
-    for name, colour, dash in (("running", run.colour, "solid"), ("waiting", "#d62728", "dot")):
+    for name, line_colour, dash in (("running", colour, "solid"), ("waiting", "#d62728", "dot")):
         ys = [getattr(s, name) for s in raw]
         if all(y is None for y in ys):
             continue
@@ -400,13 +439,17 @@ def timeline(run: RunData) -> go.Figure | None:
                 x=t,
                 y=_array(ys),
                 name=name,
-                line={"color": colour, "dash": dash, "width": 2},
+                line={"color": line_colour, "dash": dash, "width": 2},
                 customdata=agents_of,
                 hovertemplate=f"t %{{x:.0f}}s · %{{customdata}} agents<br>{name} %{{y:.0f}}<extra></extra>",
             ),
             row=2,
             col=1,
         )
+
+
+def _add_hit_rate_row(fig: go.Figure, raw: Sequence[ServerSample]) -> None:
+    """The timeline's third row: the prefix hit rate between adjacent samples (``hit_rate_steps``)."""
     ht, rates = hit_rate_steps(raw)
     if any(r is not None for r in rates):
         fig.add_trace(
@@ -421,8 +464,12 @@ def timeline(run: RunData) -> go.Figure | None:
             row=3,
             col=1,
         )
-    # Built as plain dicts and set once: plotly's add_vrect / add_annotation copy the whole layout each call,
-    # which made a 30-level run's timeline take seconds.
+
+
+def _level_bands(
+    samples: Sequence[LevelSample], agents: dict[int, int]
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The timeline's level bands (every other one shaded) and their labels (the level's agents), as layout dicts."""
     shapes: list[dict[str, object]] = []
     labels: list[dict[str, object]] = []
     for i, (level, start, end) in enumerate(_level_spans(samples)):
@@ -455,10 +502,4 @@ def timeline(run: RunData) -> go.Figure | None:
                 "font": {"size": 11, "color": "#555"},
             }
         )
-    fig.update_layout(shapes=shapes, annotations=labels)
-    # Axis titles rather than subplot titles: the row above the first plot carries the level labels.
-    fig.update_yaxes(title={"text": "KV cache used (%)"}, range=[0, 105], row=1, col=1)
-    fig.update_yaxes(title={"text": "requests"}, rangemode="tozero", row=2, col=1)
-    fig.update_yaxes(title={"text": "prefix hits (%)"}, range=[0, 105], row=3, col=1)
-    fig.update_xaxes(title={"text": "seconds since the run started (shaded bands: levels, labelled by agents)"}, row=3)
-    return _layout(fig, f"Server over time · {run.label}", height=640)
+    return shapes, labels
