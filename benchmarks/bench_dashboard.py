@@ -98,9 +98,8 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from agentload.cli.common import MAX_DASHBOARD_RATE, MIN_DASHBOARD_RATE, dashboard_interval
 from agentload.dashboard import open_board
-from agentload.dashboard.server import INTERVAL_S, Flusher
+from agentload.dashboard.server import INTERVAL_S, MAX_DASHBOARD_RATE, MIN_DASHBOARD_RATE, Flusher, dashboard_interval
 from agentload.dashboard.state import LiveState
 from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.limiter import Mode

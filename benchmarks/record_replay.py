@@ -9,11 +9,10 @@ same profile in simulated time (``clock.run_virtual``: a replay's think times co
 
 What is measured. Per replayed request, the prompt tokens the server counted against the recorded ``in``
 (relative error: max and p95). Prefix-hit rates, cached over prompt tokens: the server's while recording; the
-trace's own ceiling (each request's leading hash ids its session had sent before, ``trace_ceiling``); the
-replay's. And what of the recorded hits the trace cannot carry: hits on a session's first request (a prompt
-another session had sent, such as the shared system prompt) and hits beyond the trace's ceiling on later
-requests (mostly blocks of a reply that the next prompt resends, which the server had cached as it generated
-them).
+trace's own ceiling (each request's leading hash ids sent before, by its session or, for ids the file shares
+across sessions with ``hash_scope: "trace"``, by another session; ``trace_ceiling``); the replay's. And the
+recorded hits above the ceiling, which the trace cannot carry: mostly blocks of a reply that the next prompt
+resends, which the server had cached as it generated them.
 
     .venv/bin/python benchmarks/record_replay.py [--fleet examples/fleet.toml] [--block-size 64]
         [--profile qwen3-235b-gb300]
@@ -155,8 +154,8 @@ def main() -> None:
     print(f"prefix-hit rate: server while recording {cached / prompt:.3f}; the trace's ceiling "
           f"{trace_ceiling(workload.trace):.3f}; replayed {replay_hits:.3f}")  # fmt: skip
     ceiling = trace_ceiling(workload.trace)
-    print(f"recorded hits the trace cannot carry: first requests of sessions {first / prompt:.3f}, "
-          f"the rest above the ceiling {(cached - first) / prompt - ceiling:.3f}")  # fmt: skip
+    print(f"recorded hits above the trace's ceiling, which a replay cannot carry: {cached / prompt - ceiling:.3f} "
+          f"(sessions' first requests hit {first / prompt:.3f} while recording)")  # fmt: skip
 
 
 if __name__ == "__main__":

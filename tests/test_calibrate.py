@@ -40,10 +40,10 @@ from agentload.capacity.calibrate import (
     steady_itl,
 )
 from agentload.capacity.profile import ServingProfile, load_profile, parse_profile
-from agentload.cli.calibrate import summary
 from agentload.cli.main import app
 from agentload.endpoint.scrape import ServedModel, ServerPool, ServerProbe, StopRule, StreamTiming
 from agentload.errors import ConfigError, EndpointResponseError
+from agentload.report.calibrateview import summary
 from agentload.sim.chat import TemplatePads
 from agentload.sim.server import SimConfig, SimServer
 from agentload.sim.tokens import Tokenizer

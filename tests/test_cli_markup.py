@@ -46,14 +46,14 @@ def test_a_trace_path_with_markup_is_named_as_it_is(tmp_path: Path) -> None:
 def test_probe_shows_what_the_server_said_as_text() -> None:
     from rich.console import Console
 
-    from agentload.cli.probe import render
     from agentload.endpoint.probe import ProbeResult
+    from agentload.report.probeview import render_probe
 
     odd = "b1-[/x]-[bold]"  # a llama-server build_info, a model id, a note: the server's text
     result = ProbeResult(url="http://127.0.0.1:1/v1", engine="llamacpp", version=odd, model=f"m{odd}",
                          models=[f"m{odd}", "other"], notes=[f"note {odd}"])  # fmt: skip
     console = Console(record=True, width=200)
-    console.print(render(result))  # raised MarkupError before
+    console.print(render_probe(result))  # raised MarkupError before
     shown = console.export_text()
     assert "b1-[/x]-[bold]" in shown
     assert f"note {odd}" in shown

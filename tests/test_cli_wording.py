@@ -165,7 +165,7 @@ def test_calibrate_off_a_terminal_says_each_phase_and_then_every_ten_seconds() -
 
     from rich.console import Console
 
-    from agentload.cli.calibrate import LineProgress
+    from agentload.report.calibrateview import LineProgress
 
     now = [0.0]
     err = io.StringIO()

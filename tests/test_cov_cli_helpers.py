@@ -1,6 +1,7 @@
-"""The composition root's helpers, called directly: ``sim``'s --max-model-len and --behaviour rules, the oracle's
-book holding a scenario for every suite test, the seed and API-key rules, and the one error line every command
-prints (redacted, and with the user's text shown as text, not as console markup)."""
+"""The helpers behind the commands' flags, called directly: ``agentload sim``'s --max-model-len (``sim.server``) and
+--behaviour (``suite.app``) rules, the oracle's book (``suite.app``) holding a scenario for every suite test, and the
+command line's own: the seed and API-key rules, and the one error line every command prints (redacted, and with the
+user's text shown as text, not as console markup)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from rich.console import Console
 
 from agentload.capacity.profile import load_profile
 from agentload.cli import common
-from agentload.cli.common import MAX_SEED, check_seed, clean_errors, default_book
-from agentload.cli.sim import make_behaviour, with_max_model_len
+from agentload.cli.common import MAX_SEED, check_seed, clean_errors
 from agentload.endpoint.apikey import read_api_key, resolve_key_env
 from agentload.endpoint.redact import SECRETS
 from agentload.errors import ConfigError
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import FillerBehaviour, OracleBehaviour
+from agentload.sim.server import with_max_model_len
+from agentload.suite.app import make_behaviour, oracle_book
 from agentload.suite.cases import all_tests
 
 
@@ -63,7 +65,7 @@ def test_behaviour_flags_that_do_not_go_together(kind: str, kw: dict[str, object
 
 
 def test_the_oracle_book_has_a_scenario_for_every_suite_test() -> None:
-    book = default_book()
+    book = oracle_book()
     ids = {t.id for t in all_tests()}
     assert ids <= set(book.ids())
     assert {"echo", "tool-roundtrip"} <= set(book.ids())  # and the simulator's own

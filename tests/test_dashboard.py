@@ -22,12 +22,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agentload.agent.loop import TurnLog
-from agentload.cli.common import dashboard_interval
 from agentload.clock import Clock, LoopClock, RealClock
 from agentload.dashboard import open_board
 from agentload.dashboard.control import FleetControl
 from agentload.dashboard.replay import FleetReplay
-from agentload.dashboard.server import Flusher, make_app
+from agentload.dashboard.server import Flusher, dashboard_interval, make_app
 from agentload.dashboard.state import PREVIEW_CHARS, Cursor, LiveState, Tee
 from agentload.endpoint.records import RequestIds, RequestRecord, ToolCallRecord
 from agentload.endpoint.scrape import parse_metrics

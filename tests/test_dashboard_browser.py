@@ -19,10 +19,10 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
 from typer.testing import CliRunner
 
-from agentload.cli.dashboard import serve_replay
 from agentload.cli.main import app
 from agentload.clock import run_virtual
 from agentload.dashboard import open_board
+from agentload.dashboard.server import serve_replay
 from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, load_log
 from agentload.fleet.limiter import Mode

@@ -18,12 +18,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
 
-from agentload.cli.dashboard import serve_replay
 from agentload.cli.main import app
 from agentload.clock import run_virtual
 from agentload.dashboard.benchreplay import BenchReplay
 from agentload.dashboard.replay import SEGMENT_GAP_S, FleetReplay, open_replay
-from agentload.dashboard.server import make_replay_app
+from agentload.dashboard.server import make_replay_app, serve_replay
 from agentload.errors import CheckpointError
 from agentload.fleet.app import FleetApp, FleetSettings
 from agentload.fleet.checkpoint import LOG, load_log

@@ -47,7 +47,6 @@ from agentload.bench import runner as bench_runner
 from agentload.bench.runner import run_level
 from agentload.bench.target import Target
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import default_book
 from agentload.clock import LoopClock, run_virtual
 from agentload.endpoint.client import stream_watch
 from agentload.endpoint.connection import ConnectionOptions, connect, open_connection
@@ -61,7 +60,7 @@ from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultInjector, FaultSpec, parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.suite.app import suite_over
+from agentload.suite.app import oracle_book, suite_over
 from agentload.suite.cases import select
 from agentload.suite.runner import SuiteConfig
 from agentload.workload.registry import get_workload
@@ -461,7 +460,7 @@ async def _bench(cell: Cell, _tmp: Path) -> None:
 
 
 async def _suite(cell: Cell, _tmp: Path) -> None:
-    server = _server(cell, behaviour=OracleBehaviour(default_book()))
+    server = _server(cell, behaviour=OracleBehaviour(oracle_book()))
     options = ConnectionOptions(retry_rng=random.Random(SEED))
     async with open_connection("http://sim.invalid", _transport(cell, server), options=options,
                                close_transport=True) as conn:  # fmt: skip

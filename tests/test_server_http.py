@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agentload.cli.common import default_book
 from agentload.errors import ConfigError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultSpec, parse_fault
+from agentload.suite.app import oracle_book
 from agentload.workload.words import WORDS
 from tests.simserver import running_sim
 from tests.test_calibrate import QUICK_PROFILE
@@ -221,8 +221,8 @@ async def test_oracle_plays_scenarios_and_known_bad() -> None:
         {"role": "system", "content": "You help. [agentload:scenario=tool-roundtrip]"},
         {"role": "user", "content": "capital of Peru"},
     ]
-    good = OracleBehaviour(default_book())
-    bad = OracleBehaviour(default_book(), known_bad="invent-tool")
+    good = OracleBehaviour(oracle_book())
+    bad = OracleBehaviour(oracle_book(), known_bad="invent-tool")
     async with running_sim(behaviour=good) as (_, url), aiohttp.ClientSession() as http:
         _, r = await post(http, f"{url}/v1/chat/completions", {"model": MODEL, "messages": msgs, "tools": tools})
         call = r["choices"][0]["message"]["tool_calls"][0]
@@ -243,9 +243,9 @@ async def test_oracle_plays_scenarios_and_known_bad() -> None:
 
 def test_oracle_rejects_unknown_known_bad_and_bad_rate() -> None:
     with pytest.raises(ConfigError, match="known:"):
-        OracleBehaviour(default_book(), known_bad="nonsense")
+        OracleBehaviour(oracle_book(), known_bad="nonsense")
     with pytest.raises(ConfigError):
-        OracleBehaviour(default_book(), error_rate=1.5)
+        OracleBehaviour(oracle_book(), error_rate=1.5)
 
 
 async def test_client_disconnect_aborts_request_and_frees_blocks() -> None:

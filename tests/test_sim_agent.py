@@ -16,12 +16,12 @@ from typing import Any
 import openai
 import pytest
 
-from agentload.cli.sim import make_behaviour
 from agentload.errors import ConfigError
 from agentload.sim.agent_conv import Conversation
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import Turn
 from agentload.sim.chat import Message, Tool
+from agentload.suite.app import make_behaviour
 from tests.simserver import running_sim
 
 

@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.sim import make_behaviour
 from agentload.clock import run_virtual
 from agentload.sim.behaviour import Behaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
+from agentload.suite.app import make_behaviour
 from tests.fuzzing import fuzz_examples
 
 BEHAVIOURS: list[tuple[str, float, str | None]] = [

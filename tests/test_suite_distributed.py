@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import default_book
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import open_connection
 from agentload.endpoint.transport import Endpoint
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.suite.app import suite_over
+from agentload.suite.app import oracle_book, suite_over
 from agentload.suite.cases import all_tests
 from agentload.suite.distributed import RaySuite, SuiteWorker
 from agentload.suite.results import AgentStatus, SuiteRun
@@ -27,7 +26,7 @@ AGENTS = 4
 def _run(actors: int | None, kill_at: float | None = None) -> SuiteRun:
     async def go() -> SuiteRun:
         server = SimServer(SimConfig(profile=load_profile("qwen3-235b-gb300"),
-                                     behaviour=OracleBehaviour(default_book()), seed=7))  # fmt: skip
+                                     behaviour=OracleBehaviour(oracle_book()), seed=7))  # fmt: skip
         transport = InProcessTransport(server)
         async with open_connection("http://sim.invalid", transport) as conn:
             remote = None

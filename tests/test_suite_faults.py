@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import default_book
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import Connection, ConnectionOptions, open_connection
 from agentload.endpoint.records import ErrorKind
@@ -32,7 +31,7 @@ from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import FaultSpec, parse_fault
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.suite.app import suite_over
+from agentload.suite.app import oracle_book, suite_over
 from agentload.suite.cases import all_tests, select
 from agentload.suite.results import SuiteRun
 from agentload.suite.runner import SuiteConfig
@@ -45,7 +44,7 @@ PROFILE = "qwen3-235b-gb300"  # the suite's default profile: room for the stress
 
 def _suite(faults: list[FaultSpec], cold_start_s: float = 0.0) -> tuple[SuiteRun, SimServer, Connection]:
     async def go() -> tuple[SuiteRun, SimServer, Connection]:
-        config = SimConfig(profile=load_profile(PROFILE), behaviour=OracleBehaviour(default_book()), faults=faults,
+        config = SimConfig(profile=load_profile(PROFILE), behaviour=OracleBehaviour(oracle_book()), faults=faults,
                            seed=7, cold_start_s=cold_start_s)  # fmt: skip
         server = SimServer(config)
         options = ConnectionOptions(retry_rng=random.Random(7))

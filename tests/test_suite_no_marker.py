@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import default_book
 from agentload.clock import run_virtual
 from agentload.endpoint.connection import ConnectionOptions, open_connection
 from agentload.endpoint.transport import Response
@@ -28,7 +27,7 @@ from agentload.sim.behaviour import MARKER, OracleBehaviour, Reply, Scenario, Sc
 from agentload.sim.chat import Message, Tool
 from agentload.sim.inprocess import InProcessTransport
 from agentload.sim.server import SimConfig, SimServer
-from agentload.suite.app import suite_over
+from agentload.suite.app import oracle_book, suite_over
 from agentload.suite.cases import all_tests, by_id, select
 from agentload.suite.model import SuiteTest
 from agentload.suite.oracle import scenarios
@@ -65,7 +64,7 @@ def _run(tests: list[SuiteTest], payload_tokens: int) -> tuple[SuiteRun, Recordi
 
     async def go() -> tuple[SuiteRun, Recording]:
         server = SimServer(SimConfig(profile=load_profile("qwen3-235b-gb300"),
-                                     behaviour=OracleBehaviour(default_book()), seed=7))  # fmt: skip
+                                     behaviour=OracleBehaviour(oracle_book()), seed=7))  # fmt: skip
         recording = Recording(InProcessTransport(server))
         options = ConnectionOptions(retry_rng=random.Random(7))
         async with open_connection("http://sim.invalid", recording, options=options, close_transport=True) as conn:
@@ -137,7 +136,7 @@ def _opening(test: SuiteTest, *, system: str | None = None, user: str | None = N
 
 
 def _recognised(turn: Turn) -> str | None:
-    found = default_book().recognise(turn)
+    found = oracle_book().recognise(turn)
     return None if found is None else found.id
 
 
@@ -146,7 +145,7 @@ IDS = [t.id for t in SUITE]
 
 
 def test_every_scenario_in_the_book_has_an_opening_and_every_suite_test_is_one() -> None:
-    book = default_book()
+    book = oracle_book()
     with_openings = {i for i in book.ids() if (s := book.get(i)) is not None and s.openings}
     assert with_openings == set(IDS)
 
@@ -158,10 +157,10 @@ def test_each_test_is_recognised_by_its_opening_as_itself(test: SuiteTest) -> No
     spaced = _opening(test, system="\n  " + test.system.replace(" ", "\n", 3) + "  ", user=f" {test.user}\t")
     assert _recognised(_turn(spaced, list(reversed(_tools(test))))) == test.id
     # And the oracle then plays that test: its reply is the scenario's own, not the fallback's filler.
-    scenario = default_book().get(test.id)
+    scenario = oracle_book().get(test.id)
     assert scenario is not None
     turn = _turn(_opening(test), _tools(test))
-    assert OracleBehaviour(default_book()).reply(turn) == scenario.correct(_turn(_opening(test), _tools(test)))
+    assert OracleBehaviour(oracle_book()).reply(turn) == scenario.correct(_turn(_opening(test), _tools(test)))
 
 
 @pytest.mark.parametrize("test", SUITE, ids=IDS)
@@ -180,7 +179,7 @@ def test_anything_but_the_opening_itself_is_not_recognised(test: SuiteTest) -> N
              {"role": "user", "content": test.user}]  # fmt: skip
     assert _recognised(_turn(later, tools)) is None
     # The fallback answers such a conversation, as it answers any foreign client.
-    filler = OracleBehaviour(default_book()).reply(_turn(_opening(test, system=foreign), tools))
+    filler = OracleBehaviour(oracle_book()).reply(_turn(_opening(test, system=foreign), tools))
     assert not filler.tool_calls
     assert len(filler.pieces()) == 8
 
@@ -195,7 +194,7 @@ def test_the_opening_does_not_depend_on_the_payload_size_or_on_how_far_the_conve
     result = t11.tools()[0].fn({"warehouse": "LIS-2"})
     after = [*_opening(t11), {"role": "assistant", "content": None, "tool_calls": [call]},
              {"role": "tool", "tool_call_id": "c0", "content": str(result)}]  # fmt: skip
-    reply = OracleBehaviour(default_book()).reply(_turn(after, _tools(t11)))
+    reply = OracleBehaviour(oracle_book()).reply(_turn(after, _tools(t11)))
     assert "QX-40721" in reply.content  # read out of the payload it was given
     h1 = by_id()["H1"]
     deep = _opening(h1)

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agentload.cli.common import default_book
 from agentload.clock import LoopClock, RealClock, run_virtual
 from agentload.endpoint.backend import RetryingBackend, SingleAttemptBackend
 from agentload.endpoint.client import ChatClient, FixedDeadlines
@@ -18,6 +17,7 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.sim.behaviour import Behaviour, OracleBehaviour
 from agentload.sim.faults import parse_fault
 from agentload.store.runstore import save_suite_run as save_run
+from agentload.suite.app import oracle_book
 from agentload.suite.cases import all_tests, by_id, select
 from agentload.suite.model import SuiteTest, failed
 from agentload.suite.oracle import STOP_EARLY_AFTER, WRONG_KEY_AT, scenarios
@@ -37,7 +37,7 @@ async def run_on_sim(
     api_key_env: str | None = None,
     **sim: Any,
 ) -> SuiteRun:
-    behaviour = behaviour or OracleBehaviour(default_book())
+    behaviour = behaviour or OracleBehaviour(oracle_book())
     async with running_sim(behaviour=behaviour, **sim) as (server, url):
         client = ChatClient(url, api_key_env=api_key_env)
         try:
@@ -47,8 +47,8 @@ async def run_on_sim(
             await client.aclose()
 
 
-def test_default_book_registers_every_suite_test_with_a_known_bad() -> None:
-    book = default_book()
+def test_the_oracle_book_registers_every_suite_test_with_a_known_bad() -> None:
+    book = oracle_book()
     for test in all_tests():
         scenario = book.get(test.id)
         assert scenario is not None, test.id
@@ -88,7 +88,7 @@ async def test_oracle_passes_the_whole_suite_with_sixty_four_agents() -> None:
 
 @pytest.mark.parametrize(("test_id", "bad"), KNOWN_BAD, ids=[f"{t}-{b}" for t, b in KNOWN_BAD])
 async def test_each_known_bad_behaviour_fails_its_test(test_id: str, bad: str) -> None:
-    run = await run_on_sim(select([test_id]), behaviour=OracleBehaviour(default_book(), known_bad=bad))
+    run = await run_on_sim(select([test_id]), behaviour=OracleBehaviour(oracle_book(), known_bad=bad))
     result = run.levels[0].agent_results[0].tests[0]
     assert result.status is Status.FAIL, result.reason
     assert run.levels[0].per_test[0].pass_rate == 0.0
@@ -105,7 +105,7 @@ CHEATS_PASSED_BEFORE = {
 async def test_the_two_cheats_fail_every_scored_test(cheat: str) -> None:
     # Raw tool results handed back as the answer; offered tools called with placeholders and an invented outcome.
     scored = [t for t in all_tests() if t.id != "H1"]
-    run = await run_on_sim(scored, behaviour=OracleBehaviour(default_book(), known_bad=cheat))
+    run = await run_on_sim(scored, behaviour=OracleBehaviour(oracle_book(), known_bad=cheat))
     results = run.levels[0].agent_results[0].tests
     assert {r.test_id: r.status for r in results} == {t.id: Status.FAIL for t in scored}
     assert set(CHEATS_PASSED_BEFORE[cheat]) <= {r.test_id for r in results}
@@ -114,7 +114,7 @@ async def test_the_two_cheats_fail_every_scored_test(cheat: str) -> None:
 
 @pytest.mark.parametrize(("bad", "hop"), [("stop-early", STOP_EARLY_AFTER + 1), ("wrong-key", WRONG_KEY_AT)])
 async def test_relay_reports_where_the_chain_broke(bad: str, hop: int) -> None:
-    run = await run_on_sim(select(["H1"]), agents=2, behaviour=OracleBehaviour(default_book(), known_bad=bad))
+    run = await run_on_sim(select(["H1"]), agents=2, behaviour=OracleBehaviour(oracle_book(), known_bad=bad))
     level = run.levels[0]
     assert [r.break_hop for a in level.agent_results for r in a.tests] == [hop, hop]
     assert [r.hops_completed for a in level.agent_results for r in a.tests] == [hop - 1, hop - 1]
@@ -125,7 +125,7 @@ async def test_relay_reports_where_the_chain_broke(bad: str, hop: int) -> None:
 async def test_rescoring_a_saved_run_gives_the_same_scores(tmp_path: Path) -> None:
     # Half the replies known-bad, so the stored run has passes and failures to reproduce.
     tests = select(["T1", "T3", "T5", "T13", "T17"])
-    run = await run_on_sim(tests, agents=4, behaviour=OracleBehaviour(default_book(), error_rate=0.5))
+    run = await run_on_sim(tests, agents=4, behaviour=OracleBehaviour(oracle_book(), error_rate=0.5))
     level = run.levels[0]
     assert level.pooled_pass_rate is not None
     assert 0.0 < level.pooled_pass_rate < 1.0
@@ -197,7 +197,7 @@ async def test_with_faults_and_retries_every_test_still_passes_and_no_transcript
         parse_fault(f) for f in ("reset:0.03", "http503:0.03", "http429:0.03:0.05", "malformed:0.03", "stall:0.03:3")
     ]
     tests = select(skip_hop=True)
-    async with running_sim(behaviour=OracleBehaviour(default_book()), faults=faults, seed=7) as (server, url):
+    async with running_sim(behaviour=OracleBehaviour(oracle_book()), faults=faults, seed=7) as (server, url):
         # Deadlines shorter than the 3 s stall turn it into a retry instead of a long wait. The first-token one
         # matters too: a stall before the first token otherwise rides out the 600 s default and, in the
         # simulator, loses the tokens generated meanwhile (reported to the lead; sim/server.py's stall path).
@@ -230,7 +230,7 @@ class _CrashOn:
 
 
 async def test_an_agent_that_crashes_is_failed_and_the_others_carry_on() -> None:
-    async with running_sim(behaviour=OracleBehaviour(default_book())) as (server, url):
+    async with running_sim(behaviour=OracleBehaviour(oracle_book())) as (server, url):
         client = ChatClient(url, api_key_env=None)
         backend = _CrashOn(SingleAttemptBackend(client), "T2", "agent-1")
         try:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from agentload.cli.common import default_book
 from agentload.errors import ConfigError
 from agentload.sim.behaviour import OracleBehaviour
 from agentload.sim.faults import parse_fault
+from agentload.suite.app import oracle_book
 from agentload.workload.suite import SuiteWorkload
 from tests.test_workload_harness import run_level, sim_server
 
 
 def oracle(known_bad: str | None = None) -> OracleBehaviour:
-    return OracleBehaviour(default_book(), known_bad=known_bad)
+    return OracleBehaviour(oracle_book(), known_bad=known_bad)
 
 
 def test_every_agent_passes_every_test_against_the_oracle() -> None:

@@ -23,16 +23,16 @@ from agentload.cli.common import (
     RayAddressOption,
     WorkersOption,
     check_seed,
-    dashboard_interval,
-    default_book,
     err_console,
     executor_spec,
     reports_errors,
 )
+from agentload.dashboard.server import dashboard_interval
 from agentload.endpoint.apikey import read_api_key
 from agentload.errors import ConfigError, ServerLostError
 from agentload.store.benchrun import BenchRecorder, resumable
 from agentload.store.rundir import INVOCATION, RunDir
+from agentload.suite.app import oracle_book
 
 
 def _flag(name: str, *decls: str, min: float | None = None, max: float | None = None) -> Any:
@@ -115,7 +115,7 @@ def bench(
         )
     shown = ConsoleLines()
     key = read_api_key(settings.api_key_env) if settings.url else None
-    session = BenchSession.open(settings, key=key, executor=spec, scenarios=default_book, note=shown.note)
+    session = BenchSession.open(settings, key=key, executor=spec, scenarios=oracle_book, note=shown.note)
     try:
         recorder = BenchRecorder.create(out, settings.stored()) if where is None else BenchRecorder.resume(where)
         result = _run(session, recorder, shown, dashboard_port if dashboard else None, interval_s)

@@ -12,12 +12,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from agentload.dashboard.server import MAX_DASHBOARD_RATE, MIN_DASHBOARD_RATE
 from agentload.endpoint.apikey import DEFAULT_API_KEY_ENV
 from agentload.endpoint.redact import redact
 from agentload.errors import AgentloadError, ConfigError
 from agentload.load.cluster import ExecutorSpec
-from agentload.sim.behaviour import ScenarioBook
-from agentload.suite.app import oracle_book
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -80,32 +79,16 @@ WorkersOption = Annotated[
 ]
 
 
-# A page updated less than once in 5 s is no longer live; more than 20 times a second, faster than anyone reads.
-MIN_DASHBOARD_RATE, MAX_DASHBOARD_RATE = 0.2, 20.0
 DashboardRateOption = Annotated[
     float | None,
     typer.Option(
         "--dashboard-rate",
         metavar="HZ",
-        help="With --dashboard: the page's updates a second (default 4; 0.2 to 20). Fewer cost the browser and the "
-        "dashboard's own flushes less (docs/dashboard.md).",
+        help=f"With --dashboard: the page's updates a second (default 4; {MIN_DASHBOARD_RATE:g} to "
+        f"{MAX_DASHBOARD_RATE:g}). Fewer cost the browser and the dashboard's own flushes less (docs/dashboard.md).",
         show_default=False,
     ),
 ]
-
-
-def dashboard_interval(dashboard: bool, rate: float | None) -> float | None:
-    """``--dashboard-rate`` as the page's update period, s (None: the dashboard's default, 4 a second); one clear
-    error without ``--dashboard``."""
-    if rate is None:
-        return None
-    if not dashboard:
-        raise ConfigError("--dashboard-rate sets the live page's updates a second: use it with --dashboard")
-    if not MIN_DASHBOARD_RATE <= rate <= MAX_DASHBOARD_RATE:  # NaN too
-        raise ConfigError(
-            f"--dashboard-rate must be {MIN_DASHBOARD_RATE:g} to {MAX_DASHBOARD_RATE:g} updates a second, got {rate:g}"
-        )
-    return 1.0 / rate
 
 
 def executor_spec(executor: str, ray_address: str | None, workers: int | None) -> ExecutorSpec:
@@ -124,16 +107,6 @@ def check_seed(seed: int) -> int:
     if not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"--seed {seed}: use a whole number from 0 to {MAX_SEED}")
     return seed
-
-
-def default_book() -> ScenarioBook:
-    """The simulator's built-in scenarios plus one per behaviour-suite test, for ``OracleBehaviour``.
-
-    Handed to the simulator here, at the composition root, because the suite imports the simulator: were the
-    simulator to load the suite's scenarios itself, the two packages would import each other. The suite puts the
-    book together (``suite.app.oracle_book``), for its own embedded simulator too.
-    """
-    return oracle_book()
 
 
 @contextmanager

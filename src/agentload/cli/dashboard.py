@@ -9,31 +9,14 @@ is printed once, like ``agentload run --dashboard``; the state at each time is c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from agentload.cli.common import OutOption, err_console, reports_errors
-from agentload.dashboard.replay import open_replay
-from agentload.dashboard.server import ReplayServer
+from agentload.dashboard.server import serve_replay
 from agentload.store.runstore import run_root
-
-
-async def serve_replay(
-    run_dir: Path, *, port: int = 0, on_url: Callable[[str], None] | None = None, until: asyncio.Event | None = None
-) -> None:
-    """Serve ``run_dir``'s replay until ``until`` is set (or forever); ``on_url`` hears the page's URL once."""
-    replay = open_replay(run_dir)  # a directory that is not a run fails here, before anything listens
-    server = ReplayServer(replay, port=port)
-    url = await server.start()
-    try:
-        if on_url is not None:
-            on_url(url)
-        await (until or asyncio.Event()).wait()
-    finally:
-        await server.close()
 
 
 def resolve_run(run: Path, out: Path | None) -> Path:

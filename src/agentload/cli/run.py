@@ -23,14 +23,13 @@ from agentload.cli.common import (
     RayAddressOption,
     WorkersOption,
     console,
-    dashboard_interval,
     err_console,
     executor_spec,
     reports_errors,
 )
-from agentload.cli.sim import make_behaviour
 from agentload.clock import run_virtual
 from agentload.dashboard import open_board
+from agentload.dashboard.server import dashboard_interval
 from agentload.endpoint.apikey import resolve_key_env
 from agentload.errors import ConfigError, EndpointError, ExecutorError
 from agentload.fleet.app import FleetApp, FleetSettings
@@ -39,6 +38,7 @@ from agentload.fleet.limiter import Mode
 from agentload.fleet.results import FleetResult
 from agentload.report.fleetview import render_summary
 from agentload.store.runstore import run_root
+from agentload.suite.app import make_behaviour
 
 EXIT_AGENTS_FAILED = 1
 PROGRESS_KINDS = ("auto", "live", "lines", "none")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
 import logging
 import signal
@@ -14,13 +13,12 @@ import typer
 from aiohttp import web
 from rich.markup import escape
 
-from agentload.capacity.profile import ServingProfile, load_profile
-from agentload.cli.common import check_seed, console, default_book, err_console, reports_errors
+from agentload.capacity.profile import load_profile
+from agentload.cli.common import check_seed, console, err_console, reports_errors
 from agentload.errors import ConfigError
-from agentload.sim.agentmodel import AgentBehaviour
-from agentload.sim.behaviour import Behaviour, FillerBehaviour, OracleBehaviour
 from agentload.sim.faults import KINDS, parse_fault
-from agentload.sim.server import SimConfig, SimServer
+from agentload.sim.server import SimConfig, SimServer, with_max_model_len
+from agentload.suite.app import make_behaviour
 
 
 def loopback_only(host: str) -> bool:
@@ -39,38 +37,6 @@ def loopback_only(host: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped  # Python 3.11 does not count ::ffff:127.0.0.1 as loopback itself
     return address.is_loopback
-
-
-def with_max_model_len(profile: ServingProfile, max_model_len: int) -> ServingProfile:
-    """The profile served at another --max-model-len (the pool stays; one request must still fit in it)."""
-    if max_model_len <= 0:
-        raise ConfigError("--max-model-len must be positive")
-    need = profile.layout.blocks_per_request(max_model_len)
-    if need > profile.num_blocks:
-        raise ConfigError(
-            f"--max-model-len {max_model_len} needs {need} KV blocks per request but the pool has "
-            f"{profile.num_blocks}; lower it"
-        )
-    return dataclasses.replace(profile, max_model_len=max_model_len)
-
-
-BEHAVIOURS = ("agent", "filler", "oracle")
-
-
-def make_behaviour(kind: str, error_rate: float = 0.0, known_bad: str | None = None) -> Behaviour:
-    """The behaviour named on the command line; ``error_rate`` is the oracle's or the agent's share of mistakes."""
-    if known_bad is not None and kind != "oracle":
-        raise ConfigError("--known-bad needs --behaviour oracle")
-    if kind == "filler":
-        if error_rate:
-            raise ConfigError("--error-rate needs --behaviour agent or oracle")
-        return FillerBehaviour()
-    if kind == "agent":
-        return AgentBehaviour(error_rate=error_rate)
-    if kind == "oracle":
-        # Conversations without a suite marker (a foreign client's) get the agent model, not filler.
-        return OracleBehaviour(default_book(), error_rate=error_rate, known_bad=known_bad, fallback=AgentBehaviour())
-    raise ConfigError(f"--behaviour {kind!r}: use {', '.join(BEHAVIOURS)}")
 
 
 async def serve(server: SimServer, host: str, port: int, ready_line: bool = True) -> None:

@@ -14,7 +14,7 @@
 
 ``make_replay_app`` serves a finished run's replay (``dashboard.replay``) read-only on the same rules: the page in
 replay mode, ``GET /api/state?token=T&t=S`` the snapshot at ``S`` seconds (default: the end), and no controls
-(``POST /api/control`` is a 405).
+(``POST /api/control`` is a 405); ``serve_replay`` serves one from a run directory (``agentload dashboard RUN``).
 
 The token (``secrets.token_urlsafe``) is in the URL the command prints, as notebook servers do; it is also
 accepted as an ``X-Agentload-Token`` header. Without it every route answers 403; a malformed control body 400 with
@@ -33,19 +33,23 @@ import math
 import secrets
 from collections.abc import Awaitable, Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import hdrs, web
 
 from agentload.dashboard.control import FleetControl
-from agentload.dashboard.replay import Replay
+from agentload.dashboard.replay import Replay, open_replay
 from agentload.dashboard.state import Cursor, LiveState
 from agentload.errors import ConfigError
 from agentload.fleet.limiter import Mode
 
 # The page's update rate: 4 Hz keeps 1,000 cards fluid without flooding the browser.
 INTERVAL_S = 0.25
+# The rates a run may ask for: a page updated less than once in 5 s is no longer live; more than 20 times a second,
+# faster than anyone reads.
+MIN_DASHBOARD_RATE, MAX_DASHBOARD_RATE = 0.2, 20.0
 # How early a flush may ride on an event of the run's (a share of the period): its gaps stay within 0.7-1.3 periods.
 RIDE_SHARE = 0.3
 # An idle dashboard's keep-alive comment (it flushes nothing while nothing changes), so a closed tab is noticed.
@@ -61,6 +65,20 @@ _FLUSHER: web.AppKey[Flusher] = web.AppKey("flusher")
 _REPLAY: web.AppKey[Replay] = web.AppKey("replay")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def dashboard_interval(dashboard: bool, rate: float | None) -> float | None:
+    """``--dashboard-rate`` as the page's update period, s (None: the dashboard's default, 4 a second); one clear
+    error without ``--dashboard``."""
+    if rate is None:
+        return None
+    if not dashboard:
+        raise ConfigError("--dashboard-rate sets the live page's updates a second: use it with --dashboard")
+    if not MIN_DASHBOARD_RATE <= rate <= MAX_DASHBOARD_RATE:  # NaN too
+        raise ConfigError(
+            f"--dashboard-rate must be {MIN_DASHBOARD_RATE:g} to {MAX_DASHBOARD_RATE:g} updates a second, got {rate:g}"
+        )
+    return 1.0 / rate
 
 
 def page() -> str:
@@ -430,3 +448,18 @@ class ReplayServer(Served):
 
     def __init__(self, replay: Replay, *, port: int = 0) -> None:
         super().__init__(lambda token: make_replay_app(replay, token), port=port)
+
+
+async def serve_replay(
+    run_dir: Path, *, port: int = 0, on_url: Callable[[str], None] | None = None, until: asyncio.Event | None = None
+) -> None:
+    """Serve ``run_dir``'s replay until ``until`` is set (or forever); ``on_url`` hears the page's URL once."""
+    replay = open_replay(run_dir)  # a directory that is not a run fails here, before anything listens
+    server = ReplayServer(replay, port=port)
+    url = await server.start()
+    try:
+        if on_url is not None:
+            on_url(url)
+        await (until or asyncio.Event()).wait()
+    finally:
+        await server.close()

@@ -1,7 +1,7 @@
 """Scenarios the oracle knows out of the box.
 
 The behaviour suite's own scenarios (``agentload.suite.oracle``) are not imported here: the suite imports the
-simulator, so the composition root builds the book (``agentload.cli.common.default_book``) and hands it to
+simulator, so the suite builds the book (``agentload.suite.app.oracle_book``) and hands it to
 ``OracleBehaviour``. These two small scenarios show the pattern — a correct reply plus named
 known-bad replies that a scorer must fail:
 

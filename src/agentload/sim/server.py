@@ -26,7 +26,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from aiohttp import web
@@ -83,6 +83,19 @@ class SimConfig:
     # huge prompt only once parsed, by its context length (400); this bound only keeps the simulator's own memory
     # finite, well above any prompt a profile's context admits.
     max_body_bytes: int = 64 * 2**20
+
+
+def with_max_model_len(profile: ServingProfile, max_model_len: int) -> ServingProfile:
+    """The profile served at another --max-model-len (the pool stays; one request must still fit in it)."""
+    if max_model_len <= 0:
+        raise ConfigError("--max-model-len must be positive")
+    need = profile.layout.blocks_per_request(max_model_len)
+    if need > profile.num_blocks:
+        raise ConfigError(
+            f"--max-model-len {max_model_len} needs {need} KV blocks per request but the pool has "
+            f"{profile.num_blocks}; lower it"
+        )
+    return replace(profile, max_model_len=max_model_len)
 
 
 def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from agentload.endpoint.connection import Connection, open_connection
 from agentload.endpoint.probe import probe, served_model
 from agentload.endpoint.records import Outcome
 from agentload.endpoint.transport import Endpoint, Transport, signed_transport
-from agentload.errors import EndpointResponseError, EndpointUnreachableError
+from agentload.errors import ConfigError, EndpointResponseError, EndpointUnreachableError
 from agentload.load.cluster import ExecutorSpec, RayCluster
-from agentload.sim.behaviour import OracleBehaviour, ScenarioBook
+from agentload.sim.agentmodel import AgentBehaviour
+from agentload.sim.behaviour import Behaviour, FillerBehaviour, OracleBehaviour, ScenarioBook
 from agentload.sim.scenarios import builtin_scenarios
 from agentload.sim.server import SimConfig, SimServer
 from agentload.suite.cases import select
@@ -73,6 +74,27 @@ def oracle_book() -> ScenarioBook:
     """The simulator's built-in scenarios plus one per behaviour-suite test, for ``OracleBehaviour``: the suite
     knows both packages, so the book is put together here, never by the simulator (which the suite imports)."""
     return ScenarioBook([*builtin_scenarios(), *suite_scenarios()])
+
+
+# The simulator's models by name (``agentload sim --behaviour``, ``agentload run --behaviour``): chosen here because
+# the oracle's book is the suite's.
+BEHAVIOURS = ("agent", "filler", "oracle")
+
+
+def make_behaviour(kind: str, error_rate: float = 0.0, known_bad: str | None = None) -> Behaviour:
+    """The behaviour named on the command line; ``error_rate`` is the oracle's or the agent's share of mistakes."""
+    if known_bad is not None and kind != "oracle":
+        raise ConfigError("--known-bad needs --behaviour oracle")
+    if kind == "filler":
+        if error_rate:
+            raise ConfigError("--error-rate needs --behaviour agent or oracle")
+        return FillerBehaviour()
+    if kind == "agent":
+        return AgentBehaviour(error_rate=error_rate)
+    if kind == "oracle":
+        # Conversations without a suite marker (a foreign client's) get the agent model, not filler.
+        return OracleBehaviour(oracle_book(), error_rate=error_rate, known_bad=known_bad, fallback=AgentBehaviour())
+    raise ConfigError(f"--behaviour {kind!r}: use {', '.join(BEHAVIOURS)}")
 
 
 @asynccontextmanager

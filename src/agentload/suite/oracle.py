@@ -1,6 +1,6 @@
 """The suite's tests as the simulator's oracle plays them: a correct reply and named known-bad replies per test.
 
-``agentload.cli.common.default_book`` hands ``scenarios()`` to the simulator's oracle, so a simulator run
+``agentload.suite.app.oracle_book`` hands ``scenarios()`` to the simulator's oracle, so a simulator run
 with ``--behaviour oracle`` answers every suite test (recognised by how its conversation opens, ``opening``: the
 suite adds nothing to a test's prompts for the oracle's sake) — correctly, or with ``--known-bad NAME`` the way a weak
 model would, which is how each scorer is shown to fail when it should. Each reply function sees the conversation
@@ -555,6 +555,6 @@ def opening(test: SuiteTest) -> Opening:
 
 
 def scenarios() -> list[Scenario]:
-    """One scenario per suite test, for the oracle's book (``agentload.cli.common.default_book``)."""
+    """One scenario per suite test, for the oracle's book (``agentload.suite.app.oracle_book``)."""
     tests = by_id()
     return [Scenario(test_id, play, dict(bad), (opening(tests[test_id]),)) for test_id, (play, bad) in _PLAYS.items()]

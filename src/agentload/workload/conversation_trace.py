@@ -8,8 +8,11 @@ conversation's start, "in": prompt tokens, "out": output tokens, "hash_ids": [..
 previous reply, "stop", ...}``. ``hash_ids`` name the prompt's full blocks, each hash chained on the one before
 it, so two prompts share exactly their common leading ids. A subagent is an entry ``{"type": "subagent", "t": s
 after the conversation's start, "requests": [...]}`` among its parent's requests, with the same request schema;
-its cache context is its own (the format says subagents start cold, apart from the global prefix). Other fields
-are kept and not used.
+its cache context is its own (the format says subagents start cold, apart from the global prefix). One field is
+agentload's own: ``hash_scope: "trace"`` (``agentload record`` writes it on every conversation) says the ids are
+numbered once for the whole file, so an id two conversations name is the same block in both (a fleet's shared
+system prompt); without it, or with ``"conversation"``, a conversation's ids are its own. Other fields are kept
+and not used.
 
 **The replay** is closed loop and counted in trees: a level of N agents runs N trees at once. Each agent draws
 the trace's next conversation (the level's k-th draw takes conversation k, looping the file) and replays it
@@ -21,13 +24,20 @@ the draw decide (``TokenSizing`` turns tokens into words of our text), then word
 ``in`` tokens; the reply is asked for ``out`` tokens. So equal ids within a tree are equal text and a server's
 prefix cache can reuse exactly what the trace's blocks share — and no more: each draw is salted afresh (with
 the run's text salt and the level, so a rerun finds nothing warm), and each subagent has a salt of its own.
+The one exception is a file's shared ids (``ConversationTrace.shared``): an id that more than one
+``hash_scope: "trace"`` conversation names has one text for every tree of a pass of the file (a level's draws
+0 to n − 1 of an n-conversation file, then n to 2n − 1, …), salted with the pass, the level and the run, so a
+server reuses it across session trees as the recorded server did, and the next pass, level or run finds it cold
+again.
 With ``start="mid"`` a drawn tree starts at a request k of its conversation (``mid_turn``: seeded, per draw),
 sent whole as a warm-up, then goes on from k + 1; subagents started before request k are not replayed
 (``ConversationTreeDriver.plan``). Each turn is due its wait after the previous reply, and is built inside that
 wait, so the send is not late by the time its prompt takes to build.
 
 **The ceiling**: what an unlimited prefix cache would have served of the requests replayed, in the trace's own
-blocks (each request's leading ids already sent in its context, times ``block_size``, over its ``in``). The
+blocks (each request's leading ids already sent in its context, times ``block_size``, over its ``in``); a
+shared id counts as sent everywhere but at the request where the file first names it (conversations in file
+order, a tree's contexts by start), the one miss a cache shared across the pass's trees takes. The
 server's measured hit rate sits at or below it: the gap is what eviction, a block size that does not divide the
 trace's, and tokenisation cost. ``prefix_ceiling`` reads it from a level's records (their ids name the
 conversation, the subagent and the request).
@@ -35,18 +45,20 @@ conversation, the subagent and the request).
 **Limits**: a trace is one JSON document of at most ``MAX_DOCUMENT_BYTES`` (refused past it: split the
 conversations into files), every number finite and bounded, subagents nested at most ``MAX_DEPTH`` deep, at
 most ``MAX_TOTAL_HASH_IDS`` hash ids in all; hash ids are non-negative integers and a request's ids never name
-more tokens than its ``in``. A malformed file is one ``ConfigError`` naming the file, the conversation and the
+more tokens than its ``in``; the ``hash_scope: "trace"`` conversations of a file, one numbering of blocks, have
+one ``block_size``. A malformed file is one ``ConfigError`` naming the file, the conversation and the
 request (``requests[3].requests[5].in``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -127,6 +139,9 @@ class TraceConversation(BaseModel):
     block_size: int = Field(ge=1, le=MAX_BLOCK_SIZE)
     tool_tokens: int | None = Field(default=None, ge=0, le=MAX_TRACE_TOKENS)
     system_tokens: int | None = Field(default=None, ge=0, le=MAX_TRACE_TOKENS)
+    # "trace": its hash ids are numbered once for the whole file (``agentload record`` writes it), so an id another
+    # conversation names is the same block there; "conversation" (absent): the ids are this conversation's own.
+    hash_scope: Literal["conversation", "trace"] = "conversation"
     requests: list[Entry] = Field(min_length=1, max_length=MAX_REQUESTS)
 
 
@@ -162,6 +177,7 @@ class ReplayTree:
 
     index: int
     contexts: tuple[ReplayContext, ...]
+    trace_scope: bool = False  # its conversation said ``hash_scope: "trace"``: its ids of ``ConversationTrace.shared``
 
 
 @dataclass(frozen=True)
@@ -170,6 +186,9 @@ class ConversationTrace:
     block_size: tuple[int, ...]  # per conversation
     trees: tuple[ReplayTree, ...]
     extra: tuple[dict[str, Any], ...] = ()  # each conversation's fields agentload does not use
+    # The ids that more than one ``hash_scope: "trace"`` conversation names, each with where the file first names it
+    # (context key, request index): the one request a cache shared across trees misses it at, in one pass.
+    shared: Mapping[int, tuple[str, int]] = field(default_factory=dict)
 
     @functools.cached_property
     def by_key(self) -> dict[str, ReplayContext]:
@@ -237,20 +256,27 @@ def prefix_ceiling(trace: ConversationTrace, records: Sequence[RequestRecord]) -
         elif record.ids.turn >= k:
             hits = from_first.get((key, k))
             if hits is None:
-                hits = from_first[key, k] = _hits_from(context, k, trace.block_size[int(key[1:].split(".", 1)[0])])
+                tree = trace.trees[int(key[1:].split(".", 1)[0])]
+                shared = trace.shared if tree.trace_scope else {}
+                hits = from_first[key, k] = _hits_from(context, k, trace.block_size[tree.index], shared)
             hit += hits[record.ids.turn - k]
         prompt += request.tokens
     return hit / prompt if prompt else None
 
 
-def _hits_from(context: ReplayContext, first: int, block_size: int) -> tuple[int, ...]:
-    """Each request's ceiling when its context's history starts at request ``first`` (the first sent, a miss)."""
+def _hits_from(
+    context: ReplayContext, first: int, block_size: int, shared: Mapping[int, tuple[str, int]]
+) -> tuple[int, ...]:
+    """Each request's ceiling when its context's history starts at request ``first`` (the first sent, a miss but
+    for its ``shared`` ids): a leading block counts if the context sent it before, or if it is an id the file
+    shares across trees and this is not the request where the file first names it (so another tree of the pass
+    sent it first; under a mid start, which may skip that request, a slight overcount: still a ceiling)."""
     out: list[int] = []
     sent: set[int] = set()
-    for request in context.requests[first:]:
+    for turn, request in enumerate(context.requests[first:], first):
         hits = 0
         for block in request.blocks:
-            if block not in sent:
+            if block not in sent and shared.get(block, (context.key, turn)) == (context.key, turn):
                 break
             hits += 1
         out.append(hits * block_size)
@@ -358,10 +384,44 @@ def load_conversation_trace(path: str | Path) -> ConversationTrace:
         total_ids = _flatten(path, name, conversation.block_size, conversation.requests, f"c{index}", "requests",
                              0.0, 0, contexts, total_ids)  # fmt: skip
         contexts.sort(key=lambda c: c.start_s)  # stable: the conversation (at 0) first
-        trees.append(ReplayTree(index, tuple(contexts)))
+        trees.append(ReplayTree(index, tuple(contexts), conversation.hash_scope == "trace"))
         sizes.append(conversation.block_size)
         extras.append(dict(conversation.model_extra or {}))
-    return ConversationTrace(path, tuple(sizes), tuple(trees), tuple(extras))
+    shared = _shared_ids(path, trees, sizes)
+    if shared:  # their ceilings count what another tree of the pass sent first
+        trees = [_with_shared_hits(t, sizes[t.index], shared) if t.trace_scope else t for t in trees]
+    return ConversationTrace(path, tuple(sizes), tuple(trees), tuple(extras), shared)
+
+
+def _shared_ids(path: Path, trees: Sequence[ReplayTree], sizes: Sequence[int]) -> dict[int, tuple[str, int]]:
+    """The ids more than one ``hash_scope: "trace"`` conversation names, each with where the file first names it
+    (trees in file order, a tree's contexts by start, requests in order)."""
+    scoped = [tree for tree in trees if tree.trace_scope]
+    if len({sizes[tree.index] for tree in scoped}) > 1:  # one numbering of blocks is one block size
+        raise ConfigError(
+            f'{path}: conversations with hash_scope "trace" number their blocks together, so they must have one '
+            f"block_size; got {sorted({sizes[tree.index] for tree in scoped})}"
+        )
+    first: dict[int, tuple[int, str, int]] = {}  # id → the conversation, context and request first naming it
+    shared: set[int] = set()
+    for tree in scoped:
+        for context in tree.contexts:
+            for turn, request in enumerate(context.requests):
+                for block in request.blocks:
+                    if block not in first:
+                        first[block] = (tree.index, context.key, turn)
+                    elif first[block][0] != tree.index:
+                        shared.add(block)
+    return {block: first[block][1:] for block in sorted(shared)}
+
+
+def _with_shared_hits(tree: ReplayTree, block_size: int, shared: Mapping[int, tuple[str, int]]) -> ReplayTree:
+    contexts = []
+    for context in tree.contexts:
+        hits = _hits_from(context, 0, block_size, shared)
+        requests = tuple(dataclasses.replace(r, hit_tokens=h) for r, h in zip(context.requests, hits, strict=True))
+        contexts.append(dataclasses.replace(context, requests=requests))
+    return dataclasses.replace(tree, contexts=tuple(contexts))
 
 
 def _flatten(
@@ -449,11 +509,18 @@ def _block_text(salt: tuple[int, ...], block: int, n_words: int) -> str:
 
 
 def prompt_text(
-    request: ReplayRequest, salt: tuple[int, ...], turn: int, block_words: int, tokens_per_word: float
+    request: ReplayRequest,
+    salt: tuple[int, ...],
+    turn: int,
+    block_words: int,
+    tokens_per_word: float,
+    shared: Container[int] = frozenset(),
+    shared_salt: tuple[int, ...] = (),
 ) -> str:
     """``request``'s prompt: its blocks' texts in order, then words of its own to ``in`` server tokens in all
-    (less the chat template's, so the server counts ~``in``)."""
-    parts = [_block_text(salt, block, block_words) for block in request.blocks]
+    (less the chat template's, so the server counts ~``in``). A block of ``shared`` (an id the file's trees share)
+    takes ``shared_salt``'s text, the same in every tree that salt is given to."""
+    parts = [_block_text(shared_salt if block in shared else salt, block, block_words) for block in request.blocks]
     rest = request.tokens - SINGLE_MESSAGE_OVERHEAD_TOKENS - len(request.blocks) * block_words * tokens_per_word
     own = max(0 if parts else 1, math.floor(rest / tokens_per_word))
     if own:
@@ -581,7 +648,15 @@ class _ContextTurns:
             driver.seed, ctx.level, stable_int(ctx.text_salt), stable_int(driver.agent_id), draw,
             stable_int(context.key),
         )  # fmt: skip
-        self.block_size = driver.trace.block_size[index]
+        # An id more than one conversation of a ``hash_scope: "trace"`` file names is one block across its trees (a
+        # shared system prompt): its text is the pass's (draw ÷ trees), the run's and the level's, not the draw's,
+        # so the trees of one pass of the file share it as the recorded sessions did, and the next pass does not.
+        trace = driver.trace
+        self.shared: Container[int] = trace.shared if trace.trees[index].trace_scope else frozenset()
+        self.shared_salt = (
+            driver.seed, ctx.level, stable_int(ctx.text_salt), stable_int("shared"), draw // len(trace.trees),
+        )  # fmt: skip
+        self.block_size = trace.block_size[index]
         self.built: Request | None = None
 
     def request(self, turn: int) -> Request | None:
@@ -595,7 +670,10 @@ class _ContextTurns:
             return None
         ctx, request = self.ctx, self.context.requests[turn]
         sizing = ctx.sizing
-        text = prompt_text(request, self.salt, turn, sizing.words(self.block_size), sizing.tokens_per_word)
+        text = prompt_text(
+            request, self.salt, turn, sizing.words(self.block_size), sizing.tokens_per_word,
+            self.shared, self.shared_salt,
+        )  # fmt: skip
         body = {
             "model": ctx.model,
             "messages": [{"role": "user", "content": text}],
