@@ -13,10 +13,11 @@ from rich.console import Console
 
 from agentload.capacity.profile import load_profile
 from agentload.cli import common
-from agentload.cli.common import MAX_SEED, check_seed, clean_errors
+from agentload.cli.common import clean_errors
 from agentload.endpoint.apikey import read_api_key, resolve_key_env
 from agentload.endpoint.redact import SECRETS
 from agentload.errors import ConfigError
+from agentload.inputs import MAX_SEED, check_seed
 from agentload.sim.agentmodel import AgentBehaviour
 from agentload.sim.behaviour import FillerBehaviour, OracleBehaviour
 from agentload.sim.server import with_max_model_len

@@ -1,5 +1,5 @@
 """Reading the files a user hands us (fleets, profiles, config.json, traces) within stated limits:
-they are untrusted input.
+they are untrusted input. And the one number every command takes the same way, ``--seed``.
 
 Every loader reads through here, so a file that is not UTF-8 text, is larger than any real input of its kind, is
 nested deeper than the parsers' recursion allows, or spells a number as ``NaN`` / ``Infinity``, is one
@@ -16,6 +16,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agentload.errors import ConfigError
+
+# numpy takes any non-negative seed; the bound keeps it inside a 64-bit integer (the run history's column).
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int) -> int:
+    """``seed`` if it is a whole number from 0 to MAX_SEED (``--seed -1`` was a numpy traceback), else ConfigError."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed {seed}: use a whole number from 0 to {MAX_SEED}")
+    return seed
+
 
 # The largest fleet, profile or config.json we read; the real ones are a few KiB. Traces have their own limit.
 MAX_CONFIG_BYTES = 4 * 2**20

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -23,6 +23,13 @@ from agentload.bench.results import (
 )
 from agentload.endpoint.records import ErrorKind, RequestRecord, UsageSource
 from agentload.endpoint.samples import RawSample, ServerSample
+from agentload.workload.base import PaceTruth
+
+
+class PaceOf(Protocol):
+    """``workload.base.ReplayPace.turn_pace``: the pace of the turns of ``records`` due at or after ``due_from``."""
+
+    def __call__(self, records: Sequence[RequestRecord], *, due_from: float = ...) -> PaceTruth | None: ...
 
 
 @dataclass
@@ -52,6 +59,8 @@ class LevelData:
     cut_requests: int = 0  # requests the level cut at its edges when its grace ran out (``bench.runner``)
     # A replayed trace's prefix-hit ceiling over the records it is given (``workload.base.ReplayCeiling``).
     ceiling: Callable[[Sequence[RequestRecord]], float | None] | None = None
+    # A replayed trace's recorded against realised think times (``workload.base.ReplayPace``).
+    pace: PaceOf | None = None
 
 
 def _pct(values: Sequence[float]) -> Percentiles:
@@ -239,6 +248,29 @@ def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def _pace_fields(data: LevelData) -> dict[str, float | None]:
+    """A replayed trace's think times and turn lateness over the window's turns.
+
+    The turns judged are those due inside the window (their previous reply's end + recorded wait at or after the
+    window's start) and done by its end, as every window figure's are. Their previous replies are looked up in all
+    of the level's records: the warm-up's are kept, so a window's first turn, whose reply came before the window,
+    counts. A turn that fell due while the start edge was closed (``endpoint.backend.QuiesceGate``) went out when
+    it opened, inside the window, and is left out: its extra wait is the edge's, not the replay's."""
+    if data.pace is None:
+        return {}
+    w0, w1 = data.t0 + data.window_start, data.t0 + data.end
+    truth = data.pace([r for r in data.records if r.t_done <= w1 + 1e-9], due_from=w0 - 1e-9)
+    if truth is None:
+        return {}
+    late = np.percentile(np.asarray(truth.lateness_s, dtype=float), (50, 99))
+    return {
+        "think_recorded_s": truth.recorded_wait_s,
+        "think_realised_s": truth.realised_wait_s,
+        "turn_late_p50_s": float(late[0]),
+        "turn_late_p99_s": float(late[1]),
+    }
+
+
 def summarise(data: LevelData) -> LevelSummary:
     w0, w1 = data.window_start, data.end
     window = max(w1 - w0, 1e-9)
@@ -312,6 +344,7 @@ def summarise(data: LevelData) -> LevelSummary:
         output_drawn_mean=lengths.drawn,
         output_clamped=lengths.clamped,
         warnings=_warnings(data, len(ok), lengths, too_few),
+        **_pace_fields(data),
     )
 
 

@@ -123,6 +123,23 @@ def _level(lv: LevelSummary) -> Iterator[str]:
             f"the server's reuse {effective:.1%} (GPU cache and offload tier) and usage's {usage:.1%} disagree by more "
             f"than {HIT_AGREEMENT:.0%} with no preemption"
         )
+    yield from _pace(lv)
+
+
+def _pace(lv: LevelSummary) -> Iterator[str]:
+    # 21a: a replayed turn waits until its scheduled time (its previous reply's end + the recorded wait, on the
+    # one clock the records carry: ``agent.loop.wait_until``) before it is sent, so no turn starts early: the
+    # realised think time is at least the recorded one, and the lateness percentiles are non-negative and ordered.
+    recorded, realised = lv.think_recorded_s, lv.think_realised_s
+    if recorded is not None and recorded < -EPS:
+        yield f"recorded think time {recorded:.6f} s is negative"
+    if recorded is not None and realised is not None and realised < recorded - EPS:
+        yield f"realised think time {realised:.6f} s is under the recorded {recorded:.6f} s: a turn started early"
+    p50, p99 = lv.turn_late_p50_s, lv.turn_late_p99_s
+    if p50 is not None and p50 < -EPS:
+        yield f"turn lateness p50 {p50:.6f} s is negative: a turn started early"
+    if p50 is not None and p99 is not None and p50 > p99 + EPS:
+        yield f"turn lateness p50 {p50:.6f} s exceeds its p99 {p99:.6f} s"
 
 
 async def _unused(agents: int) -> LevelSummary:

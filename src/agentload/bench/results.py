@@ -52,6 +52,15 @@ class LevelSummary(BaseModel):
     # A replayed trace's own ceiling for the same requests: what an unlimited prefix cache would have served of
     # them, in the trace's blocks (``workload.conversation_trace.prefix_ceiling``); None for other workloads.
     prefix_hit_ceiling: float | None = None
+    # A replayed trace's pace over the window's turns that followed a reply in their context
+    # (``workload.conversation_trace.pace_truth``): the mean recorded think time times the replay's time scale,
+    # the mean wait the turns really had (send − previous reply's end), and how late each turn started against its
+    # schedule (previous reply's end + recorded wait), p50 and p99. None for other workloads and for runs saved
+    # before these were measured.
+    think_recorded_s: float | None = None
+    think_realised_s: float | None = None
+    turn_late_p50_s: float | None = None
+    turn_late_p99_s: float | None = None
     # Prompt tokens loaded from a KV connector's tier (CPU offload, LMCache) ÷ prompt tokens, and per second.
     prefix_hit_rate_offload: float | None = None
     offload_loaded_tps: float | None = None

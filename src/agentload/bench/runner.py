@@ -41,7 +41,7 @@ from agentload.endpoint.signals import SignalPoller
 from agentload.load.cluster import RayCluster
 from agentload.load.runner import LoadHandle, LoadOutcome, run_load
 from agentload.load.strategy import AllAtOnce
-from agentload.workload.base import ReplayCeiling, Workload
+from agentload.workload.base import ReplayCeiling, ReplayPace, Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 
 # Called once a level's connection is open (the live dashboard subscribes to its monitor); returns the unsubscribe.
@@ -183,6 +183,8 @@ async def run_level(
                      t0=run_t0, min_turns=wanted, output_controlled=exact_output_engine is not None)  # fmt: skip
     if isinstance(workload, ReplayCeiling):
         data.ceiling = workload.ceiling
+    if isinstance(workload, ReplayPace):
+        data.pace = workload.turn_pace
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
     # One /metrics poller (the connection's monitor) feeds the watchdog, the liveness rule and the level's timeline.

@@ -20,6 +20,7 @@ from agentload.bench.orchestrate import Mode
 from agentload.bench.search import Slo, parse_slo
 from agentload.endpoint.redact import redact_url
 from agentload.errors import CheckpointError, ConfigError
+from agentload.inputs import check_seed
 from agentload.workload.registry import TRACE_PREFIX
 
 # What a bare ``agentload bench`` runs: the source article's deployment, simulated.
@@ -176,6 +177,7 @@ class BenchSettings(BaseModel):
     def _check(self) -> BenchSettings:
         if self.url and self.sim:
             raise ConfigError("use --url (a real server) or --sim (the simulator), not both")
+        check_seed(self.seed)
         if self.offload_gib is not None and self.url:
             raise ConfigError("--offload-gib sizes the simulator's CPU tier; a real server's is its own (--sim only)")
         if self.model and not self.url:

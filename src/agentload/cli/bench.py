@@ -22,7 +22,6 @@ from agentload.cli.common import (
     OutOption,
     RayAddressOption,
     WorkersOption,
-    check_seed,
     err_console,
     executor_spec,
     reports_errors,
@@ -105,7 +104,6 @@ def bench(
     where = None if resume is None else resumable(resume, out)
     settings = (BenchSettings.model_validate(flags) if where is None
                 else BenchSettings.resumed(RunDir(where).invocation(), flags, where / INVOCATION))  # fmt: skip
-    check_seed(settings.seed)
     spec = executor_spec(executor, ray_address, workers)
     interval_s = dashboard_interval(dashboard, dashboard_rate)
     if dashboard and not settings.url:

@@ -98,17 +98,6 @@ def executor_spec(executor: str, ray_address: str | None, workers: int | None) -
     return ExecutorSpec(kind="ray" if executor == "ray" else "local", address=ray_address, workers=workers)
 
 
-# numpy takes any non-negative seed; the bound keeps it inside a 64-bit integer (the run history's column).
-MAX_SEED = 2**63 - 1
-
-
-def check_seed(seed: int) -> int:
-    """``seed`` if it is a whole number from 0 to MAX_SEED (``--seed -1`` was a numpy traceback), else ConfigError."""
-    if not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"--seed {seed}: use a whole number from 0 to {MAX_SEED}")
-    return seed
-
-
 @contextmanager
 def clean_errors() -> Iterator[None]:
     """One clear line and exit status 2 for anything agentload raises on purpose — never a traceback."""

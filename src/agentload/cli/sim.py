@@ -14,8 +14,9 @@ from aiohttp import web
 from rich.markup import escape
 
 from agentload.capacity.profile import load_profile
-from agentload.cli.common import check_seed, console, err_console, reports_errors
+from agentload.cli.common import console, err_console, reports_errors
 from agentload.errors import ConfigError
+from agentload.inputs import check_seed
 from agentload.sim.faults import KINDS, parse_fault
 from agentload.sim.server import SimConfig, SimServer, with_max_model_len
 from agentload.suite.app import make_behaviour

@@ -127,6 +127,9 @@ LEVEL_COLUMNS: list[Column | TimeColumn] = [
     # A replayed trace's own limit for the same requests (an unlimited cache over its blocks): the gap to the
     # measured rate is what the server's cache lost.
     Column("trace\nceiling", lambda lv: pct(lv.prefix_hit_ceiling, 1)),
+    # A replayed trace's think time as kept against as recorded (times its time scale): a replay that could not
+    # keep the pace sent its turns later, so each agent asked for less than the trace's load.
+    TimeColumn("think ({unit})\nreal / rec", lambda lv: (lv.think_realised_s, lv.think_recorded_s)),
     Column("of it from\noffload", lambda lv: pct(lv.prefix_hit_rate_offload, 1)),
     TimeColumn("TTFT ({unit})\np50 / p95 / p99", lambda lv: (lv.ttft_s.p50, lv.ttft_s.p95, lv.ttft_s.p99), core=True),
     TimeColumn("ITL p50\n({unit})", lambda lv: (lv.itl_s.p50,)),

@@ -10,7 +10,9 @@ Workloads never time anything themselves: the records carry every timing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from agentload.agent.loop import ChatBackend
@@ -88,3 +90,27 @@ class ReplayCeiling(Protocol):
     requests it sent (by the trace's block ids). A level reports it beside the server's measured rate."""
 
     def ceiling(self, records: Sequence[RequestRecord]) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class PaceTruth:
+    """How a replay kept a trace's pace over some records: every turn that followed a reply in its context."""
+
+    turns: int
+    recorded_wait_s: float  # mean recorded wait before those turns, times the replay's time_scale
+    realised_wait_s: float  # mean of each turn's send minus the previous reply's end
+    lateness_s: tuple[float, ...]  # each turn's realised minus scheduled wait, in record order
+
+
+@runtime_checkable
+class ReplayPace(Protocol):
+    """A replayed trace that knows the waits it was asked to keep: each turn's recorded think time (times its
+    time scale) after the previous reply in its context, against the wait the records show. A level reports both,
+    and how late its turns started.
+
+    ``records`` are where previous replies are looked up (a level hands all of its records, warm-up included, so
+    a window's first turns find theirs); only turns due (previous reply's end + recorded wait) at or after
+    ``due_from`` count, on the records' clock. (Not named ``pace``: the synthetic workload has a ``pace`` flag,
+    which a runtime protocol check, by name only, would take for this method.)"""
+
+    def turn_pace(self, records: Sequence[RequestRecord], *, due_from: float = -math.inf) -> PaceTruth | None: ...

@@ -42,6 +42,10 @@ server's measured hit rate sits at or below it: the gap is what eviction, a bloc
 trace's, and tokenisation cost. ``prefix_ceiling`` reads it from a level's records (their ids name the
 conversation, the subagent and the request).
 
+**The pace**: ``pace_truth`` reads from a level's records whether the replay kept the trace's waits: each turn's
+recorded wait times ``time_scale`` against its send minus the previous reply's end (``workload.base.ReplayPace``;
+bench reports both means and the turns' lateness per level).
+
 **Limits**: a trace is one JSON document of at most ``MAX_DOCUMENT_BYTES`` (refused past it: split the
 conversations into files), every number finite and bounded, subagents nested at most ``MAX_DEPTH`` deep, at
 most ``MAX_TOTAL_HASH_IDS`` hash ids in all; hash ids are non-negative integers and a request's ids never name
@@ -71,7 +75,7 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.inputs import parse_json, read_text
 from agentload.workload.agentic import DONE, FAILED, FAILURE_PAUSE_S, SINGLE_MESSAGE_OVERHEAD_TOKENS, agent_ids
-from agentload.workload.base import AgentDriver, LoadContext
+from agentload.workload.base import AgentDriver, LoadContext, PaceTruth
 from agentload.workload.words import VOCAB, stable_int
 
 # One JSON document is parsed whole; its hash-id lists take ~7x their text in memory, so 64 MiB is ~0.5 GB.
@@ -284,20 +288,14 @@ def _hits_from(
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class PaceTruth:
-    """How a replay kept a trace's pace over some records: every turn that followed a reply in its context."""
-
-    turns: int
-    recorded_wait_s: float  # mean recorded wait before those turns, times the replay's time_scale
-    realised_wait_s: float  # mean of each turn's send minus the previous reply's end
-    lateness_s: tuple[float, ...]  # each turn's realised minus scheduled wait, in record order
-
-
-def pace_truth(trace: ConversationTrace, records: Sequence[RequestRecord], time_scale: float) -> PaceTruth | None:
+def pace_truth(
+    trace: ConversationTrace, records: Sequence[RequestRecord], time_scale: float, due_from: float = -math.inf
+) -> PaceTruth | None:
     """The realised waits against the recorded ones for the turns ``records`` hold after a reply in their own
-    context (a context's first turn has no recorded time of its own, and one after a failed reply none either);
-    None when there is no such turn."""
+    context (a context's first turn has no recorded time of its own, and one after a failed reply none either),
+    due (that reply's end + the recorded wait × ``time_scale``) at or after ``due_from``; None when there is no
+    such turn. A turn counts by its first attempt: a retry goes out after the failed attempt and its backoff, which
+    is the retry's delay, not the pace's."""
     contexts = trace.by_key
     done = {(r.ids.agent, r.ids.turn): r.t_done for r in records if r.ok}
     late: list[float] = []
@@ -306,9 +304,11 @@ def pace_truth(trace: ConversationTrace, records: Sequence[RequestRecord], time_
         key = record.ids.agent.rsplit("/", 1)[-1]
         context = contexts.get(key) if _KEY.match(key) else None
         before = done.get((record.ids.agent, record.ids.turn - 1))
-        if context is None or before is None or not 0 < record.ids.turn < len(context.requests):
+        if context is None or before is None or record.ids.attempt or not 0 < record.ids.turn < len(context.requests):
             continue
         wait = context.requests[record.ids.turn].wait_s * time_scale
+        if before + wait < due_from:
+            continue
         recorded += wait
         realised += record.t_sent - before
         late.append(record.t_sent - before - wait)
@@ -733,7 +733,11 @@ class ConversationTraceWorkload:
 
     def pace(self, records: Sequence[RequestRecord]) -> PaceTruth | None:
         """The realised think times against the recorded ones (times ``time_scale``) over ``records``."""
-        return pace_truth(self.trace, records, float(self.time_scale))
+        return self.turn_pace(records)
+
+    def turn_pace(self, records: Sequence[RequestRecord], *, due_from: float = -math.inf) -> PaceTruth | None:
+        """``pace`` over the turns due at or after ``due_from`` (``workload.base.ReplayPace``)."""
+        return pace_truth(self.trace, records, float(self.time_scale), due_from)
 
 
 CONVERSATION_OPTIONS = ("time_scale", "start", "extra_body")
