@@ -155,3 +155,16 @@ def test_a_planted_pace_contradiction_is_caught(planted: dict[str, object], caug
     assert check(pace_run(pace_level())) == []
     found = check(pace_run(pace_level(**planted)))
     assert any(caught in line for line in found), found
+
+
+def test_the_capacity_estimate_divides_the_pool_by_the_context_the_trace_realised(
+    sample_run: tuple[dict[str, Any], RunResult, Path],
+) -> None:
+    """A trace's sessions are the sizes it recorded: pool ÷ the --context default (40,960) once predicted a
+    capacity for sessions the trace never had (the sample's realise ~22k)."""
+    _, result, _ = sample_run
+    (level,) = result.levels
+    (estimate,) = result.capacity
+    assert level.context_mean is not None
+    assert estimate.target_context == level.context == 40_960  # what the run was given, kept beside it
+    assert estimate.context == round(level.context_mean) < 40_960

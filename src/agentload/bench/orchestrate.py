@@ -28,6 +28,7 @@ from agentload.errors import CheckpointError, EndpointError, ServerLostError
 from agentload.load.cluster import RayCluster
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.base import Workload
+from agentload.workload.registry import TRACE_PREFIX
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing, measure_sizing
 from agentload.workload.synthetic import SyntheticWorkload
 from agentload.workload.trace import MooncakeWorkload
@@ -307,7 +308,10 @@ class _Run:
         # size up to the target within a window too short to see many of them end, so for them the target stays
         # the divisor.
         holds = isinstance(plan.workload, AgenticWorkload) and plan.workload.growth == "hold"
-        real = realised_context(self.levels, context, knee) if holds else None
+        # A trace's sessions are the sizes it recorded, whatever --context says: the only context per session there
+        # is to divide the pool by is the one the server counted (their mean, so an average, not a bound).
+        replay = plan.workload.name.startswith(TRACE_PREFIX)
+        real = realised_context(self.levels, context, knee) if holds or replay else None
         if real is None:
             estimate = capacity_for(probe, context, self.pool, slots=slots)
         else:
