@@ -28,17 +28,15 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from agentload.capacity.profile import load_profile
 from agentload.clock import LoopClock, run_virtual
-from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.endpoint.backend import RecordingBackend, SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.fleet.app import FleetApp, FleetSettings
@@ -78,22 +76,11 @@ async def record(fleet: Path, profile: str, block_size: int, out: Path, runs: Pa
         await sim_runner.cleanup()
 
 
-class _Backend:
-    def __init__(self, client: ChatClient) -> None:
-        self._inner = SingleAttemptBackend(client)
-        self.records: list[RequestRecord] = []
-
-    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
-        out = await self._inner.complete(body, ids)
-        self.records.extend(out)
-        return out
-
-
 @dataclass
 class _Level:
     """The replay's context (``workload.base.LoadContext``): it stops once its one agent replayed every tree."""
 
-    backend: _Backend
+    backend: RecordingBackend  # every attempt's record, in .records
     trees: int
     model: str
     clock: LoopClock = field(default_factory=LoopClock)
@@ -120,7 +107,7 @@ async def replay(workload: ConversationTraceWorkload, profile: str) -> list[Requ
     server = SimServer(SimConfig(profile=load_profile(profile)))
     client = ChatClient("http://sim.invalid", transport=InProcessTransport(server), api_key_env=None)
     try:
-        level = _Level(_Backend(client), len(workload.trace.trees), server.model_name)
+        level = _Level(RecordingBackend(SingleAttemptBackend(client), []), len(workload.trace.trees), server.model_name)
         await run_load(workload.agents(1, context=0, seed=0), level)
         return level.backend.records
     finally:

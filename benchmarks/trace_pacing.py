@@ -31,7 +31,6 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from agentload.clock import LoopClock
-from agentload.endpoint.backend import SingleAttemptBackend
+from agentload.endpoint.backend import RecordingBackend, SingleAttemptBackend
 from agentload.endpoint.client import ChatClient
-from agentload.endpoint.records import RequestIds, RequestRecord
+from agentload.endpoint.records import RequestIds
 from agentload.load.runner import run_load
 from agentload.workload.base import AgentDriver
 from agentload.workload.conversation_trace import ConversationTraceWorkload
@@ -72,23 +71,12 @@ def synthetic_trace(sessions: int, turns: int, think_s: float, seed: int) -> lis
     return out
 
 
-class _Recorder:
-    def __init__(self, client: ChatClient) -> None:
-        self._inner = SingleAttemptBackend(client)
-        self.records: list[RequestRecord] = []
-
-    async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
-        out = await self._inner.complete(body, ids)
-        self.records.extend(out)
-        return out
-
-
 @dataclass
 class _Level:
     """The load's context (``workload.base.LoadContext``): a level that never stops on time; each agent stops by
     its own quota (``_Quota``)."""
 
-    backend: _Recorder
+    backend: RecordingBackend  # every attempt's record, in .records
     clock: LoopClock = field(default_factory=LoopClock)
     sizing: TokenSizing = SIMULATOR_SIZING
     model: str = MODEL
@@ -153,7 +141,7 @@ async def replay(
     late: list[float] = []
     probe = asyncio.create_task(_timer_lateness(late))
     try:
-        level = _Level(_Recorder(client))
+        level = _Level(RecordingBackend(SingleAttemptBackend(client), []))
         drivers = workload.agents(agents, context=0, seed=0)
         quotas = [sessions // agents + (i < sessions % agents) for i in range(agents)]
         outcome = await run_load([_Agent(d, q) for d, q in zip(drivers, quotas, strict=True)], level)
