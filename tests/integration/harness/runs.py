@@ -140,3 +140,31 @@ def coefficients_text(profile_path: Path) -> str:
         f"kv {c.kv_s_per_token * 1e9:.1f} ns/token, attention {c.attention_s_per_pair * 1e12:.2f} ps/pair, "
         f"api overhead {c.api_overhead_s * 1e3:.1f} ms; words made of 1, 2, … tokens: {split}"
     )
+
+
+def held_level_text(levels: list[LevelSummary], *, hits: bool) -> str:
+    """Each level's turns, realised context and output against the asked, (both hit rates,) tok/s and TTFT p50."""
+
+    def hit(lv: LevelSummary) -> str:
+        return f"hit {lv.prefix_hit_rate_server or 0:.3f} server / {lv.prefix_hit_rate_usage or 0:.3f} usage, "
+
+    return ", ".join(
+        f"{lv.agents}: {lv.turns} turns, context {lv.context_mean or 0:.0f} of {lv.context} (p95 "
+        f"{lv.context_p95 or 0:.0f}), output {lv.output_realised_mean or 0:.1f} of {lv.output_requested_mean or 0:.1f} "
+        f"asked, {hit(lv) if hits else ''}{lv.output_tps:.1f} tok/s, TTFT p50 {lv.ttft_s.p50 or 0:.2f} s"
+        for lv in levels
+    )
+
+
+def check_held_levels(levels: list[LevelSummary], agents: int, context: int, why: str) -> None:
+    """The levels are the one asked for, every turn ended well, the context the server counted is within 5 % of
+    ``context`` and every reply was exactly as long as asked (the engine told to ignore its stop token)."""
+    assert [lv.agents for lv in levels] == [agents], why
+    for lv in levels:
+        assert lv.requests_failed == 0, why
+        assert lv.turns > 0, why
+        assert lv.context_mean is not None, why
+        assert abs(lv.context_mean / context - 1) <= 0.05, why
+        assert lv.output_controlled, why
+        assert lv.output_requested_mean is not None, why
+        assert lv.output_realised_mean == lv.output_requested_mean, why
