@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,10 +17,13 @@ from aiohttp.test_utils import TestServer
 
 from agentload.endpoint.client import ChatClient
 from agentload.endpoint.records import RequestIds
+from agentload.record import writer as writer_module
 from agentload.record.app import RecordSettings, make_proxy
 from agentload.record.proxy import RecordingProxy
-from agentload.record.sessions import PARENT_HEADER, SESSION_HEADER
+from agentload.record.sessions import PARENT_HEADER, SESSION_HEADER, Session
 from agentload.record.tokens import APPROX, LLAMACPP, VLLM
+from agentload.record.writer import RecordedRequest, TraceWriter
+from agentload.store.atomic import write_atomic
 from agentload.workload.conversation_trace import load_conversation_trace
 from tests.simserver import running_sim
 
@@ -364,3 +368,35 @@ async def test_a_llama_server_is_tokenized_through_its_template(tmp_path: Path) 
         assert "approx_tokens" not in request
         assert len(request["hash_ids"]) == request["in"] // 4  # the template's tokens, as the server counted them
     assert second["hash_ids"][: len(first["hash_ids"])] == first["hash_ids"]
+
+
+async def test_a_write_still_running_when_the_proxy_stops_cannot_replace_the_last_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic write runs in a worker thread that cancelling cannot stop: the last write must wait for it,
+    or the older document (here one request of two) lands after the whole one."""
+    first_started, release = threading.Event(), threading.Event()
+    real = write_atomic
+
+    def slow_first(path: Path, text: str) -> None:
+        if not first_started.is_set():
+            first_started.set()
+            release.wait(10)  # held until the last write was asked for
+        real(path, text)
+
+    monkeypatch.setattr(writer_module, "write_atomic", slow_first)
+    out = tmp_path / "t.json"
+    writer = TraceWriter(out, 16, lambda: VLLM)
+    sessions = {"a": Session("a", 0, 0.0)}
+    keeping = asyncio.create_task(writer.keep_written(sessions))
+    writer.add(RecordedRequest("a", 0.0, {"in": 16, "out": 1, "hash_ids": [1]}))
+    await asyncio.to_thread(first_started.wait, 10)
+    writer.add(RecordedRequest("a", 1.0, {"in": 32, "out": 1, "hash_ids": [1, 2]}))
+    keeping.cancel()
+    closing = asyncio.create_task(writer.close(sessions))
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # it waits for the write still running
+    release.set()
+    await closing
+    (conv,) = json.loads(out.read_text())
+    assert [r["in"] for r in conv["requests"]] == [16, 32]

@@ -185,8 +185,7 @@ class RecordingProxy:
         if self._writing is not None:
             self._writing.cancel()
             await asyncio.gather(self._writing, return_exceptions=True)
-        if self.writer.requests:
-            await asyncio.to_thread(self.writer.write, self.book.sessions)
+        await self.writer.close(self.book.sessions)
         if self._session is not None:
             await self._session.close()
 

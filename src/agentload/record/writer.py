@@ -9,7 +9,8 @@ request, with a subagent (a session whose first request named a parent) as a ``{
 Every write replaces the file whole (``store.atomic``): a reader, or a crash mid-write, sees the previous
 complete document or the new one. The file is rewritten after each completed request (``keep_written``); writes
 do not queue up — one runs at a time in a worker thread and the next writes whatever completed meanwhile — and
-once more when the proxy stops (``write``), so Ctrl-C or SIGTERM keeps every request that had completed.
+once more when the proxy stops (``close``, after any write still running), so Ctrl-C or SIGTERM keeps every
+request that had completed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class TraceWriter:
     tokenizer: Callable[[], str]  # the method the tokens came from, once known
     requests: list[RecordedRequest] = field(default_factory=list)
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    _running: asyncio.Future[None] | None = None  # the write now in a worker thread, if any
 
     def add(self, request: RecordedRequest) -> None:
         self.requests.append(request)
@@ -107,4 +109,15 @@ class TraceWriter:
             await self._dirty.wait()
             self._dirty.clear()
             doc = json.dumps(self.document(sessions), indent=1) + "\n"
-            await asyncio.to_thread(write_atomic, self.path, doc)
+            self._running = asyncio.ensure_future(asyncio.to_thread(write_atomic, self.path, doc))
+            # Shielded: cancelling this loop cannot stop the thread, so the write is left to finish and ``close``
+            # waits for it — else an older document could replace the last one after it was written.
+            await asyncio.shield(self._running)
+
+    async def close(self, sessions: dict[str, Session]) -> None:
+        """After ``keep_written`` was cancelled: wait for its write still running, then write the whole document
+        a last time, so the file ends with every request added."""
+        if self._running is not None:
+            await asyncio.gather(self._running, return_exceptions=True)
+        if self.requests:
+            await asyncio.to_thread(self.write, sessions)
