@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from agentload.clock import PRIORITY_AGENT, PRIORITY_ENGINE, RealClock, VirtualClock
+from agentload.clock import PRIORITY_AGENT, PRIORITY_ENGINE, RealClock, VirtualClock, run_virtual
 
 
 def test_ties_resolve_by_time_then_priority_then_scheduling_order() -> None:
@@ -121,3 +122,25 @@ def test_run_with_nothing_scheduled(until: float | None) -> None:
     clock = VirtualClock(start=3.0)
     clock.run(until=until)
     assert clock.now() == (3.0 if until is None else until)
+
+
+def test_a_thread_s_work_takes_no_virtual_time() -> None:
+    """While a thread works (a checkpoint's fsync), the virtual clock waits for it instead of jumping to the next
+    timer: else a run's outcome would depend on how long the disk or the machine took."""
+    order: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def thread() -> None:
+            await asyncio.to_thread(time.sleep, 0.2)
+            order.append(("thread", loop.time()))
+
+        async def timer() -> None:
+            await asyncio.sleep(50)
+            order.append(("timer", loop.time()))
+
+        await asyncio.gather(thread(), timer())
+
+    run_virtual(main())
+    assert order == [("thread", 0.0), ("timer", 50.0)]

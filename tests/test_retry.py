@@ -299,3 +299,29 @@ async def test_refused_connections_are_ridden_out_past_the_attempts_but_only_up_
     assert all(r.outcome is Outcome.CONNECT_ERROR for r in records)
     assert 10.0 <= clock.t <= 10.0 + 2.0  # ended at the bound (one backoff past it at most), not never
     assert backend.stats.gave_up == {"max_attempts": 1}
+
+
+class _DiesAt(_Alive):
+    """A dead-server rule that says dead from ``at`` on (of ``clock``): a server silent past the rule's bound."""
+
+    def __init__(self, clock: ManualClock, at: float) -> None:
+        self.clock, self.at = clock, at
+
+    def server_dead(self) -> bool:
+        return self.clock.t >= self.at
+
+
+async def test_a_backoff_ends_when_the_rule_says_dead_not_when_it_was_due_to() -> None:
+    """The rule fires in the middle of a long backoff: the turn gives up within a second of it, whatever the
+    jitter drew — not at the backoff's end, when a server back by then would have ridden out an outage the rule
+    calls a death."""
+    for seed in range(20):
+        clock = ManualClock(0.0)
+        transport = scripted(*[ConnectFailed("refused")] * 50)
+        client = ChatClient("http://127.0.0.1:9", transport=transport, policy=_DiesAt(clock, 20.0))
+        backend = RetryingBackend(client, max_attempts=3, max_backoff_s=30.0, clock=clock, rng=random.Random(seed))
+        records = await backend.complete(BODY, RequestIds(agent="a"))
+        assert all(r.outcome is Outcome.CONNECT_ERROR for r in records)
+        assert 20.0 <= clock.t <= 21.0, seed
+        assert backend.stats.gave_up == {"server_dead": 1}
+        assert backend.stats.slept_s == pytest.approx(clock.t)

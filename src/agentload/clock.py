@@ -10,7 +10,8 @@ is ready, jumps the clock to the next timer instead of sleeping (the idea of tri
 ``looptime`` pytest plugin). A thirty-minute think time then costs no wall time, and everything that reads the
 loop's clock — asyncio.sleep, timeouts, ``LoopClock`` — sees the simulated time. Only for runs with no real I/O:
 an in-process transport to the simulated server (``sim.inprocess``). A socket would be polled, never waited for,
-while virtual time runs ahead.
+while virtual time runs ahead. Work handed to a thread (``asyncio.to_thread``: a checkpoint's fsync) is waited for
+in real time and takes no virtual time, so a run's outcome does not depend on how long the disk took.
 
 **The engine-only driver's event scheduler**: ``VirtualClock`` is a discrete-event scheduler in the style of
 simpy's core: events sit in a heap keyed on ``(time, priority, counter)``, so two events at the same instant run
@@ -25,7 +26,13 @@ import heapq
 import selectors
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from concurrent.futures import Executor
+from typing import Any, Protocol, TypeVar, TypeVarTuple
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+# How long (real seconds) a virtual-time loop waits for a thread's work before its clock moves on regardless.
+THREAD_WAIT_S = 30.0
 
 
 class Clock(Protocol):
@@ -83,6 +90,13 @@ class _JumpingSelector(selectors.DefaultSelector):
         if timeout is None:
             # Nothing is scheduled at all: only another thread can wake us, so wait for real.
             return super().select(None)
+        if self._loop.threads_busy:
+            # Work handed to a thread (an fsync, a file write) takes no virtual time: wait for it for real, or the
+            # clock would run ahead by however long the thread happened to take — a run's outcome then depends on
+            # the machine's load. Bounded, so a thread that never returns cannot hang the loop.
+            events = super().select(THREAD_WAIT_S)
+            if events:
+                return events
         self._loop.advance(timeout)
         return events
 
@@ -92,10 +106,25 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._virtual_now = 0.0
+        self._in_threads = 0
         super().__init__(selector=_JumpingSelector(self))
 
     def time(self) -> float:
         return self._virtual_now
+
+    @property
+    def threads_busy(self) -> bool:
+        """Whether work this loop handed to an executor (``asyncio.to_thread``) has not finished yet."""
+        return self._in_threads > 0
+
+    def run_in_executor(self, executor: Executor | None, func: Callable[[*_Ts], _T], *args: *_Ts) -> asyncio.Future[_T]:
+        future = super().run_in_executor(executor, func, *args)
+        self._in_threads += 1
+        future.add_done_callback(self._thread_done)
+        return future
+
+    def _thread_done(self, _future: asyncio.Future[Any]) -> None:
+        self._in_threads -= 1
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += seconds

@@ -98,6 +98,10 @@ def _failure(record: RequestRecord) -> str:
     return record.error.value if record.error is not None else record.outcome.value
 
 
+# How often a retry's backoff asks the dead-server rule (the run's liveness check asks each second too).
+DEAD_CHECK_S = 1.0
+
+
 class RetryingBackend:
     """A ``ChatBackend`` that resends the same turn on transient failures; see the module docstring."""
 
@@ -156,6 +160,23 @@ class RetryingBackend:
             return False
         return self.clock.now() - refused_since < self.max_ride_out_s
 
+    async def _wait_alive(self, wait: float, health: ServerHealth | None) -> bool:
+        """Sleep ``wait`` before the next attempt; False, cutting it short, once the dead-server rule says the
+        server is gone. Asked every ``DEAD_CHECK_S``, not only at the end: a backoff of 8–16 s would otherwise sleep
+        through the moment the rule fires and, when the server is back by then, ride out an outage the rule calls a
+        death — whether a command stopped would depend on the backoff's random draw."""
+        end = self.clock.now() + wait
+        while True:
+            left = end - self.clock.now()
+            if left > 0:
+                step = left if health is None else min(left, DEAD_CHECK_S)
+                self.stats.slept_s += step
+                await self.clock.sleep(step)
+            if health is not None and health.server_dead():
+                return False
+            if self.clock.now() >= end:
+                return True
+
     async def complete(self, body: Mapping[str, Any], ids: RequestIds) -> list[RequestRecord]:
         records: list[RequestRecord] = []
         hint = estimate_prompt_tokens(body)
@@ -195,9 +216,7 @@ class RetryingBackend:
                     break
                 failure = _failure(record)
                 stats.retried[failure] = stats.retried.get(failure, 0) + 1
-                stats.slept_s += wait
-                await self.clock.sleep(wait)
-                if health is not None and health.server_dead():
+                if not await self._wait_alive(wait, health):
                     why = "server_dead"
                     break
         except asyncio.CancelledError as cancel:
