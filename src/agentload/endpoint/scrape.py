@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
@@ -261,7 +260,8 @@ StopRule = Callable[[int, float], bool]
 
 @dataclass(frozen=True, slots=True)
 class StreamTiming:
-    """One streamed completion as the client saw it (``time.perf_counter`` seconds)."""
+    """One streamed completion as the client saw it, in the event loop's seconds (monotonic wall time; simulated
+    time on a virtual-time loop, so a calibration against the in-process simulator measures its model exactly)."""
 
     sent_at: float
     token_times: tuple[float, ...]  # arrival of every chunk that carried text
@@ -565,9 +565,10 @@ class ServerProbe:
 
     async def round_trip(self) -> float:
         """Seconds for one trivial request (``GET /v1/models``): the network and HTTP share of every latency."""
-        start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         status, body = await self.get("/v1/models")
-        elapsed = time.perf_counter() - start
+        elapsed = loop.time() - start
         _raise_for_status(f"GET /v1/models on {self.url}", status, body)
         return elapsed
 
@@ -620,7 +621,7 @@ class ServerProbe:
         with self._translate("POST /v1/completions"):
             # The read deadline is per read, as a socket's would be: moved on by every chunk that arrives.
             async with asyncio.timeout(self._read_timeout) as deadline:
-                sent = time.perf_counter()
+                sent = asyncio.get_running_loop().time()
                 resp = await self._transport.send("POST", self._url("/v1/completions"), data, headers)
                 try:
                     if resp.status != 200:
@@ -657,17 +658,17 @@ class ServerProbe:
 async def _lines(
     chunks: AsyncIterator[bytes], deadline: asyncio.Timeout, read_timeout_s: float
 ) -> AsyncGenerator[tuple[bytes, float]]:
-    """The body's lines, each with the ``perf_counter`` time its chunk arrived; every chunk moves the deadline."""
+    """The body's lines, each with the loop's time its chunk arrived; every chunk moves the deadline."""
     loop = asyncio.get_running_loop()
     rest = b""
     async for block in chunks:
-        now = time.perf_counter()
+        now = loop.time()
         deadline.reschedule(loop.time() + read_timeout_s)
         *lines, rest = (rest + block).split(b"\n")
         for line in lines:
             yield line, now
     if rest:
-        yield rest, time.perf_counter()
+        yield rest, loop.time()
 
 
 def _positive(value: int | None) -> int | None:
