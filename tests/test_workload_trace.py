@@ -16,8 +16,10 @@ from agentload.workload import trace
 from agentload.workload.agentic import AgenticWorkload
 from agentload.workload.record import read_records, record_session_trace, session_traces
 from agentload.workload.registry import get_workload
+from agentload.workload.sizing import TokenSizing
 from agentload.workload.trace import (
     BLOCK_TOKENS,
+    MooncakeRow,
     MooncakeTrace,
     SessionTraceFile,
     load_trace,
@@ -312,3 +314,19 @@ def test_a_malformed_trace_is_one_error_line_and_exit_status_2(
     assert err.count("\n") == 1
     assert f"{path}:2: not valid JSON" in err
     assert "Traceback" not in err
+
+
+def test_blocks_and_prompts_are_sized_in_the_server_s_tokens() -> None:
+    """Where the server makes 1.25 tokens of a word (measured before the run), a 512-token block is 410 words and
+    a prompt of 2,000 tokens ~1,600 words: two rows share the trace's prefix in server tokens, not 25 % more."""
+    real = TokenSizing(tokens_per_word=1.25, opening_overhead=10, turn_overhead=6, source="measured")
+    a = MooncakeRow(input_length=2000, output_length=8, hash_ids=[1, 2, 3], line=1)
+    b = MooncakeRow(input_length=2000, output_length=8, hash_ids=[1, 2, 9], line=2)
+    salt = (0, 0, 1)
+    wa, wb = trace.mooncake_prompt(a, salt, 512, real).split(), trace.mooncake_prompt(b, salt, 512, real).split()
+    shared = next(i for i, (x, y) in enumerate(zip(wa, wb, strict=False)) if x != y)
+    assert 2 * 410 <= shared < 2 * 410 + 5  # two blocks of 410 words (a few more only by chance: random words)
+    assert abs(len(wa) * 1.25 - 2000) <= 1.25 * 8  # the template's few tokens aside
+    # On the simulator (a token a word, the default) a block is its 512 words, as before.
+    plain = trace.mooncake_prompt(a, salt, 512).split()
+    assert plain[:512] == list(trace._block_words(salt, 1, 512))

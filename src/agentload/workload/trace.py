@@ -2,8 +2,9 @@
 
 **Mooncake rows**: ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``,
 optionally ``session_id`` and ``delay`` (ms). ``hash_ids`` name 512-token prefix blocks, so requests whose leading
-ids are equal share exactly that prefix: every id becomes one fixed 512-word text (seeded by the id), a prompt
-is its blocks' texts in order cut to ``input_length``, and words past the named blocks are the request's own.
+ids are equal share exactly that prefix: every id becomes one fixed text of 512 of the server's tokens (seeded by
+the id; its words at the tokens per word measured on the server), a prompt is its blocks' texts in order cut to
+``input_length``, and words past the named blocks are the request's own.
 Rows are replayed open loop: each fires at its timestamp (relative to the trace's first, divided by ``speed``)
 whatever the server is doing — the load is the trace's, not the agent count's; the count only splits the rows
 among drivers; a level ends early once every row was answered. Rows sharing a ``session_id`` are sent in order
@@ -41,8 +42,9 @@ With ``start="mid"`` each session starts at a turn k drawn from the seed, the se
 message of turn k's recorded size (a warm-up, a cache miss; the format keeps no replies to rebuild its text),
 then turns k + 1 on as above. Request traces refuse it: they are replayed at their own timestamps.
 
-Sizes are simulator tokens (one per word; ~1–1.3 tokens per word on real servers, corrected by the tokens per
-word measured on a session's first turn). Texts are salted with the run and the level, so a level never finds a
+Request-trace sizes (rows, blocks) are the server's tokens at the tokens per word measured before the run (one
+per word on the simulator). Session-trace sizes are simulator tokens (one per word; ~1–1.3 tokens per word on real
+servers), corrected by the tokens per word measured on a session's first turn. Texts are salted with the run and the level, so a level never finds a
 previous level's prompts cached. A malformed file raises ``ConfigError`` naming the file and line.
 
 **Limits**: a trace is read line by line and refused past ``MAX_TRACE_ROWS`` rows (or sessions) or a
@@ -95,6 +97,7 @@ from agentload.workload.conversation_trace import (
     mid_turn,
     reply_end,
 )
+from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 from agentload.workload.trace_csv import looks_like_csv_header, read_csv_trace
 
 # How many tokens one hash id names, per format: each trace carries its own (``MooncakeTrace.block_tokens``).
@@ -402,15 +405,24 @@ def _block_words(salt: tuple[int, ...], block: int | str, size: int) -> tuple[st
     return tuple(VOCAB[rng.integers(0, len(VOCAB), size)])
 
 
-def mooncake_prompt(row: MooncakeRow, salt: tuple[int, ...], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> str:
-    """``row``'s prompt text: its hash blocks (``block_tokens`` words each) in order, then words of its own,
-    ``input_length`` in all (less the chat template's tokens, so the server counts ~``input_length``)."""
-    n = max(1, row.input_length - SINGLE_MESSAGE_OVERHEAD_TOKENS)
+def mooncake_prompt(
+    row: MooncakeRow,
+    salt: tuple[int, ...],
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    sizing: TokenSizing = SIMULATOR_SIZING,
+) -> str:
+    """``row``'s prompt text: its hash blocks in order, then words of its own, about ``input_length`` of the
+    server's tokens in all (less the chat template's). Sizes are in the server's tokens at ``sizing``'s tokens per
+    word (measured on the server before the run): a block is the words that make ``block_tokens`` of them, so a
+    512-token block is ~394 words where a word is 1.3 tokens, and the prefix two rows share is the trace's in
+    server tokens, not 30 % longer."""
+    n = max(1, math.floor((row.input_length - SINGLE_MESSAGE_OVERHEAD_TOKENS) / sizing.tokens_per_word))
+    block_words = sizing.words(block_tokens)
     out: list[str] = []
     for block in row.hash_ids:
         if len(out) >= n:
             break
-        out.extend(_block_words(salt, block, block_tokens)[: n - len(out)])
+        out.extend(_block_words(salt, block, block_words)[: n - len(out)])
     if len(out) < n:
         out.append(words(np.random.default_rng([*salt, 2, row.line]), n - len(out)))
     return " ".join(out)
@@ -479,7 +491,9 @@ class _JobRows:
         ctx, row = self.ctx, self.job.rows[turn]
         body = {
             "model": ctx.model,
-            "messages": [{"role": "user", "content": mooncake_prompt(row, self.salt, self.driver.block_tokens)}],
+            "messages": [
+                {"role": "user", "content": mooncake_prompt(row, self.salt, self.driver.block_tokens, ctx.sizing)}
+            ],
             "max_tokens": row.output_length,
             **self.driver.extra_body,
         }
