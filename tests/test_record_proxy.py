@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from agentload.endpoint.client import ChatClient
+from agentload.endpoint.probe import probe
 from agentload.endpoint.records import RequestIds
 from agentload.record import writer as writer_module
 from agentload.record.app import RecordSettings, make_proxy
@@ -400,3 +401,17 @@ async def test_a_write_still_running_when_the_proxy_stops_cannot_replace_the_las
     await closing
     (conv,) = json.loads(out.read_text())
     assert [r["in"] for r in conv["requests"]] == [16, 32]
+
+
+async def test_agentload_s_own_probe_through_the_proxy_is_forwarded_not_recorded(tmp_path: Path) -> None:
+    """``agentload run --url PROXY`` probes the server first (one tiny prompt, twice): those are not a session."""
+    out = tmp_path / "t.json"
+    async with running_sim(PROFILE) as (_, upstream), recording(upstream, out) as (proxy, url):
+        probed = await probe(url, api_key_env="AGENTLOAD_TEST_NO_KEY")
+        async with aiohttp.ClientSession() as s:
+            status, _ = await chunks(s, url, {"messages": conversation("moths", 1)[0], "max_tokens": 4})
+    assert status == 200
+    assert probed.reports_cached_tokens is True  # the probe's requests did reach the server
+    (conv,) = json.loads(out.read_text())
+    assert len(conv["requests"]) == 1  # the agent's request alone
+    assert proxy.counts.recorded == 1

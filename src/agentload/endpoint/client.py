@@ -321,8 +321,10 @@ class ChatClient:
         ids: RequestIds | None = None,
         policy: StallPolicy | None = None,
         prompt_tokens_hint: int = 0,
+        headers: Mapping[str, str] | None = None,
     ) -> RequestRecord:
-        """Send one chat completion (streamed unless ``body['stream']`` is False) and record what happened."""
+        """Send one chat completion (streamed unless ``body['stream']`` is False) and record what happened;
+        ``headers`` go with it besides the client's own."""
         policy = policy or self.policy
         stream = bool(body.get("stream", True))
         payload = dict(body)
@@ -343,7 +345,8 @@ class ChatClient:
             scope.add(guard)
         resp: Response | None = None
         try:
-            resp = await self.transport.send("POST", f"{self.base_url}/chat/completions", raw, self._headers)
+            sent = {**self._headers, **headers} if headers else self._headers
+            resp = await self.transport.send("POST", f"{self.base_url}/chat/completions", raw, sent)
             acc.t_headers = self.clock.now()
             acc.http_status = resp.status
             guard.arm(Phase.FIRST_TOKEN, policy.budget(Phase.FIRST_TOKEN, prompt_tokens_hint))

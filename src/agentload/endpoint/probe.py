@@ -318,6 +318,11 @@ def _ollama_context(answers: Mapping[str, _Answer], model: str | None) -> int | 
     return None
 
 
+# Marks agentload's own test requests (the cached-token test), so a recording proxy (``agentload record``) in front
+# of the server forwards them without taking them for an agent's session.
+PROBE_HEADER = "X-Agentload-Probe"
+
+
 async def _cached_tokens_test(
     client: ChatClient, model: str | None, notes: list[str]
 ) -> tuple[bool | None, bool | None]:
@@ -334,7 +339,7 @@ async def _cached_tokens_test(
         body["model"] = model
     records: list[RequestRecord] = []
     for _ in range(2):
-        record = await client.chat(body)
+        record = await client.chat(body, headers={PROBE_HEADER: "cached-tokens"})
         if not record.ok:
             # The status and error class only: a server's error text can echo request headers.
             what = f"HTTP {record.http_status}" if record.http_status not in (None, 200) else str(record.error)

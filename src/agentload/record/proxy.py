@@ -37,6 +37,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from agentload.endpoint.probe import PROBE_HEADER
 from agentload.record.sessions import PARENT_HEADER, SESSION_HEADER, Session, SessionBook
 from agentload.record.tokens import APPROX, APPROX_BYTES_PER_TOKEN, BlockHasher, UpstreamTokenizer
 from agentload.record.writer import RecordedRequest, TraceWriter
@@ -291,6 +292,8 @@ class RecordingProxy:
     # -- recording -----------------------------------------------------------------------------------------------
 
     def _plan(self, request: web.Request, raw: bytes) -> Plan | None:
+        if PROBE_HEADER in request.headers:
+            return None  # agentload's own test request (``agentload run``'s probe): forwarded, not an agent's
         try:
             body = json.loads(raw)
         except ValueError:
