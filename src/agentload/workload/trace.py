@@ -44,8 +44,9 @@ then turns k + 1 on as above. Request traces refuse it: they are replayed at the
 
 Request-trace sizes (rows, blocks) are the server's tokens at the tokens per word measured before the run (one
 per word on the simulator). Session-trace sizes are simulator tokens (one per word; ~1–1.3 tokens per word on real
-servers), corrected by the tokens per word measured on a session's first turn. Texts are salted with the run and the level, so a level never finds a
-previous level's prompts cached. A malformed file raises ``ConfigError`` naming the file and line.
+servers), corrected by the tokens per word measured on a session's first turn. Texts are salted with the run and
+the level, so a level never finds a previous level's prompts cached. A malformed file raises ``ConfigError``
+naming the file and line.
 
 **Limits**: a trace is read line by line and refused past ``MAX_TRACE_ROWS`` rows (or sessions) or a
 line of ``MAX_LINE_BYTES``; every number must be finite and within the bounds below; and at most
