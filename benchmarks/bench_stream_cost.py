@@ -43,9 +43,12 @@ from typing import Any
 
 from aiohttp import web
 
-import bench_dashboard as bd
 from agentload.fleet.app import FleetApp
 from agentload.fleet.results import FleetResult
+from dashbench_probes import OwnTime, process_cpu
+from dashbench_reader import Stream, off_client_core, start_reader
+from dashbench_runs import FLEET, fleet_app, timed_run
+from dashbench_stats import bootstrap_interval
 from simproc import fast_profile, sim_process
 
 ARMS = ("none", "raw", "aiohttp", "nagle", "dashboard", "dashboard-nagle")
@@ -69,7 +72,7 @@ print(n, k, flush=True)
 
 def _start_bare_reader() -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-c", _READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    bd._off_client_core(proc.pid)
+    off_client_core(proc.pid)
     assert proc.stdout is not None
     if proc.stdout.readline() != "ready\n":
         proc.kill()
@@ -173,17 +176,17 @@ def _one_run(arm: str, opts: FleetApp, payload: bytes, period: float) -> tuple[F
     """One run of the fleet with ``arm``'s stream: its result, this process's CPU over it, what the reader got."""
     if arm in ("none", "dashboard", "dashboard-nagle"):
         dashboard = arm != "none"
-        reader = bd._start_reader(off_core=True) if dashboard else None
-        stream = bd.Stream() if dashboard else None
+        reader = start_reader(off_core=True) if dashboard else None
+        stream = Stream() if dashboard else None
         with _nagle_on_event_streams() if arm == "dashboard-nagle" else contextlib.nullcontext():
-            result, used, _ = bd._timed_run(opts, stream, [], bd.OwnTime(), reader)
+            result, used, _ = timed_run(opts, stream, [], OwnTime(), reader)
         got = f"{stream.changed} deltas with changes, {stream.bytes / 1024:.0f} KiB" if stream is not None else ""
         return result, used, got
     bare = _start_bare_reader()
     try:
-        c0 = bd._cpu()
+        c0 = process_cpu()
         result = asyncio.run(_bare_run(opts, arm, bare, payload, period))
-        used = bd._cpu() - c0
+        used = process_cpu() - c0
         assert bare.stdout is not None
         nbytes, reads = bare.stdout.read().split()
         bare.wait(timeout=10)
@@ -196,7 +199,7 @@ def _one_run(arm: str, opts: FleetApp, payload: bytes, period: float) -> tuple[F
 def _interval(xs: list[float]) -> str:
     if len(xs) < 3:
         return "too few blocks for an interval"
-    low, high = bd.bootstrap_interval(xs)
+    low, high = bootstrap_interval(xs)
     return f"95 % interval {low:+.1%} to {high:+.1%}, median {statistics.median(xs):+.1%}"
 
 
@@ -217,7 +220,7 @@ def main() -> None:
     payload = b"x" * args.bytes
     with tempfile.TemporaryDirectory() as tmp, sim_process(fast_profile(0.02)) as (_, host, port):
         fleet = Path(tmp) / "fleet.toml"
-        fleet.write_text(bd.FLEET.format(agents=args.agents, rounds=4, think=2.0))
+        fleet.write_text(FLEET.format(agents=args.agents, rounds=4, think=2.0))
         url, out = f"http://{host}:{port}", Path(tmp) / "runs"
         print(
             f"{args.agents} agents × 4 rounds ({args.width} at once), think 2 s; streams of {args.bytes:,} bytes "
@@ -229,7 +232,7 @@ def main() -> None:
             half = arms if block % 2 == 0 else arms[::-1]
             used = dict.fromkeys(arms, 0.0)
             for arm in [*half, *half[::-1]]:
-                opts = bd._opts(fleet, out, url, args.width, dashboard=arm.startswith("dashboard"))
+                opts = fleet_app(fleet, out, url, args.width, dashboard=arm.startswith("dashboard"))
                 result, spent, got = _one_run(arm, opts, payload, args.period)
                 used[arm] += spent
                 cpu[arm].append(spent)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
+from agentload.capacity.planner import PLAN_FLAGS, AgentShape, PlanSpec
 from agentload.cli.main import app
 
 # Qwen3-235B's bf16 weights (470 GB) do not fit one GB300: fp4 weights (an NVFP4 checkpoint), fp8 KV.
@@ -192,3 +195,13 @@ def test_deepseek_v4_plan_from_the_logged_gib() -> None:
 
 def test_pool_stated_twice_is_one_error() -> None:
     _fails_cleanly([*V4_FLASH, "--num-gpu-blocks", "76220", "--kv-memory-gib", "74.66"], "state the pool once")
+
+
+def test_every_flag_the_planner_names_is_an_option_of_the_command() -> None:
+    # A bad value's message names the flag of PLAN_FLAGS (the planner's table): the command must declare that very
+    # spelling, and the table may only name fields the spec has, or the message names a flag the user cannot type.
+    command: Any = typer.main.get_command(app)  # typer's group (its own click): its commands, their params
+    options = {name for param in command.commands["plan"].params for name in param.opts}
+    assert set(PLAN_FLAGS.values()) <= options, set(PLAN_FLAGS.values()) - options
+    fields = {*PlanSpec.model_fields, *(f"agent.{name}" for name in AgentShape.model_fields)}
+    assert set(PLAN_FLAGS) <= fields, set(PLAN_FLAGS) - fields

@@ -16,9 +16,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from agentload.capacity.planner import parse_spec, plan
+from agentload.capacity.planner import PLAN_FLAGS, parse_spec, plan
 from agentload.cli.main import app
-from agentload.cli.plan import FLAGS
 from agentload.errors import ConfigError
 from agentload.sim.curve import add_throughput_curve
 
@@ -32,7 +31,7 @@ def _run(*args: str) -> tuple[int, str]:
 
 
 def test_four_slots_of_32k_on_an_l40s() -> None:
-    p = plan(parse_spec({**L40S_8B, "slots": 4, "context_per_agent": 16384}, FLAGS))
+    p = plan(parse_spec({**L40S_8B, "slots": 4, "context_per_agent": 16384}, PLAN_FLAGS))
     s = p.slots
     assert s is not None
     assert p.kv.bytes_per_token == 131_072
@@ -52,7 +51,7 @@ def test_four_slots_of_32k_on_an_l40s() -> None:
 
 def test_more_slots_than_the_memory_holds_are_flagged() -> None:
     # 16 slots × 4 GiB = 64 GiB of KV beside 8.03 GB of weights on a 48 GB card: the memory holds 8 (above).
-    p = plan(parse_spec({**L40S_8B, "slots": 16}, FLAGS))
+    p = plan(parse_spec({**L40S_8B, "slots": 16}, PLAN_FLAGS))
     assert p.slots is not None
     assert (p.slots.slots_memory_allows, p.slots.fits_memory, p.slots.agents_that_fit) == (8, False, 16)
     code, out = _run(*CLI_8B, "--slots", "16", "--no-curve")
@@ -61,7 +60,7 @@ def test_more_slots_than_the_memory_holds_are_flagged() -> None:
 
 
 def test_an_fp8_kv_cache_becomes_q8_0_and_halves_the_slot() -> None:
-    p = plan(parse_spec({**L40S_8B, "slots": 4, "kv_cache_dtype": "fp8"}, FLAGS))
+    p = plan(parse_spec({**L40S_8B, "slots": 4, "kv_cache_dtype": "fp8"}, PLAN_FLAGS))
     assert p.slots is not None
     assert p.slots.kv_bytes_per_slot == 2_147_483_648  # 32,768 × 64 KiB
     assert "-ctk q8_0 -ctv q8_0" in p.serve.command_line()
@@ -114,12 +113,13 @@ def test_bad_slot_values_are_one_error_line(extra: list[str], needle: str) -> No
 
 def test_slot_context_needs_slots() -> None:
     with pytest.raises(ConfigError, match="give --slots too"):
-        parse_spec({"model": "llama-3.1-8b", "gpu": "l40s", "slot_context": 8192}, FLAGS)
+        parse_spec({"model": "llama-3.1-8b", "gpu": "l40s", "slot_context": 8192}, PLAN_FLAGS)
 
 
 def test_the_simulated_curve_has_its_knee_at_the_slot_count() -> None:
     spec = parse_spec(
-        {"model": "llama-3.1-8b", "gpu": "h100", "slots": 3, "slot_context": 8192, "context_per_agent": 8192}, FLAGS
+        {"model": "llama-3.1-8b", "gpu": "h100", "slots": 3, "slot_context": 8192, "context_per_agent": 8192},
+        PLAN_FLAGS,
     )
     curve = add_throughput_curve(plan(spec)).curve
     assert curve is not None
@@ -139,7 +139,7 @@ def test_agents_whose_turns_do_not_overlap_share_one_slot_below_the_slot_count()
     6,392-token prompt), and from then on each turn finds the other agent's conversation there: only the system
     prompt is reused, 2,000 of each 7,792-token prompt = 25.7%, while two slots stay empty.
     """
-    spec = parse_spec({"model": "qwen2.5-0.5b", "gpu": "h100", "slots": 3, "slot_context": 8192}, FLAGS)
+    spec = parse_spec({"model": "qwen2.5-0.5b", "gpu": "h100", "slots": 3, "slot_context": 8192}, PLAN_FLAGS)
     p = plan(spec)
     assert p.slots is not None
     assert any("--slot-prompt-similarity" in n for n in p.slots.notes)

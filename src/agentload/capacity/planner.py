@@ -155,6 +155,29 @@ class PlanSpec(BaseModel):
         return value
 
 
+# PlanSpec field → the ``agentload plan`` flag that sets it, so a bad value's message names the flag the user typed
+# (``parse_spec``'s ``names``; the command declares the same spellings as its options).
+PLAN_FLAGS = {
+    "model": "--model",
+    "gpu": "--gpu",
+    "num_gpus": "--gpus",
+    "max_model_len": "--max-model-len",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "context_per_agent": "--context-per-agent",
+    "offload_gib": "--offload-gib",
+    "weight_dtype": "--weight-dtype",
+    "activation_gib": "--activation-gib",
+    "pool_tokens": "--pool-tokens",
+    "num_gpu_blocks": "--num-gpu-blocks",
+    "kv_memory_gib": "--kv-memory-gib",
+    "agent.output_tokens": "--output-tokens",
+    "agent.think_s": "--think-s",
+    "slots": "--slots",
+    "slot_context": "--slot-context",
+}
+
+
 def parse_spec(fields: Mapping[str, object], names: Mapping[str, str] | None = None) -> PlanSpec:
     """A ``PlanSpec`` from loose values, bad ones reported as one ``ConfigError`` line.
 

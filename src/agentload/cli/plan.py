@@ -13,32 +13,11 @@ from __future__ import annotations
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentload.capacity.planner import CurvePoint, parse_spec
+from agentload.capacity.planner import PLAN_FLAGS, CurvePoint, parse_spec
 from agentload.capacity.planner import plan as make_plan
 from agentload.cli.common import console, err_console, reports_errors
 from agentload.report.planview import render_plan
 from agentload.sim.curve import add_throughput_curve
-
-# PlanSpec field → the flag that sets it, so a bad value's message names the flag the user typed.
-FLAGS = {
-    "model": "--model",
-    "gpu": "--gpu",
-    "num_gpus": "--gpus",
-    "max_model_len": "--max-model-len",
-    "kv_cache_dtype": "--kv-cache-dtype",
-    "gpu_memory_utilization": "--gpu-memory-utilization",
-    "context_per_agent": "--context-per-agent",
-    "offload_gib": "--offload-gib",
-    "weight_dtype": "--weight-dtype",
-    "activation_gib": "--activation-gib",
-    "pool_tokens": "--pool-tokens",
-    "num_gpu_blocks": "--num-gpu-blocks",
-    "kv_memory_gib": "--kv-memory-gib",
-    "agent.output_tokens": "--output-tokens",
-    "agent.think_s": "--think-s",
-    "slots": "--slots",
-    "slot_context": "--slot-context",
-}
 
 
 @reports_errors
@@ -97,7 +76,7 @@ def plan(
             "slots": slots,
             "slot_context": slot_context,
         },
-        FLAGS,
+        PLAN_FLAGS,
     )
     result = make_plan(spec)
     if no_curve:  # nothing is simulated, so the sources name no simulated figure
