@@ -136,23 +136,24 @@ class AgenticShape:
         system = system_tokens if system_tokens is not None else round(start * SYSTEM_SHARE)
         if not 0 <= system < start:
             raise ConfigError(f"the system prompt ({system} tokens) must be shorter than the opening ({start})")
-        # Grow: the prompt climbs ~linearly from ``start`` by ``step`` a turn, so its mean is about midway.
+        # Grow: the prompt climbs ~linearly from ``start`` by ``step`` a turn, so its mean is about midway. The
+        # published ratio splits that step into a reply and a tool result; the tool result keeps its share
+        # whatever reply is asked for, so a longer reply makes a grow session end sooner rather than shrink
+        # what the agent reads.
         step = (context - start) / turns
         mean_prompt = (start + context - step) / 2
-        out_mean = output_tokens if output_tokens is not None else mean_prompt / io_ratio
-        tool_mean = tool_result_tokens if tool_result_tokens is not None else step - out_mean - TURN_OVERHEAD_TOKENS
+        split_reply = mean_prompt / io_ratio
+        out_mean = output_tokens if output_tokens is not None else split_reply
+        tool_mean = tool_result_tokens if tool_result_tokens is not None else step - split_reply - TURN_OVERHEAD_TOKENS
         if out_mean < 1 or tool_mean < 1:
             raise ConfigError(
                 f"a context of {context} is too small for {turns} turns at {io_ratio:g}:1 (reply {out_mean:.0f}, "
                 f"tool result {tool_mean:.0f} tokens a turn); use a larger context or fewer turns"
             )
+        exchange = _exchange_room(context, growth, system, start, out_mean, tool_mean)
         prefix = start - system
         if growth == "hold":
-            # The stable prefix leaves room for one exchange plus a reply of twice the mean, so the context
-            # peaks just under the target; the tail draws are clamped to fit (see the driver).
-            prefix = context - system - OPENING_OVERHEAD_TOKENS - round(2 * out_mean + tool_mean) - TURN_OVERHEAD_TOKENS
-            if prefix < 1:
-                raise ConfigError(f"a context of {context} leaves no room for a held prefix")
+            prefix = context - system - OPENING_OVERHEAD_TOKENS - exchange
         shape = cls(
             context=context,
             growth=growth,
@@ -175,3 +176,27 @@ class AgenticShape:
         for label, dist in (("output", self.output), ("tool result", self.tool_result)):
             if dist.median < 1 or dist.sigma < 0:
                 raise ConfigError(f"{label} sizes must be at least one token with a non-negative spread")
+
+
+def _exchange_room(context: int, growth: Growth, system: int, start: int, out_mean: float, tool_mean: float) -> int:
+    """The tokens one exchange keeps room for, checked against the context.
+
+    The stable part (a held session's prefix; a grow session's opening, so it reaches a second turn) leaves room for
+    a tool result and twice the mean reply (the one carried back and the next), so the context peaks at the target
+    on average; a long draw is clamped (see the driver). A ``ConfigError`` names the largest reply that fits.
+    """
+    exchange = round(2 * out_mean + tool_mean) + TURN_OVERHEAD_TOKENS
+    stable = (system if growth == "hold" else start) + OPENING_OVERHEAD_TOKENS
+    if stable + exchange < context:
+        return exchange
+    # The largest whole reply that fits, through the same rounding.
+    room = context - 1 - stable - TURN_OVERHEAD_TOKENS
+    most = math.floor((room + 0.5 - tool_mean) / 2)
+    while most >= 1 and round(2 * most + tool_mean) > room:
+        most -= 1
+    raise ConfigError(
+        f"a context of {context} leaves no room for "
+        f"{'a held prefix' if growth == 'hold' else f'a second turn after the {start}-token opening'} "
+        f"and a {tool_mean:.0f}-token tool result with twice the {out_mean:.0f}-token reply"
+        + (f"; the reply can be at most {most} tokens here" if most >= 1 else "")
+    )

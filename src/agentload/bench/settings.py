@@ -21,7 +21,7 @@ from agentload.bench.search import Slo, parse_slo
 from agentload.endpoint.redact import redact_url
 from agentload.errors import CheckpointError, ConfigError
 from agentload.inputs import check_seed
-from agentload.workload.registry import TRACE_PREFIX
+from agentload.workload.registry import REPLY_OPTION, TRACE_PREFIX, check_reply
 
 # What a bare ``agentload bench`` runs: the source article's deployment, simulated.
 DEFAULT_SIM = "qwen3-235b-gb300"
@@ -143,6 +143,11 @@ class BenchSettings(BaseModel):
         default="120s",
         description="With --url: how long to wait for a server still starting (refusing, or /health 503).",
     )
+    reply_tokens: int | None = Field(
+        default=None,
+        description="Mean reply a turn, tokens, of agentic, agentic-hold, agentic-coding and synthetic, at any "
+        "--context (default: each workload's own).",
+    )
     # A trace replay's pace: each is the trace option of the same meaning (``TRACE_FLAGS`` names it), unset unless
     # given, so a run stored before they existed resumes unchanged.
     time_scale: float | None = Field(
@@ -192,6 +197,13 @@ class BenchSettings(BaseModel):
             if n is not None and n > MAX_AGENTS:
                 raise ConfigError(f"{flag} {n:,}: at most {MAX_AGENTS:,}")
         _ = self.warmup_s, self.window_s, self.wait_ready_s, self.counts, self.slo_spec
+        if self.reply_tokens is not None:
+            try:
+                if self.reply_tokens < 1:
+                    raise ConfigError("must be at least 1 token")
+                check_reply(self.workload, self.reply_tokens, self.contexts)
+            except ConfigError as exc:
+                raise ConfigError(f"--reply-tokens {self.reply_tokens}: {exc}") from exc
         given = [flag for name, flag in TRACE_FLAGS.items() if getattr(self, name) is not None]
         if given and not self.workload.strip().startswith(TRACE_PREFIX):
             raise ConfigError(f"{', '.join(given)} set a trace replay's pace: use with --workload trace:FILE")
@@ -199,9 +211,12 @@ class BenchSettings(BaseModel):
 
     @property
     def workload_options(self) -> dict[str, Any]:
-        """The trace options the pace flags give (none unless given): the workload checks that each applies to
-        the trace's format."""
-        return {TRACE_OPTIONS[name]: v for name in TRACE_FLAGS if (v := getattr(self, name)) is not None}
+        """The workload options the flags give (none unless given): a trace's pace (the workload checks that each
+        applies to the trace's format) and the mean reply."""
+        options = {TRACE_OPTIONS[name]: v for name in TRACE_FLAGS if (v := getattr(self, name)) is not None}
+        if self.reply_tokens is not None:
+            options[REPLY_OPTION] = self.reply_tokens
+        return options
 
     @property
     def simulator(self) -> str | None:

@@ -70,6 +70,7 @@ def bench(
     min_turns: Annotated[int | None, _flag("min_turns", min=1)] = _D.min_turns,
     no_pin_slots: Annotated[bool, _flag("no_pin_slots", "--no-pin-slots")] = _D.no_pin_slots,
     wait_ready: Annotated[str, _flag("wait_ready")] = _D.wait_ready,
+    reply_tokens: Annotated[int | None, _flag("reply_tokens", min=1)] = _D.reply_tokens,
     time_scale: Annotated[float | None, _flag("time_scale", min=0.0)] = _D.time_scale,
     trace_speed: Annotated[float | None, _flag("trace_speed")] = _D.trace_speed,
     trace_timing: Annotated[str | None, _flag("trace_timing")] = _D.trace_timing,

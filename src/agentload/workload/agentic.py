@@ -26,6 +26,11 @@ Defaults follow the published shapes (docs/background.md §1): sessions start at
 over 43 turns to a mean prompt of 131 × 444 ≈ 58k ends near 104k — so at another target the turn count and the
 ratio are held and the per-turn sizes scale: at 40,960 the reply is ~200 tokens and the tool result ~470 (at
 ~104k they are the published 444 and ~1.7k). Prefix reuse then comes out at ~97%, inside the published 94–96%+.
+
+The scaled reply is small at small targets (~10 tokens a turn at 2,048), where real coding agents still write
+hundreds. ``output_tokens`` (``bench --reply-tokens N``) sets the mean reply at any target; the tool result keeps
+its scaled size, so a longer reply makes a grow session end sooner rather than shrink what the agent reads. A held
+session's prefix leaves room for a tool result and twice the mean reply, so the context must hold that too.
 """
 
 from __future__ import annotations
