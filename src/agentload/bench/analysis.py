@@ -17,19 +17,27 @@ import numpy as np
 from agentload.bench.results import (
     OUTPUT_CLAMPED_RATIO,
     OUTPUT_SHORT_RATIO,
+    TURN_STALL_S,
     KneeExplanation,
     LevelSummary,
     Percentiles,
 )
 from agentload.endpoint.records import ErrorKind, RequestRecord, UsageSource
 from agentload.endpoint.samples import RawSample, ServerSample
-from agentload.workload.base import PaceTruth
+from agentload.workload.base import PaceTruth, SessionWall
 
 
 class PaceOf(Protocol):
     """``workload.base.ReplayPace.turn_pace``: the pace of the turns of ``records`` due at or after ``due_from``."""
 
     def __call__(self, records: Sequence[RequestRecord], *, due_from: float = ...) -> PaceTruth | None: ...
+
+
+class SessionsOf(Protocol):
+    """``workload.base.ReplaySessions.session_walls``: the sessions of ``records`` that ended at or after
+    ``ended_from``, each its realised and recorded wall time."""
+
+    def __call__(self, records: Sequence[RequestRecord], *, ended_from: float = ...) -> tuple[SessionWall, ...]: ...
 
 
 @dataclass
@@ -61,6 +69,8 @@ class LevelData:
     ceiling: Callable[[Sequence[RequestRecord]], float | None] | None = None
     # A replayed trace's recorded against realised think times (``workload.base.ReplayPace``).
     pace: PaceOf | None = None
+    # A replayed trace's sessions, each its realised against its recorded wall time (``workload.base.ReplaySessions``).
+    sessions: SessionsOf | None = None
 
 
 def _pct(values: Sequence[float]) -> Percentiles:
@@ -262,12 +272,43 @@ def _pace_fields(data: LevelData) -> dict[str, float | None]:
     truth = data.pace([r for r in data.records if r.t_done <= w1 + 1e-9], due_from=w0 - 1e-9)
     if truth is None:
         return {}
-    late = np.percentile(np.asarray(truth.lateness_s, dtype=float), (50, 99))
+    lateness = np.asarray(truth.lateness_s, dtype=float)
+    late = np.percentile(lateness, (50, 99))
     return {
         "think_recorded_s": truth.recorded_wait_s,
         "think_realised_s": truth.realised_wait_s,
         "turn_late_p50_s": float(late[0]),
         "turn_late_p99_s": float(late[1]),
+        "turn_stalls": int(np.count_nonzero(lateness > TURN_STALL_S)),
+    }
+
+
+def _turn_fields(data: LevelData, ok: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """A replayed trace's turn latency over the window's completed turns: from the turn's first send (a retried
+    turn's first attempt, so the retry's delay is the turn's, as an agent waiting on it sees it) to its reply's
+    end. Only for replays (``data.pace`` set): a trace's turns are its sessions' steps, timed against its record."""
+    if data.pace is None or not ok:
+        return {}
+    first: dict[tuple[str, int], float] = {}
+    for r in data.records:
+        key = (r.ids.agent, r.ids.turn)
+        first[key] = min(r.t_sent, first.get(key, r.t_sent))
+    latency = np.percentile([r.t_done - first[r.ids.agent, r.ids.turn] for r in ok], (50, 95))
+    return {"turn_latency_p50_s": float(latency[0]), "turn_latency_p95_s": float(latency[1])}
+
+
+def _session_fields(data: LevelData) -> dict[str, float | None]:
+    """A replayed trace's sessions whose last request was the window's (sent and done in it, as every window
+    figure's requests are), their earlier requests looked up in all of the level's records, warm-up included: each
+    one's realised wall time ÷ its recorded one, p50, and how many (0 and no ratio when none ended in the window)."""
+    if data.sessions is None:
+        return {}
+    w0, w1 = data.t0 + data.window_start, data.t0 + data.end
+    walls = data.sessions([r for r in data.records if r.t_done <= w1 + 1e-9], ended_from=w0 - 1e-9)
+    ratios = [w.realised_s / w.recorded_s for w in walls]
+    return {
+        "session_wall_ratio_p50": float(np.percentile(ratios, 50)) if ratios else None,
+        "sessions_timed": len(ratios),
     }
 
 
@@ -345,6 +386,8 @@ def summarise(data: LevelData) -> LevelSummary:
         output_clamped=lengths.clamped,
         warnings=_warnings(data, len(ok), lengths, too_few),
         **_pace_fields(data),
+        **_turn_fields(data, ok),
+        **_session_fields(data),
     )
 
 

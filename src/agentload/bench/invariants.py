@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterator
 
-from agentload.bench.results import OUTPUT_SHORT_RATIO, Knee, LevelSummary, Percentiles, RunResult
+from agentload.bench.results import OUTPUT_SHORT_RATIO, TURN_STALL_S, Knee, LevelSummary, Percentiles, RunResult
 from agentload.bench.search import Search
 
 EPS = 1e-6
@@ -140,6 +140,30 @@ def _pace(lv: LevelSummary) -> Iterator[str]:
         yield f"turn lateness p50 {p50:.6f} s is negative: a turn started early"
     if p50 is not None and p99 is not None and p50 > p99 + EPS:
         yield f"turn lateness p50 {p50:.6f} s exceeds its p99 {p99:.6f} s"
+    # 21b: the stalls are the judged turns late by more than ``TURN_STALL_S``: a median lateness past it means at
+    # least one such turn.
+    if p50 is not None and p50 > TURN_STALL_S + EPS and lv.turn_stalls == 0:
+        yield f"no stalled turn counted with the turns' lateness p50 at {p50:.6f} s, over {TURN_STALL_S:g} s"
+    yield from _sessions(lv)
+
+
+def _sessions(lv: LevelSummary) -> Iterator[str]:
+    # 21c: a replay's turn latency percentiles are ordered and positive (a reply ends after its request is sent).
+    p50, p95 = lv.turn_latency_p50_s, lv.turn_latency_p95_s
+    if p50 is not None and p50 < -EPS:
+        yield f"turn latency p50 {p50:.6f} s is negative"
+    if p50 is not None and p95 is not None and p50 > p95 + EPS:
+        yield f"turn latency p50 {p50:.6f} s exceeds its p95 {p95:.6f} s"
+    # 21d: a timed session is one whose last request completed in the window, so there are at most as many as
+    # the window's completed turns, and a ratio exactly when there is one.
+    timed = lv.sessions_timed
+    if timed is not None and timed > lv.turns:
+        yield f"{timed} sessions timed, more than the window's {lv.turns} completed turns that could end them"
+    if timed is not None and (lv.session_wall_ratio_p50 is not None) != (timed > 0):
+        yield f"session wall ratio {lv.session_wall_ratio_p50} over {timed} timed sessions"
+    ratio = lv.session_wall_ratio_p50
+    if ratio is not None and ratio < 0:
+        yield f"session wall ratio {ratio:.6f} is negative"
 
 
 async def _unused(agents: int) -> LevelSummary:

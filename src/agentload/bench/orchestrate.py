@@ -316,6 +316,7 @@ class _Run:
             estimate = capacity_for(probe, context, self.pool, slots=slots)
         else:
             estimate = capacity_for(probe, real, self.pool, target_context=context, slots=slots)
+            estimate = estimate.model_copy(update={"replay": replay})
         # A slot server shares no prefix across slots, so the shared system prompt is stored once per slot.
         if isinstance(plan.workload, AgenticWorkload) and probe.profile is None and slots is None:
             # The system prompt every agent shares, in server tokens (the workload sizes it so; its template
@@ -338,6 +339,8 @@ class _Run:
                 knee = await sweep(search, plan.agents, context)
             estimate = self.estimate_at(context, knee.agents)
             self.capacity.append(estimate)
+            if estimate.replay:  # the knee is said at the context the trace realised, as its estimate is
+                knee = knee.model_copy(update={"realised_context": estimate.context})
             self.knees.append(with_ratio(knee, estimate.predicted))
             return
         if plan.mode == "soak":

@@ -61,6 +61,18 @@ class LevelSummary(BaseModel):
     think_realised_s: float | None = None
     turn_late_p50_s: float | None = None
     turn_late_p99_s: float | None = None
+    # A replayed trace's turns and sessions (``bench.analysis``): each window turn's time from its request's send
+    # (its first attempt's) to its reply's end, p50 and p95; the turns among those the pace judges that started
+    # more than ``TURN_STALL_S`` late; and each session (a conversation or a subagent) whose last request was the
+    # window's, its wall time (first request sent → last reply done) ÷ the trace's recorded one for the same
+    # requests (recorded waits + recorded response times, ``workload.conversation_trace.session_walls``), p50 and
+    # over how many. None for other workloads, for traces with no sessions or no recorded response times (the
+    # ratio), and for runs saved before these were measured.
+    turn_latency_p50_s: float | None = None
+    turn_latency_p95_s: float | None = None
+    turn_stalls: int | None = None
+    session_wall_ratio_p50: float | None = None
+    sessions_timed: int | None = None
     # Prompt tokens loaded from a KV connector's tier (CPU offload, LMCache) ÷ prompt tokens, and per second.
     prefix_hit_rate_offload: float | None = None
     offload_loaded_tps: float | None = None
@@ -111,6 +123,10 @@ class LevelSummary(BaseModel):
         return self.output_realised_mean / self.output_requested_mean
 
 
+# A replayed turn that started more than this many seconds after its schedule (previous reply's end + recorded
+# wait × time scale) is a stall: longer than the one-second think times Claude Code traces record between tool
+# calls, so a replay with stalls did not keep the trace's tightest pace.
+TURN_STALL_S = 1.0
 # A level whose replies average under this share of the requested length is flagged.
 OUTPUT_SHORT_RATIO = 0.8
 # A level whose turns asked for under this share of the lengths the workload drew is flagged, and its output tok/s
@@ -138,6 +154,9 @@ class CapacityEstimate(BaseModel):
     # A slot-based server (llama.cpp -np N) runs at most this many requests at once, however large its pool: the
     # prediction is the smaller of the two.
     slots: int | None = None
+    # The workload replays a trace: its sessions are the sizes it recorded, so ``context`` is the one the server
+    # counted and ``target_context`` (``--context``) sized nothing.
+    replay: bool = False
 
     @property
     def predicted(self) -> float | None:
@@ -185,6 +204,9 @@ class Knee(BaseModel):
     explanation: KneeExplanation
     agent_turns: int = 0  # the work the search spent
     decided_by: str = ""  # the signal that put the level after the knee past it (bench/knee rule), e.g. "ttft"
+    # A replayed trace's context as the server counted it (the capacity estimate's divisor), said in place of
+    # ``context``, the ``--context`` the trace's recorded sizes ignore; None for other workloads.
+    realised_context: int | None = None
 
     @property
     def where(self) -> str:

@@ -41,7 +41,7 @@ from agentload.endpoint.signals import SignalPoller
 from agentload.load.cluster import RayCluster
 from agentload.load.runner import LoadHandle, LoadOutcome, run_load
 from agentload.load.strategy import AllAtOnce
-from agentload.workload.base import ReplayCeiling, ReplayPace, Workload
+from agentload.workload.base import ReplayCeiling, ReplayPace, ReplaySessions, Workload
 from agentload.workload.sizing import SIMULATOR_SIZING, TokenSizing
 
 # Called once a level's connection is open (the live dashboard subscribes to its monitor); returns the unsubscribe.
@@ -185,6 +185,8 @@ async def run_level(
         data.ceiling = workload.ceiling
     if isinstance(workload, ReplayPace):
         data.pace = workload.turn_pace
+    if isinstance(workload, ReplaySessions):
+        data.sessions = workload.session_walls
     # The watchdog tells a cold start or a long prefill from a dead server (it reads the server's own signals),
     # and the retrying backend resends a turn that hit a transient failure; every attempt is recorded.
     # One /metrics poller (the connection's monitor) feeds the watchdog, the liveness rule and the level's timeline.

@@ -21,6 +21,7 @@ from agentload.dashboard.bench import BenchBoard, open_bench_board
 from agentload.endpoint.connection import Connection
 from agentload.errors import ConfigError
 from agentload.report.console import print_result
+from agentload.report.text import replays_trace
 from agentload.store.benchrun import BenchRecorder
 
 
@@ -33,9 +34,16 @@ class ConsoleLines(Unobserved):
             kept = f"{len(recorder.resumed.levels)} finished level(s) kept"
             aside = f"; the interrupted level's {recorder.moved} record(s) moved to records.interrupted.jsonl"
             self.note(f"resuming {recorder.path}: {kept}{aside if recorder.moved else ''}")
+        # A trace's sessions are the sizes it recorded: --context sizes nothing there (its realised context is said
+        # per level and in the capacity estimate).
+        contexts = (
+            "context the trace's own"
+            if replays_trace(settings.workload.strip())
+            else f"contexts {', '.join(f'{c:,}' for c in settings.contexts)}"
+        )
         err_console.print(
             f"[bold]agentload bench[/] {escape(settings.target)} · workload {escape(settings.workload)} · "
-            f"{settings.mode} · contexts {', '.join(f'{c:,}' for c in settings.contexts)} · run {recorder.run_id}"
+            f"{settings.mode} · {contexts} · run {recorder.run_id}"
         )
 
     def finished(self, result: RunResult, saved: Path, json_out: bool) -> None:
@@ -55,8 +63,9 @@ class ConsoleLines(Unobserved):
         s, hit, ttft = summary, summary.prefix_hit_rate_effective, summary.ttft_s.p50  # both tiers' reuse in hit
         ctx = "-" if s.context_mean is None else f"{s.context_mean:,.0f}"
         out = "-" if s.output_ratio is None else f"{s.output_ratio:.0%}"
+        sized = "trace sizes" if replays_trace(s.workload) else f"{s.context:,} tokens"
         err_console.print(
-            f"[dim]level {s.level}:[/] {s.agents:>4} agents × {s.context:,} tokens (server {ctx}) → "
+            f"[dim]level {s.level}:[/] {s.agents:>4} agents × {sized} (server {ctx}) → "
             f"{s.output_tps:8.1f} out tok/s  {s.turns} turns{' [red](too few)[/]' if s.too_few_turns else ''}"
             f"  output {out} of asked  prefix hit {'-' if hit is None else f'{hit:.0%}'}"
             f"  TTFT p50 {'-' if ttft is None else f'{ttft:.2f}s'}  preemptions {s.preemptions or 0:.0f}"

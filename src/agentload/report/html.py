@@ -38,6 +38,7 @@ from agentload.report.text import (
     CAUSES,
     capacity_sentence,
     evidence_rows,
+    knee_context,
     knee_sentence,
     knee_short,
     num,
@@ -96,7 +97,7 @@ def _view(run: RunData, index: int) -> RunView:
     r = run.result
     evidence = [
         (
-            f"The knee at {k.where} agents ({k.context:,}-token context) is put down to "
+            f"The knee at {k.where} agents ({knee_context(k)}) is put down to "
             f"{CAUSES.get(k.explanation.cause, k.explanation.cause)}; the numbers behind it, at the knee → past it:",
             evidence_rows(k.explanation.evidence),
         )

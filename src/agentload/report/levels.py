@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agentload.bench.results import OUTPUT_CLAMPED_RATIO, OUTPUT_SHORT_RATIO, LevelSummary, RunResult
-from agentload.report.text import DASH, context_label, count, is_knee_level, num, pct
+from agentload.report.text import DASH, context_label, count, is_knee_level, num, pct, replays_trace, secs
 
 FLAG = "!"  # appended to a cell the run flagged; ``legend`` says what it means in each column
 
@@ -99,6 +99,16 @@ def _context(lv: LevelSummary) -> str:
     return " / ".join(count(v) for v in (lv.context_mean, lv.context_p95))
 
 
+def _trace_sessions(lv: LevelSummary) -> str:
+    """A replayed trace's turns and sessions in one cell: "1.44 s / 11.1 s · 0.54 (16) · 0" (turn latency p50 /
+    p95 · session wall ÷ recorded, p50 (sessions it is over) · stalls)."""
+    p50, p95 = lv.turn_latency_p50_s, lv.turn_latency_p95_s
+    if p50 is None and p95 is None and lv.sessions_timed is None and lv.turn_stalls is None:
+        return DASH
+    walls = DASH if lv.sessions_timed is None else f"{num(lv.session_wall_ratio_p50, 2)} ({lv.sessions_timed:,})"
+    return f"{secs(p50)} / {secs(p95)} · {walls} · {count(lv.turn_stalls)}"
+
+
 def _output_ratio(lv: LevelSummary) -> str:
     ratio = lv.output_ratio
     return DASH if ratio is None else _flagged(pct(ratio), lv.output_short)
@@ -111,7 +121,9 @@ KEY = "agents"  # the first column, repeated in every part of a folded table
 # the break as a space): a header wider than its numbers costs a narrow terminal a column.
 LEVEL_COLUMNS: list[Column | TimeColumn] = [
     Column(KEY, lambda lv: str(lv.agents), core=True),
-    Column("context", lambda lv: context_label(lv.context)),
+    # A trace's levels are the sizes it recorded, not the --context they were given: "trace" (its realised
+    # context is in "context mean / p95").
+    Column("context", lambda lv: "trace" if replays_trace(lv.workload) else context_label(lv.context)),
     Column("turns", lambda lv: _flagged(f"{lv.turns:,}", lv.too_few_turns), core=True),
     Column("turns/s", lambda lv: num(lv.turns_per_s, 2)),
     # Sessions that ended during the whole level, warm-up included (a held session runs until the level stops, so
@@ -130,6 +142,9 @@ LEVEL_COLUMNS: list[Column | TimeColumn] = [
     # A replayed trace's think time as kept against as recorded (times its time scale): a replay that could not
     # keep the pace sent its turns later, so each agent asked for less than the trace's load.
     TimeColumn("think ({unit})\nreal / rec", lambda lv: (lv.think_realised_s, lv.think_recorded_s)),
+    # A replayed trace's sessions as a user of it would feel them: a turn's latency, how much longer (or shorter) a
+    # session took than it did when recorded, and how many turns started over a second late (``TURN_STALL_S``).
+    Column("turn p50 / p95 · session\nwall ÷ rec (n) · stalls", _trace_sessions),
     Column("of it from\noffload", lambda lv: pct(lv.prefix_hit_rate_offload, 1)),
     TimeColumn("TTFT ({unit})\np50 / p95 / p99", lambda lv: (lv.ttft_s.p50, lv.ttft_s.p95, lv.ttft_s.p99), core=True),
     TimeColumn("ITL p50\n({unit})", lambda lv: (lv.itl_s.p50,)),

@@ -6,6 +6,7 @@ Nothing here computes a statistic: every figure comes from the compiled ``RunRes
 from __future__ import annotations
 
 from agentload.bench.results import CapacityEstimate, Knee, LevelSummary, RunResult
+from agentload.workload.registry import TRACE_PREFIX
 
 DASH = "—"  # a value the run did not measure (as opposed to a measured zero)
 
@@ -56,6 +57,11 @@ def tokens(value: int | None) -> str:
     return DASH if value is None else f"{value:,}"
 
 
+def replays_trace(workload: str) -> bool:
+    """A trace replay's sessions are the sizes it recorded: ``--context`` (a level's ``context``) sized nothing."""
+    return workload.startswith(TRACE_PREFIX)
+
+
 def context_label(context: int) -> str:
     """40960 → "40k" (binary k, as people name context sizes), 1000 → "1,000"."""
     if context >= 1024 and context % 1024 == 0:
@@ -76,10 +82,18 @@ def ratio_text(knee: Knee) -> str:
     return ""
 
 
+def knee_context(knee: Knee) -> str:
+    """The context a knee was measured at: "40,960-token context", or for a trace the one it realised (its recorded
+    sizes, which ``--context`` did not set)."""
+    if knee.realised_context is not None:
+        return f"the trace's realised {knee.realised_context:,}-token context"
+    return f"{knee.context:,}-token context"
+
+
 def knee_sentence(knee: Knee) -> str:
     """The knee in words: where, by which criterion, why (the bench's own sentence) and measured ÷ predicted."""
     cause = knee.explanation.cause
-    where = f"{knee.context:,}-token context, {knee.criterion}"
+    where = f"{knee_context(knee)}, {knee.criterion}"
     if knee.bound == "unmeasured":
         head = f"No knee claimed ({where})"
     elif knee.bound == "unjudged":
@@ -106,7 +120,9 @@ def knee_sentence(knee: Knee) -> str:
 def capacity_sentence(est: CapacityEstimate) -> str:
     # The bench divides by the context the server counted when it measured one; the target is then said beside it.
     realised = ""
-    if est.target_context is not None and est.target_context != est.context:
+    if est.replay:  # a trace's sizes are its recorded ones: no target to say beside them
+        realised = ", the trace's realised context (the server's mean)"
+    elif est.target_context is not None and est.target_context != est.context:
         realised = f", realised context {est.context:,} (target {est.target_context:,})"
     if est.pool_tokens is None or est.sessions is None:
         return f"KV pool unknown ({est.source}): no capacity estimate at {est.context:,} tokens per session{realised}."

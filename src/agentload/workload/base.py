@@ -114,3 +114,24 @@ class ReplayPace(Protocol):
     which a runtime protocol check, by name only, would take for this method.)"""
 
     def turn_pace(self, records: Sequence[RequestRecord], *, due_from: float = -math.inf) -> PaceTruth | None: ...
+
+
+@dataclass(frozen=True)
+class SessionWall:
+    """One replayed session (a conversation or a subagent of a trace) that ran to its last request: how long it
+    took here against how long the same requests took when the trace was recorded."""
+
+    realised_s: float  # its first request sent → its last reply done, on the records' clock
+    recorded_s: float  # the trace's recorded waits before its requests plus their recorded response times
+
+
+@runtime_checkable
+class ReplaySessions(Protocol):
+    """A replayed trace that knows its sessions' recorded wall times. ``records`` are where a session's earlier
+    requests are looked up (a level hands all of its records, warm-up included); only sessions whose last request
+    was sent at or after ``ended_from`` count, and only those the trace timed (each of their requests has a
+    recorded response time)."""
+
+    def session_walls(
+        self, records: Sequence[RequestRecord], *, ended_from: float = -math.inf
+    ) -> tuple[SessionWall, ...]: ...

@@ -75,7 +75,7 @@ from agentload.endpoint.records import RequestIds, RequestRecord
 from agentload.errors import ConfigError
 from agentload.inputs import parse_json, read_text
 from agentload.workload.agentic import DONE, FAILED, FAILURE_PAUSE_S, SINGLE_MESSAGE_OVERHEAD_TOKENS, agent_ids
-from agentload.workload.base import AgentDriver, LoadContext, PaceTruth
+from agentload.workload.base import AgentDriver, LoadContext, PaceTruth, SessionWall
 from agentload.workload.words import VOCAB, stable_int
 
 # One JSON document is parsed whole; its hash-id lists take ~7x their text in memory, so 64 MiB is ~0.5 GB.
@@ -164,6 +164,7 @@ class ReplayRequest:
     wait_s: float  # recorded wait after the previous reply of its context (0 for the first)
     hit_tokens: int  # what an unlimited cache held of it: leading blocks sent earlier in its context
     at_s: float = 0.0  # recorded ``t`` after its context's first request (where a mid start puts the tree's clock)
+    api_s: float | None = None  # its recorded ``api_time``: how long the recorded server took (None: not given)
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,40 @@ def pace_truth(
     if not late:
         return None
     return PaceTruth(len(late), recorded / len(late), realised / len(late), tuple(late))
+
+
+def session_walls(
+    trace: ConversationTrace, records: Sequence[RequestRecord], ended_from: float = -math.inf
+) -> tuple[SessionWall, ...]:
+    """Each context (a conversation or a subagent) ``records`` replayed to its last request, that request sent at
+    or after ``ended_from``: its first request's send (its first attempt's) to its last reply's end, against the
+    trace's recorded waits before its requests after the first (the ones the replay kept, unscaled) plus every one
+    of its requests' recorded ``api_time``. A context with a request of no ``api_time`` is left out: its recorded
+    wall is unknown. Not the span of its ``t``: a conversation's ``t`` also holds the time it waited for its
+    subagents and requests a cut trace left out, which the replay, waiting ``think_time``, does not keep."""
+    contexts = trace.by_key
+    first_sent: dict[tuple[str, int], float] = {}
+    for r in records:
+        key = (r.ids.agent, r.ids.turn)
+        first_sent[key] = min(r.t_sent, first_sent.get(key, math.inf))
+    walls: list[SessionWall] = []
+    for record in records:
+        parts = record.ids.agent.rsplit("/", 2)
+        context = contexts.get(parts[-1]) if _KEY.match(parts[-1]) else None
+        if context is None or not record.ok or record.ids.turn != len(context.requests) - 1:
+            continue
+        if record.t_sent < ended_from:
+            continue
+        started = _STARTED.match(parts[-2]) if len(parts) == 3 else None  # a mid start's: from request k on
+        first = int(started.group(1)) if started else 0
+        sent = first_sent.get((record.ids.agent, first))
+        replayed = context.requests[first:]
+        if sent is None or not replayed or any(r.api_s is None for r in replayed):
+            continue
+        recorded = sum(r.wait_s for r in replayed[1:]) + sum(r.api_s or 0.0 for r in replayed)
+        if recorded > 0:
+            walls.append(SessionWall(record.t_done - sent, recorded))
+    return tuple(walls)
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
@@ -471,7 +506,9 @@ def _flatten(
             hits += 1
         cache.update(entry.hash_ids)
         requests.append(
-            ReplayRequest(entry.in_, entry.out, tuple(entry.hash_ids), wait, hits * block_size, entry.t - origin)
+            ReplayRequest(
+                entry.in_, entry.out, tuple(entry.hash_ids), wait, hits * block_size, entry.t - origin, entry.api_time
+            )
         )
         previous = entry
     out.append(ReplayContext(key, start_s, tuple(requests)))
@@ -738,6 +775,12 @@ class ConversationTraceWorkload:
     def turn_pace(self, records: Sequence[RequestRecord], *, due_from: float = -math.inf) -> PaceTruth | None:
         """``pace`` over the turns due at or after ``due_from`` (``workload.base.ReplayPace``)."""
         return pace_truth(self.trace, records, float(self.time_scale), due_from)
+
+    def session_walls(
+        self, records: Sequence[RequestRecord], *, ended_from: float = -math.inf
+    ) -> tuple[SessionWall, ...]:
+        """Each session replayed to its end, its wall time and the recorded one (``workload.base.ReplaySessions``)."""
+        return session_walls(self.trace, records, ended_from)
 
 
 CONVERSATION_OPTIONS = ("time_scale", "start", "extra_body")
