@@ -61,7 +61,8 @@ def test_the_sample_reads_as_one_tree_with_its_subagent_and_keeps_unknown_fields
     (tree,) = trace.trees
     assert [(c.key, c.start_s, len(c.requests)) for c in tree.contexts] == [("c0", 0.0, 5), ("c0.s0", 185.091, 10)]
     assert trace.block_size == (64,)
-    assert trace.extra[0]["hash_id_scope"] == "global"
+    assert tree.trace_scope  # its "hash_id_scope": "global": ids numbered across the file, read as ours
+    assert "hash_id_scope" not in trace.extra[0]  # a field of the format, not an unknown one
     assert "_source" in trace.extra[0]
     parent = tree.contexts[0].requests
     # The parent's third request shares its first 337 blocks with the second; think times are the recorded ones.

@@ -69,17 +69,16 @@ def test_a_recorded_fleet_replays_its_prompt_sizes_and_its_prefix_hits(tmp_path:
     out = asyncio.run(record_fleet(tmp_path))
     doc = json.loads(out.read_text())
     recorded = [r for c in doc for r in c["requests"]]
-    # The run's probe of the server (two one-token requests), then one session per agent over several turns.
-    assert len(doc) == 3
-    assert sum(r["tool_calls"] for r in doc[0]["requests"]) == 0
-    for agent in doc[1:]:
+    # One session per agent over several turns; the run's probe of the server (two one-token requests marked as
+    # agentload's own) is forwarded, not recorded.
+    assert len(doc) == 2
+    for agent in doc:
         assert len(agent["requests"]) >= 2
         assert sum(r["tool_calls"] for r in agent["requests"]) >= 1
     recorded_hits = sum(r["cached"] for r in recorded) / sum(r["in"] for r in recorded)
 
     workload = ConversationTraceWorkload(load_conversation_trace(out), time_scale=1.0)
-    # One agent replays the trees one after another, so the level's first requests are exactly one draw of each
-    # (with one agent a tree, the probe's short one would be drawn again and again while the others ran).
+    # One agent replays the trees one after another, so the level's first requests are exactly one draw of each.
     run = run_level(workload, 1, context=0, server=sim_server(PROFILE), stop_after_requests=len(recorded))
     assert len(run.records) == len(recorded)
     assert all(r.ok for r in run.records)

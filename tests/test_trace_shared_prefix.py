@@ -222,10 +222,11 @@ def test_traces_without_the_scope_replay_the_same_words_as_before(
     read, pinned as a digest — the sample alone, and twice over (two conversations naming the same ids, which
     stay apart)."""
     sample = json.loads(SAMPLE.read_text(encoding="utf-8"))
+    del sample["hash_id_scope"]  # the sample says "global": its ids would be one numbering across the copies
     twice = [sample, copy.deepcopy(sample)]
     twice[1]["id"] = "second"
     cases = [
-        (SAMPLE, 30, "59247c0219f715fe251364d1bff59e46991c452c920f4db63be242d02307c5fa"),
+        (write(tmp_path, sample, "once.json"), 30, "59247c0219f715fe251364d1bff59e46991c452c920f4db63be242d02307c5fa"),
         (write(tmp_path, twice), 60, "c767d47dc4bb0d89d7d843e707f8a1b1a5543b8638944b5658f6ed2a5cfddf16"),
     ]
     for path, requests, digest in cases:
@@ -237,3 +238,23 @@ def test_traces_without_the_scope_replay_the_same_words_as_before(
         assert len(prompts) == requests
         assert hashlib.sha256(json.dumps(prompts).encode()).hexdigest() == digest, path.name
         assert prefix_ceiling(workload.trace, run.records) == pytest.approx(0.7559, abs=1e-4)
+
+
+def test_the_published_hash_id_scope_reads_as_the_scope_it_names(tmp_path: Path) -> None:
+    """``hash_id_scope`` (the published traces' field): "global" numbers the file's ids together, as
+    ``hash_scope: "trace"`` does; "local" keeps each conversation's own; a contradiction is one error."""
+    as_ours = load_conversation_trace(write(tmp_path, recorded(), "ours.json"))
+    published = recorded(None)
+    for conversation in published[:3]:
+        conversation["hash_id_scope"] = "global"
+    read = load_conversation_trace(write(tmp_path, published, "global.json"))
+    assert dict(read.shared) == dict(as_ours.shared)
+    assert hits(read) == hits(as_ours)
+    for conversation in published[:3]:
+        conversation["hash_id_scope"] = "local"
+    local = load_conversation_trace(write(tmp_path, published, "local.json"))
+    assert dict(local.shared) == {}
+    assert not any(t.trace_scope for t in local.trees)
+    published[0]["hash_scope"] = "trace"  # and "local" beside it
+    with pytest.raises(ConfigError, match=r'conversation 0 \(a\): .*hash_scope "trace" contradicts hash_id_scope'):
+        load_conversation_trace(write(tmp_path, published, "both.json"))

@@ -11,8 +11,9 @@ after the conversation's start, "requests": [...]}`` among its parent's requests
 its cache context is its own (the format says subagents start cold, apart from the global prefix). One field is
 agentload's own: ``hash_scope: "trace"`` (``agentload record`` writes it on every conversation) says the ids are
 numbered once for the whole file, so an id two conversations name is the same block in both (a fleet's shared
-system prompt); without it, or with ``"conversation"``, a conversation's ids are its own. Other fields are kept
-and not used.
+system prompt); without it, or with ``"conversation"``, a conversation's ids are its own. The published traces'
+``hash_id_scope`` says the same: ``"global"`` is read as ``hash_scope: "trace"``, ``"local"`` as
+``"conversation"``. Other fields are kept and not used.
 
 **The replay** is closed loop and counted in trees: a level of N agents runs N trees at once. Each agent draws
 the trace's next conversation (the level's k-th draw takes conversation k, looping the file) and replays it
@@ -68,7 +69,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from agentload.agent.loop import STOPPED, ConversationDriver, End, Ending, Next, Request, Spawn, Steps, Wait
 from agentload.endpoint.records import RequestIds, RequestRecord
@@ -146,7 +147,21 @@ class TraceConversation(BaseModel):
     # "trace": its hash ids are numbered once for the whole file (``agentload record`` writes it), so an id another
     # conversation names is the same block there; "conversation" (absent): the ids are this conversation's own.
     hash_scope: Literal["conversation", "trace"] = "conversation"
+    # The published traces' own name for it (AIPerf's reader, the traces built for it): "local", one numbering per
+    # conversation (its subagents' own, as above); "global", one for the whole file, read as ``hash_scope: "trace"``.
+    hash_id_scope: Literal["local", "global"] | None = None
     requests: list[Entry] = Field(min_length=1, max_length=MAX_REQUESTS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_scope(cls, data: Any) -> Any:
+        published = data.get("hash_id_scope") if isinstance(data, dict) else None
+        if published not in ("local", "global"):
+            return data  # absent (or a bad value, which the field refuses)
+        scope = "trace" if published == "global" else "conversation"
+        if data.get("hash_scope", scope) != scope:
+            raise ValueError(f'hash_scope "{data["hash_scope"]}" contradicts hash_id_scope "{published}"')
+        return {**data, "hash_scope": scope}
 
 
 Subagent.model_rebuild()
